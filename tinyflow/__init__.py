@@ -1,0 +1,43 @@
+"""TinyFlow: a small, complete, readable deep-learning system.
+
+`import tinyflow as tf` gives the TensorFlow-1 style API of the original TinyFlow:
+placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimizer`,
+`tf.nn.*`. The layers underneath, one module each, bottom to top:
+
+    graph.py     the IR: Node, Graph, topological order
+    ops.py       op registry: compute, gradient, shape/dtype rule, flags
+    nn_ops.py    the neural-network ops, in the same registry
+    autodiff.py  reverse-mode gradients as new graph nodes
+    passes.py    graph rewrites, each one recorded
+    executor.py  compile + run: Program, Session
+    nn.py, optim.py, data.py   layers, optimizers, datasets
+"""
+
+from tinyflow import nn, ops
+from tinyflow import optim as train
+from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float32, float64,
+                          global_variables, global_variables_initializer, gradients, group,
+                          infer_variable_shapes, initialize_all_variables, int32, int64,
+                          normal, ones, placeholder, random_normal, random_uniform,
+                          reduce_max, reduce_mean, reduce_sum, trainable_variables, zeros)
+from tinyflow.executor import Program, Session, compile
+from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
+from tinyflow.ops import (abs, broadcast_to, cast, concat, constant, exp, expand_dims,
+                          gather, greater, greater_equal, less, less_equal, log, matmul,
+                          maximum, minimum, not_equal, ones_like, pow, reshape, sigmoid,
+                          sqrt, squeeze, tanh, transpose, where, zeros_like)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "nn", "ops", "train", "Variable", "argmax", "assign", "bool_", "equal", "float16",
+    "float32", "float64", "global_variables", "global_variables_initializer",
+    "gradients", "group", "infer_variable_shapes", "initialize_all_variables", "int32",
+    "int64", "normal", "ones", "placeholder", "random_normal", "random_uniform",
+    "reduce_max", "reduce_mean", "reduce_sum", "trainable_variables", "zeros",
+    "Program", "Session", "compile", "FeedError", "Graph", "Node", "ShapeError",
+    "TinyFlowError", "abs", "broadcast_to", "cast", "concat", "constant", "exp",
+    "expand_dims", "gather", "greater", "greater_equal", "less", "less_equal", "log",
+    "matmul", "maximum", "minimum", "not_equal", "ones_like", "pow", "reshape",
+    "sigmoid", "sqrt", "squeeze", "tanh", "transpose", "where", "zeros_like",
+]

@@ -1,0 +1,193 @@
+"""The TensorFlow-1 surface: placeholders, Variables, assign/group, reductions.
+
+Programs written for the original TinyFlow (tqchen/tinyflow) run on this one
+unchanged: `import tinyflow as tf`, then `tf.placeholder`, `tf.Variable`,
+`tf.Session().run(...)`, `tf.gradients`, `tf.train.*Optimizer(...).minimize(loss)`.
+Everything here is a thin builder over ops.py; nothing computes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from tinyflow import ops
+from tinyflow.graph import Node, ShapeError, topological_order
+from tinyflow.ops import constant, infer_node, make
+
+float16, float32, float64 = np.float16, np.float32, np.float64
+int32, int64, bool_ = np.int32, np.int64, np.bool_
+
+# Assign nodes that initialize the Variables created so far (TF1's initializer list).
+_pending_initializers: list[Node] = []
+# Variables created so far, in creation order (TF1's GLOBAL_VARIABLES collection).
+_global_variables: list[Node] = []
+_trainable_variables: list[Node] = []
+# Variables whose shape is only known once their layer's input shape is known
+# (tf.nn.linear(x, num_hidden=...)): variable -> (input node, rule on its shape).
+deferred_shapes: dict[Node, tuple[Node, Callable[[tuple], tuple]]] = {}
+
+
+def placeholder(dtype: Any = np.float32, shape: Sequence[int | None] | None = None,
+                name: str | None = None) -> Node:
+    """A value fed at run time. `None` dims (or a None shape) are fixed by the feed."""
+    shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
+    return Node("placeholder", (), {"shape": shape, "dtype": np.dtype(dtype).name},
+                name=name, shape=shape, dtype=dtype)
+
+
+def Variable(initial_value: Any = None, name: str | None = None, dtype: Any = None,
+             trainable: bool = True, shape: Sequence[int] | None = None) -> Node:
+    """State that lives in the Session across runs, set by an initializer.
+
+    `initial_value` is a node (tf.zeros(...), tf.random_normal(...)) or an array;
+    `tf.global_variables_initializer()` runs it. A Variable without one (used by
+    `tf.nn.linear`) must be assigned before use (see `infer_variable_shapes`).
+    """
+    init = None
+    if initial_value is not None:
+        init = initial_value if isinstance(initial_value, Node) else constant(
+            np.asarray(initial_value, dtype=dtype or np.float32))
+        shape = init.shape if shape is None else tuple(shape)
+        dtype = dtype or init.dtype
+    dtype = np.dtype(dtype or np.float32)
+    var = Node("variable", (), {"shape": None if shape is None else tuple(shape),
+                                "dtype": dtype.name},
+               name=name, shape=shape, dtype=dtype)
+    _global_variables.append(var)
+    if trainable:
+        _trainable_variables.append(var)
+    if init is not None:
+        _pending_initializers.append(assign(var, init))
+    return var
+
+
+def assign(ref: Node, value: Any) -> Node:
+    """Write `value` into Variable `ref` when run; its value is the new value."""
+    if not isinstance(ref, Node) or ref.op != "variable":
+        raise TypeError(f"tf.assign needs a Variable as its target, got {ref!r}")
+    return make("assign", ref, value)
+
+
+def group(*inputs: Node | Sequence[Node]) -> Node:
+    """One node that runs all `inputs` for their effects (a list is accepted too)."""
+    flat: list[Node] = []
+    for item in inputs:
+        flat.extend(item if isinstance(item, (list, tuple)) else [item])
+    return make("group", *flat)
+
+
+def global_variables_initializer() -> Node:
+    """Run the initializers of every Variable created since the last call.
+
+    Like the original TinyFlow, the list is consumed: a second call initializes only
+    Variables created after the first (so one program's initializer never reaches
+    into another's half-built graph).
+    """
+    inits = list(_pending_initializers)
+    _pending_initializers.clear()
+    return group(*inits)
+
+
+initialize_all_variables = global_variables_initializer
+
+
+def global_variables() -> list[Node]:
+    return list(_global_variables)
+
+
+def trainable_variables() -> list[Node]:
+    return list(_trainable_variables)
+
+
+def infer_variable_shapes(net: Node, feed_dict: dict[Node, Sequence[int]]
+                          ) -> Iterator[tuple[Node, str, tuple]]:
+    """Yield (variable, name, shape) for every Variable under `net`, given input shapes.
+
+    Shape inference runs forward from the shapes in `feed_dict`; a Variable made by a
+    layer with a deferred shape (tf.nn.linear, tf.nn.conv2d with num_filter) gets
+    its shape from its layer's input. The variable nodes learn their shapes too.
+    """
+    known: dict[Node, tuple | None] = {}
+    dtypes: dict[Node, Any] = {}
+    for node in topological_order([net]):
+        if node in feed_dict:
+            known[node], dtypes[node] = tuple(feed_dict[node]), node.dtype
+            continue
+        if node.op == "variable":
+            shape = node.shape
+            if (shape is None or None in shape) and node in deferred_shapes:
+                source, rule = deferred_shapes[node]
+                if known.get(source) is not None:
+                    shape = rule(known[source])
+            known[node], dtypes[node] = shape, node.dtype
+            continue
+        if node.op == "placeholder":
+            known[node], dtypes[node] = node.shape, node.dtype
+            continue
+        known[node], dtypes[node] = infer_node(
+            node.op, node.inputs, node.attrs, node.where,
+            shapes=[known[i] for i in node.inputs], dtypes=[dtypes[i] for i in node.inputs])
+    for node in topological_order([net]):
+        if node.op != "variable":
+            continue
+        shape = known[node]
+        if shape is None or None in shape:
+            raise ShapeError(f"infer_variable_shapes: not enough shapes in feed_dict to "
+                             f"infer variable {node.name!r} (created at {node.where})")
+        node.shape = tuple(shape)
+        node.attrs["shape"] = tuple(shape)
+        yield node, node.name, tuple(shape)
+
+
+def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
+              grad_ys: Sequence[Node] | None = None) -> list[Node | None]:
+    """tf.gradients: d(sum of ys)/dx for each x, as graph nodes (see autodiff.py)."""
+    from tinyflow.autodiff import gradients as _gradients
+    return _gradients(ys, xs, grad_ys)
+
+
+def _axis(axis: Any, reduction_indices: Any) -> Any:
+    return reduction_indices if axis is None else axis
+
+
+def reduce_sum(x, axis=None, keepdims=False, reduction_indices=None, keep_dims=None):
+    return ops.reduce_sum(x, _axis(axis, reduction_indices), keepdims or bool(keep_dims))
+
+
+def reduce_mean(x, axis=None, keepdims=False, reduction_indices=None, keep_dims=None):
+    return ops.reduce_mean(x, _axis(axis, reduction_indices), keepdims or bool(keep_dims))
+
+
+def reduce_max(x, axis=None, keepdims=False, reduction_indices=None, keep_dims=None):
+    return ops.reduce_max(x, _axis(axis, reduction_indices), keepdims or bool(keep_dims))
+
+
+def argmax(x, axis=None, dimension=None):
+    return ops.argmax(x, axis if axis is not None else dimension)
+
+
+def equal(a, b):
+    return ops.equal(a, b)
+
+
+def normal(shape, stdev=1.0, mean=0.0, dtype=np.float32, seed=None):
+    """The original TinyFlow's initializer: tf.normal(shape, stdev)."""
+    return ops.random_normal(shape, mean=mean, stddev=stdev, dtype=dtype, seed=seed)
+
+
+def random_normal(shape, mean=0.0, stddev=1.0, dtype=np.float32, seed=None, name=None):
+    return ops.random_normal(shape, mean, stddev, dtype, seed, name)
+
+
+def random_uniform(shape, minval=0.0, maxval=1.0, dtype=np.float32, seed=None, name=None):
+    return ops.random_uniform(shape, minval, maxval, dtype, seed, name)
+
+
+def zeros(shape, dtype=np.float32, name=None):
+    return ops.zeros(shape, dtype, name)
+
+
+def ones(shape, dtype=np.float32, name=None):
+    return ops.ones(shape, dtype, name)

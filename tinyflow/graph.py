@@ -1,0 +1,263 @@
+"""The IR: Node, Graph and topological order.
+
+A program is a directed acyclic graph of Nodes. Each Node is one application of an
+op from the registry (ops.py) to input Nodes; a Graph is the list of output Nodes,
+and everything else is whatever those outputs reach. This follows NNVM (the IR under
+the original TinyFlow): nodes carry plain attributes, passes return new graphs.
+
+Two details make the IR safe for real programs:
+
+* every node remembers the user's ``file:line`` that built it (``where``), so an
+  error in a pass, the planner or a kernel can point at the user's source line;
+* topological order is computed with an explicit stack, never recursion, so a
+  10,000-node chain does not hit Python's recursion limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+# Ops that write the variable given as their first input (tf.assign). The order
+# rule in `topological_order` keeps TF1's semantics for them: inside one run, every
+# other reader of a variable sees the value from *before* the run's updates.
+VARIABLE_WRITERS = {"assign"}
+
+
+class TinyFlowError(Exception):
+    """Base class of every error TinyFlow raises on purpose."""
+
+
+class ShapeError(TinyFlowError, ValueError):
+    """Shapes (or dtypes) that an op cannot accept. Names op, shapes and file:line."""
+
+
+class FeedError(TinyFlowError, ValueError):
+    """A missing, extra, or ill-shaped value in a `feed_dict`."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_ids = itertools.count()
+
+
+def user_source_line() -> str:
+    """Return ``file:line`` of the innermost stack frame outside the tinyflow package.
+
+    That frame is the user's code that asked for the node (a tutorial, a test, a
+    script). Frames inside tinyflow itself (layers, optimizers, autodiff) are skipped
+    so that a gradient node points at the line that called `tf.gradients`.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep):
+            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<tinyflow>"
+
+
+class Node:
+    """One op application.
+
+    Fields (see shared/DESIGN.md):
+      op      name of the op in the registry (``ops.REGISTRY``)
+      inputs  tuple of input Nodes
+      attrs   dict of plain, hashable values (ints, floats, strings, tuples)
+      name    unique, human-readable name (``matmul_12``)
+      shape   tuple of ints; ``None`` entries are dims unknown until a feed fixes
+              them; the whole shape is ``None`` when even the rank is unknown
+      dtype   a numpy dtype, or None when unknown
+      where   the user's ``file:line`` that created the node
+      provenance  names of the user-level nodes this node stands for (a fused or
+              rewritten node lists all of them; the debugger shows it)
+
+    Nodes compare and hash by identity, so they can key a `feed_dict`.
+    """
+
+    __slots__ = ("op", "inputs", "attrs", "name", "shape", "dtype", "where",
+                 "provenance", "id", "__weakref__")
+
+    def __init__(self, op: str, inputs: Sequence[Node] = (), attrs: dict | None = None,
+                 name: str | None = None, shape: tuple | None = None,
+                 dtype: Any = None, where: str | None = None,
+                 provenance: tuple[str, ...] | None = None) -> None:
+        self.id = next(_ids)
+        self.op = op
+        self.inputs = tuple(inputs)
+        self.attrs = dict(attrs or {})
+        self.name = name or f"{op}_{self.id}"
+        self.shape = None if shape is None else tuple(shape)
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        self.where = where or user_source_line()
+        self.provenance = provenance if provenance is not None else (self.name,)
+
+    def __repr__(self) -> str:
+        shape = "?" if self.shape is None else "x".join(
+            "?" if d is None else str(d) for d in self.shape)
+        return f"<{self.name}: {self.op} {shape} {self.dtype} @ {self.where}>"
+
+    # -- Python operators: sugar over the op builders in ops.py ---------------------
+    # graph.py sits below ops.py, so the builders are looked up when an operator is
+    # used, not imported at module load.
+    def _apply(self, name: str, *args: Any) -> Node:
+        from tinyflow import ops
+        return getattr(ops, name)(*args)
+
+    def __add__(self, other): return self._apply("add", self, other)
+    def __radd__(self, other): return self._apply("add", other, self)
+    def __sub__(self, other): return self._apply("sub", self, other)
+    def __rsub__(self, other): return self._apply("sub", other, self)
+    def __mul__(self, other): return self._apply("mul", self, other)
+    def __rmul__(self, other): return self._apply("mul", other, self)
+    def __truediv__(self, other): return self._apply("div", self, other)
+    def __rtruediv__(self, other): return self._apply("div", other, self)
+    def __pow__(self, other): return self._apply("pow", self, other)
+    def __rpow__(self, other): return self._apply("pow", other, self)
+    def __matmul__(self, other): return self._apply("matmul", self, other)
+    def __rmatmul__(self, other): return self._apply("matmul", other, self)
+    def __neg__(self): return self._apply("neg", self)
+    def __abs__(self): return self._apply("abs", self)
+    def __lt__(self, other): return self._apply("less", self, other)
+    def __le__(self, other): return self._apply("less_equal", self, other)
+    def __gt__(self, other): return self._apply("greater", self, other)
+    def __ge__(self, other): return self._apply("greater_equal", self, other)
+    def __getitem__(self, index): return self._apply("getitem", self, index)
+
+    # Identity semantics: a Node is a dict key, and `==` builds no graph (TF1 too).
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __bool__(self) -> bool:
+        # `if node:` would silently be True; make the mistake loud instead.
+        raise TypeError(f"the truth value of graph node {self.name} is not known until "
+                        "the graph runs; use tf.where / tf.greater inside the graph")
+
+    @property
+    def ndim(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+
+def _successors_for_order(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
+    """Extra ordering edges: every other reader of a variable runs before its writers.
+
+    Returns {writer: [readers that must run first]}. Without these edges, a
+    `tf.assign(W, ...)` could run before another op that reads W in the same
+    step, and that op would see the updated value.
+    """
+    readers: dict[Node, list[Node]] = {}
+    for node in nodes:
+        for inp in node.inputs:
+            if inp.op == "variable":
+                readers.setdefault(inp, []).append(node)
+    extra: dict[Node, list[Node]] = {}
+    for node in nodes:
+        if node.op in VARIABLE_WRITERS and node.inputs:
+            target = node.inputs[0]
+            extra[node] = [r for r in readers.get(target, ()) if r is not node
+                           and r.op not in VARIABLE_WRITERS]
+    return extra
+
+
+def reachable(outputs: Iterable[Node], leaves: frozenset[int] = frozenset()) -> list[Node]:
+    """All nodes reachable from `outputs` (inputs followed, but not past the nodes
+    whose ids are in `leaves`), in no particular order."""
+    seen: set[int] = set()
+    result: list[Node] = []
+    stack = list(outputs)
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        result.append(node)
+        if id(node) not in leaves:
+            stack.extend(node.inputs)
+    return result
+
+
+def _deps(node: Node, leaves: frozenset[int], extra: dict[Node, list[Node]]) -> list[Node]:
+    if id(node) in leaves:
+        return []
+    return list(node.inputs) + extra.get(node, [])
+
+
+def topological_order(outputs: Sequence[Node],
+                      leaves: frozenset[int] = frozenset()) -> list[Node]:
+    """Every node reachable from `outputs`, each after all of its inputs.
+
+    Iterative depth-first search (an explicit stack of (node, next input index)),
+    so a graph of any depth works. The order is deterministic: inputs are visited
+    left to right, outputs in the order given. Variable writers additionally run
+    after the other readers of the same variable (see `_successors_for_order`).
+    Nodes whose ids are in `leaves` are treated as having no inputs (a fed
+    intermediate tensor cuts the graph there). Raises TinyFlowError on a cycle
+    (which only those ordering edges can create).
+    """
+    nodes = reachable(outputs, leaves)
+    extra = _successors_for_order(nodes)
+    order: list[Node] = []
+    state: dict[int, int] = {}  # id -> 1 while on the stack, 2 when emitted
+    for root in outputs:
+        if state.get(id(root)) == 2:
+            continue
+        stack: list[tuple[Node, list[Node], int]] = []
+        deps = _deps(root, leaves, extra)
+        stack.append((root, deps, 0))
+        state[id(root)] = 1
+        while stack:
+            node, deps, i = stack[-1]
+            if i < len(deps):
+                stack[-1] = (node, deps, i + 1)
+                child = deps[i]
+                mark = state.get(id(child))
+                if mark == 2:
+                    continue
+                if mark == 1:
+                    raise TinyFlowError(
+                        f"cycle through {child.name} ({child.where}): a node both reads "
+                        "a variable and depends on an assign to it")
+                state[id(child)] = 1
+                stack.append((child, _deps(child, leaves, extra), 0))
+            else:
+                stack.pop()
+                state[id(node)] = 2
+                order.append(node)
+    return order
+
+
+class Graph:
+    """A value: the output Nodes of a program. Everything else is reachable.
+
+    `nodes` is the topological order, computed once per Graph and cached here (not
+    on the nodes, which many graphs may share). Passes return new Graphs.
+    """
+
+    def __init__(self, outputs: Sequence[Node]) -> None:
+        self.outputs: list[Node] = list(outputs)
+        self._order: list[Node] | None = None
+
+    @property
+    def nodes(self) -> list[Node]:
+        if self._order is None:
+            self._order = topological_order(self.outputs)
+        return self._order
+
+    def consumers(self) -> dict[Node, list[Node]]:
+        """Map each node to the nodes that take it as an input (in order)."""
+        users: dict[Node, list[Node]] = {n: [] for n in self.nodes}
+        for node in self.nodes:
+            for inp in node.inputs:
+                users[inp].append(node)
+        return users
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __repr__(self) -> str:
+        return f"<Graph {len(self.nodes)} nodes, outputs {[o.name for o in self.outputs]}>"

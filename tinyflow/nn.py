@@ -1,0 +1,292 @@
+"""tf.nn: neural-network functions, and layer objects built from them.
+
+The functions are the TF1 / original-TinyFlow surface (`tf.nn.relu`, `tf.nn.conv2d`,
+`tf.nn.sparse_softmax_cross_entropy_with_logits`, ...). The layer objects (`Linear`,
+`Conv2d`, `MLP`, ...) are a convenience on top, in the style of PyTorch modules: a
+layer owns its Variables and, when called on a node, builds graph nodes. They are
+not a second API: every layer is a few lines over the functions.
+
+Images are NCHW and filters OIHW, like the original TinyFlow and PyTorch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from tinyflow import api, nn_ops, ops
+from tinyflow.graph import Node
+from tinyflow.nn_ops import (avg_pool2d, dropout, layer_norm, log_softmax, max_pool2d,
+                             softmax)
+from tinyflow.ops import gelu, relu, sigmoid, tanh
+
+__all__ = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "dropout",
+           "layer_norm", "conv2d", "max_pool", "avg_pool", "bias_add", "linear",
+           "flatten_layer", "softmax_cross_entropy_with_logits",
+           "sparse_softmax_cross_entropy_with_logits",
+           "mean_sparse_softmax_cross_entropy_with_logits", "embedding_lookup",
+           "Module", "Linear", "Conv2d", "MaxPool2d", "Embedding", "LayerNorm", "Dropout",
+           "ReLU", "GELU", "Tanh", "Flatten", "Sequential", "MLP", "avg_pool2d",
+           "max_pool2d"]
+
+
+# ----------------------------------------------------------------------------------
+# Functions (TF1 / original TinyFlow)
+# ----------------------------------------------------------------------------------
+
+def _spatial(pair: Any, default: tuple[int, int]) -> tuple[int, int]:
+    """TF writes window sizes and strides as [1, h, w, 1]; accept that, (h, w) or h."""
+    if pair is None:
+        return default
+    if isinstance(pair, int):
+        return (pair, pair)
+    pair = list(pair)
+    return (int(pair[1]), int(pair[2])) if len(pair) == 4 else (int(pair[0]), int(pair[1]))
+
+
+def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: Any = "SAME",
+           *, num_filter: int | None = None, ksize: Any = None, name: str | None = None,
+           no_bias: bool = True) -> Node:
+    """2-D convolution of x (N, C, H, W).
+
+    Two spellings, as in the original TinyFlow:
+      conv2d(x, W, strides=[1, s, s, 1], padding="SAME")   with W a (O, C, kh, kw) node
+      conv2d(x, num_filter=20, ksize=[1, 5, 5, 1], name="conv1", no_bias=False)
+    The second creates Variables `<name>_weight` (and `<name>_bias`) whose shapes are
+    inferred later from x's shape (`tf.infer_variable_shapes`).
+    """
+    stride = _spatial(strides, (1, 1))
+    if filter is None:
+        if num_filter is None or ksize is None:
+            raise TypeError("conv2d needs a filter node, or num_filter= and ksize=")
+        kh, kw = _spatial(ksize, (1, 1))
+        name = name or f"conv2d_{next(_layer_ids)}"
+        filter = api.Variable(name=f"{name}_weight")
+        api.deferred_shapes[filter] = (x, lambda s: (num_filter, s[1], kh, kw))
+        y = nn_ops.conv2d(x, filter, stride, padding)
+        if not no_bias:
+            bias = api.Variable(name=f"{name}_bias", shape=(num_filter,))
+            y = bias_add(y, bias)
+        return y
+    return nn_ops.conv2d(x, filter, stride, padding)
+
+
+def max_pool(x: Node, ksize: Any = (1, 2, 2, 1), strides: Any = None,
+             padding: Any = "VALID") -> Node:
+    """Max pooling; ksize/strides as TF's [1, h, w, 1] or (h, w)."""
+    k = _spatial(ksize, (2, 2))
+    return max_pool2d(x, k, _spatial(strides, k), 0 if padding == "VALID" else padding)
+
+
+def avg_pool(x: Node, ksize: Any = (1, 2, 2, 1), strides: Any = None,
+             padding: Any = "VALID") -> Node:
+    k = _spatial(ksize, (2, 2))
+    return avg_pool2d(x, k, _spatial(strides, k), 0 if padding == "VALID" else padding)
+
+
+def bias_add(x: Node, bias: Node) -> Node:
+    """x + bias along dimension 1 (channels of NCHW, features of (N, C))."""
+    return ops.make("bias_add", x, bias)
+
+
+_layer_ids = itertools.count()
+
+
+def linear(x: Node, num_hidden: int, name: str | None = None, no_bias: bool = True) -> Node:
+    """Fully connected layer y = x W^T (+ b), creating `<name>_weight` (num_hidden, D)
+    and `<name>_bias` with shapes inferred later (`tf.infer_variable_shapes`)."""
+    name = name or f"linear_{next(_layer_ids)}"
+    weight = api.Variable(name=f"{name}_weight")
+    api.deferred_shapes[weight] = (x, lambda s: (num_hidden, s[-1]))
+    y = ops.matmul(x, weight, transpose_b=True)
+    if not no_bias:
+        bias = api.Variable(name=f"{name}_bias", shape=(num_hidden,))
+        y = bias_add(y, bias)
+    return y
+
+
+def flatten_layer(x: Node) -> Node:
+    """(N, ...) -> (N, everything else)."""
+    return ops.reshape(x, (0, -1))
+
+
+def sparse_softmax_cross_entropy_with_logits(logits: Node | None = None,
+                                             labels: Node | None = None) -> Node:
+    """Per-example cross entropy; `labels` are class indices (any numeric dtype)."""
+    return nn_ops.softmax_cross_entropy(logits, labels)
+
+
+def mean_sparse_softmax_cross_entropy_with_logits(logits: Node, labels: Node) -> Node:
+    return ops.reduce_mean(nn_ops.softmax_cross_entropy(logits, labels))
+
+
+def softmax_cross_entropy_with_logits(logits: Node | None = None,
+                                      labels: Node | None = None) -> Node:
+    """Per-example cross entropy against a probability distribution (one-hot) labels."""
+    return ops.neg(ops.reduce_sum(labels * log_softmax(logits), -1))
+
+
+def embedding_lookup(params: Node, ids: Node) -> Node:
+    return ops.gather(params, ids)
+
+
+# ----------------------------------------------------------------------------------
+# Layers
+# ----------------------------------------------------------------------------------
+
+# Layer initializers draw from seeds taken in order from this counter, so building
+# the same model twice in a fresh process gives the same initial weights.
+_init_seeds = itertools.count(7)
+
+
+def _uniform_variable(shape: tuple[int, ...], bound: float, name: str) -> Node:
+    init = ops.random_uniform(shape, -bound, bound, seed=next(_init_seeds))
+    return api.Variable(init, name=name)
+
+
+class Module:
+    """A callable that owns Variables. `parameters()` lists them (layers first)."""
+
+    def parameters(self) -> list[Node]:
+        params: list[Node] = []
+        for value in vars(self).values():
+            if isinstance(value, Node) and value.op == "variable":
+                params.append(value)
+            elif isinstance(value, Module):
+                params.extend(value.parameters())
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    if isinstance(item, Module):
+                        params.extend(item.parameters())
+        return params
+
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        raise NotImplementedError
+
+
+class Linear(Module):
+    """y = x @ W + b, W (in, out). Uniform(+-1/sqrt(in)) init, as PyTorch's default."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 name: str = "linear") -> None:
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight = _uniform_variable((in_features, out_features), bound, f"{name}_w")
+        self.bias = _uniform_variable((out_features,), bound, f"{name}_b") if bias else None
+
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        y = ops.matmul(x, self.weight) if x.ndim in (None, 2) else _batched_linear(x, self)
+        return y if self.bias is None else y + self.bias
+
+
+def _batched_linear(x: Node, layer: Linear) -> Node:
+    # (..., in) @ (in, out): matmul broadcasts the weight over the leading dims.
+    return ops.matmul(x, layer.weight)
+
+
+class Conv2d(Module):
+    """NCHW convolution with (out, in, k, k) filters and a per-channel bias."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int,
+                 stride: int = 1, padding: int | str = 0, bias: bool = True,
+                 name: str = "conv") -> None:
+        bound = 1.0 / math.sqrt(in_channels * kernel_size * kernel_size)
+        self.weight = _uniform_variable((out_channels, in_channels, kernel_size, kernel_size),
+                                        bound, f"{name}_w")
+        self.bias = _uniform_variable((out_channels,), bound, f"{name}_b") if bias else None
+        self.stride, self.padding = stride, padding
+
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        y = nn_ops.conv2d(x, self.weight, self.stride, self.padding)
+        return y if self.bias is None else bias_add(y, self.bias)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size: int = 2, stride: int | None = None) -> None:
+        self.kernel_size, self.stride = kernel_size, stride
+
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        return max_pool2d(x, self.kernel_size, self.stride)
+
+
+class Embedding(Module):
+    """Rows of a (num, dim) table picked by integer ids; N(0, 1) init as PyTorch."""
+
+    def __init__(self, num_embeddings: int, dim: int, name: str = "embedding") -> None:
+        init = ops.random_normal((num_embeddings, dim), 0.0, 1.0, seed=next(_init_seeds))
+        self.weight = api.Variable(init, name=f"{name}_w")
+
+    def __call__(self, ids: Node, training: bool = True) -> Node:
+        return ops.gather(self.weight, ids)
+
+
+class LayerNorm(Module):
+    def __init__(self, dim: int, eps: float = 1e-5, name: str = "ln") -> None:
+        self.gamma = api.Variable(np.ones(dim, np.float32), name=f"{name}_g")
+        self.beta = api.Variable(np.zeros(dim, np.float32), name=f"{name}_b")
+        self.eps = eps
+
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        return layer_norm(x, self.gamma, self.beta, self.eps)
+
+
+class Dropout(Module):
+    """Dropout while training (call with training=False to evaluate)."""
+
+    def __init__(self, rate: float = 0.5, seed: int | None = None) -> None:
+        self.rate, self.seed = rate, seed
+
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        return dropout(x, self.rate, training, self.seed)
+
+
+class ReLU(Module):
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        return relu(x)
+
+
+class GELU(Module):
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        return gelu(x)
+
+
+class Tanh(Module):
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        return tanh(x)
+
+
+class Flatten(Module):
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        return flatten_layer(x)
+
+
+class Sequential(Module):
+    def __init__(self, *layers: Module) -> None:
+        self.layers = list(layers)
+
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        for layer in self.layers:
+            x = layer(x, training=training)
+        return x
+
+
+class MLP(Sequential):
+    """Linear layers of the given sizes with an activation between them.
+
+    MLP([784, 1024, 1024, 10]) is Linear(784, 1024), ReLU, Linear(1024, 1024), ReLU,
+    Linear(1024, 10): logits out.
+    """
+
+    def __init__(self, sizes: Sequence[int], activation: str = "relu",
+                 dropout_rate: float = 0.0, name: str = "mlp") -> None:
+        acts = {"relu": ReLU, "gelu": GELU, "tanh": Tanh}
+        layers: list[Module] = []
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(Linear(fan_in, fan_out, name=f"{name}{i}"))
+            if i < len(sizes) - 2:
+                layers.append(acts[activation]())
+                if dropout_rate:
+                    layers.append(Dropout(dropout_rate))
+        super().__init__(*layers)

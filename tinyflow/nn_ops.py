@@ -1,0 +1,391 @@
+"""Neural-network ops: convolution, pooling, softmax, losses, layer norm, dropout.
+
+They register into the same registry as ops.py (one dict for all ops); they live in
+their own file only so that each file reads in one sitting.
+
+Layout is NCHW (batch, channels, height, width) and filters are OIHW, as in the
+original TinyFlow and PyTorch. Convolution is im2col + one matrix multiply (the
+CS231n / Caffe way): every window of the input becomes a row of a matrix, so the
+heavy work is one BLAS call. Windows are strided views (no copy until the reshape).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tinyflow.graph import Node
+from tinyflow.ops import (OpDef, _infer_same, _Mismatch, _result_dtype, cast, expand_dims,
+                          exp, make, ones_like, reduce_sum, register, sum_to_like)
+
+# ----------------------------------------------------------------------------------
+# Windows (im2col)
+# ----------------------------------------------------------------------------------
+
+
+def _pads(size: int, kernel: int, stride: int, padding) -> tuple[int, int]:
+    """(before, after) padding of one spatial dim for padding = int, "VALID" or "SAME"."""
+    if padding == "VALID":
+        return 0, 0
+    if padding == "SAME":
+        # TF's rule: output = ceil(size / stride); the odd pixel goes after.
+        out = -(-size // stride)
+        total = max((out - 1) * stride + kernel - size, 0)
+        return total // 2, total - total // 2
+    return int(padding), int(padding)
+
+
+def _out_size(size, kernel, stride, padding):
+    if size is None:
+        return None
+    before, after = _pads(size, kernel, stride, padding)
+    out = (size + before + after - kernel) // stride + 1
+    if out <= 0:
+        raise _Mismatch(f"window {kernel} with stride {stride} does not fit size {size}")
+    return out
+
+
+def _windows(xp, x, kh, kw, sh, sw, padding, fill=0.0):
+    """View of x (N,C,H,W) as windows (N, C, OH, OW, kh, kw). Pads with `fill`."""
+    n, c, h, w = x.shape
+    (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
+    if pt or pb or pl or pr:
+        x = xp.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    x = xp.ascontiguousarray(x)
+    n, c, hp, wp = x.shape
+    oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    s0, s1, s2, s3 = x.strides
+    return xp.lib.stride_tricks.as_strided(
+        x, shape=(n, c, oh, ow, kh, kw), strides=(s0, s1, s2 * sh, s3 * sw, s2, s3))
+
+
+def _scatter_windows(xp, cols, x_shape, kh, kw, sh, sw, padding):
+    """Adjoint of `_windows`: sum window values (N,C,OH,OW,kh,kw) back into (N,C,H,W)."""
+    n, c, h, w = x_shape
+    (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
+    padded = xp.zeros((n, c, h + pt + pb, w + pl + pr), dtype=cols.dtype)
+    oh, ow = cols.shape[2], cols.shape[3]
+    # One strided add per kernel offset: kh*kw numpy calls, each over the whole batch.
+    for i in range(kh):
+        for j in range(kw):
+            padded[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw] += cols[:, :, :, :, i, j]
+    return padded[:, :, pt:pt + h, pl:pl + w]
+
+
+def _write(xp, result, out):
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+# ----------------------------------------------------------------------------------
+# conv2d
+# ----------------------------------------------------------------------------------
+
+def _conv_infer(shapes, dtypes, attrs):
+    x, w = shapes
+    if len(x) != 4 or len(w) != 4:
+        raise _Mismatch("conv2d needs x as (N, C, H, W) and filters as (O, C, kh, kw)")
+    if x[1] is not None and w[1] is not None and x[1] != w[1]:
+        raise _Mismatch(f"input has {x[1]} channels but the filters expect {w[1]}")
+    sh, sw = attrs.get("stride", (1, 1))
+    padding = attrs.get("padding", 0)
+    if w[2] is None or w[3] is None:
+        return (x[0], w[0], None, None), _result_dtype(dtypes)
+    return (x[0], w[0], _out_size(x[2], w[2], sh, padding),
+            _out_size(x[3], w[3], sw, padding)), _result_dtype(dtypes)
+
+
+def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0):
+    o, c, kh, kw = w.shape
+    win = _windows(xp, x, kh, kw, stride[0], stride[1], padding)      # N,C,OH,OW,kh,kw
+    n, _, oh, ow = win.shape[:4]
+    cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
+    result = cols @ w.reshape(o, c * kh * kw).T                        # (N*OH*OW, O)
+    return _write(xp, result.reshape(n, oh, ow, o).transpose(0, 3, 1, 2), out)
+
+
+def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0):
+    o, c, kh, kw = w.shape
+    n, _, oh, ow = g.shape
+    gmat = g.transpose(0, 2, 3, 1).reshape(n * oh * ow, o)
+    cols = (gmat @ w.reshape(o, c * kh * kw)).reshape(n, oh, ow, c, kh, kw)
+    result = _scatter_windows(xp, cols.transpose(0, 3, 1, 2, 4, 5), x.shape,
+                              kh, kw, stride[0], stride[1], padding)
+    return _write(xp, result, out)
+
+
+def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0):
+    o, c, kh, kw = w.shape
+    win = _windows(xp, x, kh, kw, stride[0], stride[1], padding)
+    n, _, oh, ow = win.shape[:4]
+    cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
+    gmat = g.transpose(0, 2, 3, 1).reshape(n * oh * ow, o)
+    return _write(xp, (gmat.T @ cols).reshape(o, c, kh, kw), out)
+
+
+def _conv_grad(n, g):
+    x, w = n.inputs
+    attrs = dict(n.attrs)
+    return [make("conv2d_grad_input", g, w, x, **attrs),
+            make("conv2d_grad_filter", g, x, w, **attrs)]
+
+
+register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
+               doc="2-D convolution, NCHW input, OIHW filters (im2col + matmul)"))
+register(OpDef("conv2d_grad_input", _conv_grad_input_compute,
+               lambda s, d, a: (tuple(s[2]), d[0]), None, differentiable=False,
+               doc="gradient of conv2d with respect to its input"))
+register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute,
+               lambda s, d, a: (tuple(s[2]), d[0]), None, differentiable=False,
+               doc="gradient of conv2d with respect to its filters"))
+
+
+def conv2d(x, w, stride=(1, 1), padding=0) -> Node:
+    """Convolve x (N,C,H,W) with filters w (O,C,kh,kw); padding int, "SAME" or "VALID"."""
+    if isinstance(stride, int):
+        stride = (stride, stride)
+    padding = padding.upper() if isinstance(padding, str) else int(padding)
+    return make("conv2d", x, w, stride=tuple(int(s) for s in stride), padding=padding)
+
+
+# ----------------------------------------------------------------------------------
+# Pooling
+# ----------------------------------------------------------------------------------
+
+def _pool_infer(shapes, dtypes, attrs):
+    x = shapes[0]
+    if len(x) != 4:
+        raise _Mismatch("pooling needs x as (N, C, H, W)")
+    kh, kw = attrs["ksize"]
+    sh, sw = attrs["stride"]
+    padding = attrs.get("padding", 0)
+    return (x[0], x[1], _out_size(x[2], kh, sh, padding),
+            _out_size(x[3], kw, sw, padding)), dtypes[0]
+
+
+def _max_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+    win = _windows(xp, x, *ksize, *stride, padding, fill=-np.inf)
+    return _write(xp, win.max(axis=(4, 5)), out)
+
+
+def _max_pool_grad_compute(xp, g, x, y, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+    win = _windows(xp, x, *ksize, *stride, padding, fill=-np.inf)
+    n, c, oh, ow, kh, kw = win.shape
+    # The gradient goes to the first max of each window (as cuDNN and PyTorch do).
+    flat = win.reshape(n, c, oh, ow, kh * kw)
+    first = flat.argmax(axis=-1)
+    onehot = (xp.arange(kh * kw) == first[..., None]).astype(g.dtype)
+    cols = (onehot * g[..., None]).reshape(n, c, oh, ow, kh, kw)
+    return _write(xp, _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding), out)
+
+
+def _avg_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+    win = _windows(xp, x, *ksize, *stride, padding)
+    return _write(xp, win.mean(axis=(4, 5)), out)
+
+
+def _avg_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+    kh, kw = ksize
+    cols = xp.broadcast_to((g / (kh * kw))[..., None, None], g.shape + (kh, kw))
+    return _write(xp, _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding), out)
+
+
+register(OpDef("max_pool2d", _max_pool_compute, _pool_infer,
+               lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], n, **n.attrs)],
+               doc="max over each window"))
+register(OpDef("max_pool2d_grad", _max_pool_grad_compute,
+               lambda s, d, a: (tuple(s[1]), d[0]), None, differentiable=False,
+               doc="gradient of max_pool2d: to the first max of each window"))
+register(OpDef("avg_pool2d", _avg_pool_compute, _pool_infer,
+               lambda n, g: [make("avg_pool2d_grad", g, n.inputs[0], **n.attrs)],
+               doc="mean over each window (padding counts as zeros)"))
+register(OpDef("avg_pool2d_grad", _avg_pool_grad_compute,
+               lambda s, d, a: (tuple(s[1]), d[0]), None, differentiable=False,
+               doc="gradient of avg_pool2d"))
+
+
+def _pool(op, x, ksize, stride, padding):
+    ksize = (ksize, ksize) if isinstance(ksize, int) else tuple(ksize)
+    stride = ksize if stride is None else (stride, stride) if isinstance(stride, int) \
+        else tuple(stride)
+    padding = padding.upper() if isinstance(padding, str) else int(padding)
+    return make(op, x, ksize=tuple(map(int, ksize)), stride=tuple(map(int, stride)),
+                padding=padding)
+
+
+def max_pool2d(x, ksize=2, stride=None, padding=0) -> Node:
+    return _pool("max_pool2d", x, ksize, stride, padding)
+
+
+def avg_pool2d(x, ksize=2, stride=None, padding=0) -> Node:
+    return _pool("avg_pool2d", x, ksize, stride, padding)
+
+
+# ----------------------------------------------------------------------------------
+# Softmax family (over the last axis)
+# ----------------------------------------------------------------------------------
+
+def _softmax_compute(xp, x, out=None):
+    # Subtracting the row max keeps exp() from overflowing; it cancels in the ratio.
+    shifted = x - x.max(axis=-1, keepdims=True)
+    e = xp.exp(shifted, out=out)
+    e /= e.sum(axis=-1, keepdims=True)
+    return e
+
+
+def _log_softmax_compute(xp, x, out=None):
+    shifted = x - x.max(axis=-1, keepdims=True)
+    logsum = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+    return xp.subtract(shifted, logsum, out=out)
+
+
+def _softmax_grad(n, g):
+    # dx = s * (g - sum(g * s))
+    return [n * (g - reduce_sum(g * n, -1, keepdims=True))]
+
+
+def _log_softmax_grad(n, g):
+    # dx = g - softmax(x) * sum(g)
+    return [g - exp(n) * reduce_sum(g, -1, keepdims=True)]
+
+
+register(OpDef("softmax", _softmax_compute, _infer_same, _softmax_grad,
+               doc="exp(x) / sum(exp(x)) over the last axis"))
+register(OpDef("log_softmax", _log_softmax_compute, _infer_same, _log_softmax_grad,
+               doc="x - log(sum(exp(x))) over the last axis"))
+
+
+def _xent_infer(shapes, dtypes, attrs):
+    logits, labels = shapes
+    if len(logits) < 1:
+        raise _Mismatch("logits need a class axis")
+    if len(labels) != len(logits) - 1 or any(
+            a is not None and b is not None and a != b for a, b in zip(labels, logits[:-1])):
+        raise _Mismatch("labels must have the logits' shape without the class axis")
+    return tuple(logits[:-1]), dtypes[0]
+
+
+def _xent_compute(xp, logits, labels, out=None):
+    classes = logits.shape[-1]
+    idx = labels.astype(np.int64, copy=False)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= classes):
+        raise ValueError(f"labels must be in [0, {classes}); got values in "
+                         f"[{int(idx.min())}, {int(idx.max())}]")
+    logp = _log_softmax_compute(xp, logits)
+    picked = xp.take_along_axis(logp, idx[..., None], axis=-1)[..., 0]
+    return xp.negative(picked, out=out)
+
+
+def _one_hot_like_compute(xp, labels, logits, out=None):
+    classes = logits.shape[-1]
+    result = (labels.astype(np.int64, copy=False)[..., None] == xp.arange(classes))
+    return _write(xp, result.astype(logits.dtype), out)
+
+
+def _xent_grad(n, g):
+    logits, labels = n.inputs
+    probs = make("softmax", logits)
+    onehot = make("one_hot_like", labels, logits)
+    return [expand_dims(g, -1) * (probs - onehot), None]
+
+
+register(OpDef("softmax_cross_entropy", _xent_compute, _xent_infer, _xent_grad,
+               doc="-log softmax(logits)[label] per example; labels are class indices"))
+register(OpDef("one_hot_like", _one_hot_like_compute,
+               lambda s, d, a: (tuple(s[0]) + (s[1][-1] if s[1] else None,), d[1]), None,
+               differentiable=False, doc="one-hot rows, classes = last dim of input 1"))
+
+
+def softmax(x) -> Node:
+    return make("softmax", x)
+
+
+def log_softmax(x) -> Node:
+    return make("log_softmax", x)
+
+
+def softmax_cross_entropy(logits, labels) -> Node:
+    """Per-example cross entropy of integer class `labels` (any numeric dtype)."""
+    return make("softmax_cross_entropy", logits, labels)
+
+
+# ----------------------------------------------------------------------------------
+# Layer norm (Ba et al. 2016), over the last axis
+# ----------------------------------------------------------------------------------
+
+def _layer_norm_infer(shapes, dtypes, attrs):
+    x, gamma, beta = shapes
+    if len(x) < 1 or len(gamma) != 1 or len(beta) != 1:
+        raise _Mismatch("layer_norm needs x (..., D), gamma (D,) and beta (D,)")
+    for p in (gamma[0], beta[0]):
+        if x[-1] is not None and p is not None and p != x[-1]:
+            raise _Mismatch(f"last dim {x[-1]} differs from the scale/shift size {p}")
+    return tuple(x), _result_dtype(dtypes)
+
+
+def _layer_norm_compute(xp, x, gamma, beta, out=None, eps=1e-5):
+    mu = x.mean(axis=-1, keepdims=True)
+    centered = x - mu
+    rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)
+    result = centered * rstd * gamma + beta
+    return _write(xp, result.astype(x.dtype, copy=False), out)
+
+
+def _layer_norm_grad(n, g):
+    # Written with ordinary ops so second derivatives work. With xhat = (x - mu) * rstd
+    # and gx = g * gamma:  dx = rstd * (gx - mean(gx) - xhat * mean(gx * xhat)).
+    from tinyflow.ops import reduce_mean, sqrt
+    x, gamma, beta = n.inputs
+    eps = n.attrs.get("eps", 1e-5)
+    mu = reduce_mean(x, -1, keepdims=True)
+    centered = x - mu
+    rstd = 1.0 / sqrt(reduce_mean(centered * centered, -1, keepdims=True) + eps)
+    xhat = centered * rstd
+    gx = g * gamma
+    dx = rstd * (gx - reduce_mean(gx, -1, keepdims=True)
+                 - xhat * reduce_mean(gx * xhat, -1, keepdims=True))
+    # Reduce over every leading axis by summing down to gamma's (D,) shape: this
+    # works even when x's rank is not known yet.
+    dgamma = sum_to_like(g * xhat, gamma)
+    dbeta = sum_to_like(g, beta)
+    return [dx, dgamma, dbeta]
+
+
+register(OpDef("layer_norm", _layer_norm_compute, _layer_norm_infer, _layer_norm_grad,
+               doc="normalise the last axis to mean 0, variance 1; then scale and shift"))
+
+
+def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Node:
+    return make("layer_norm", x, gamma, beta, eps=float(eps))
+
+
+# ----------------------------------------------------------------------------------
+# Dropout (Srivastava et al. 2014), "inverted": kept units are scaled by 1/(1-rate)
+# so evaluation is the identity. The mask is its own (random, impure) node, and the
+# output is x * mask, so the gradient uses the very mask the forward pass drew.
+# ----------------------------------------------------------------------------------
+
+def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0):
+    from tinyflow.ops import generator
+    keep = generator(seed).random(x.shape) >= rate
+    mask = xp.asarray(keep.astype(x.dtype) / (1.0 - rate))
+    return _write(xp, mask, out)
+
+
+register(OpDef("dropout_mask", _dropout_mask_compute, _infer_same, None, pure=False,
+               differentiable=False, doc="random 0 or 1/(1-rate) of x's shape"))
+
+
+def dropout(x, rate: float = 0.5, training: bool = True, seed: int | None = None) -> Node:
+    """Zero each element with probability `rate` (training), identity otherwise."""
+    from tinyflow.ops import _next_seed
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout rate must be in [0, 1), got {rate}")
+    if not training or rate == 0.0:
+        return x
+    return x * make("dropout_mask", x, rate=float(rate), seed=_next_seed(seed))
+
+
+__all__ = ["conv2d", "max_pool2d", "avg_pool2d", "softmax", "log_softmax",
+           "softmax_cross_entropy", "layer_norm", "dropout", "cast", "ones_like"]

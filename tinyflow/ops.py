@@ -1,0 +1,1140 @@
+"""The op registry: for each op, its compute, gradient, shape/dtype rule and flags.
+
+The registry is data (NNVM's lesson): a dict from op name to an `OpDef`. Every layer
+above asks the registry, never a chain of `if op == ...`:
+
+* the executor calls ``compute(xp, *arrays, out=None, **attrs)``; `xp` is numpy or
+  cupy, and `out`, when given, is planned memory the result must be written into;
+* autodiff calls ``gradient(node, grad) -> [grad of each input, as a Node, or None]``;
+  gradients are built from ordinary ops, so the gradient graph can be differentiated
+  again (grad-of-grad);
+* shape inference calls ``infer(shapes, dtypes, attrs) -> (shape, dtype)``. Shapes may
+  hold ``None`` dims (a batch size not fed yet): rules treat them as "any";
+* passes read the flags: `elementwise`, `inplace` (which input may share the output's
+  memory), `pure` (same inputs give the same result: safe to merge and fold),
+  `commutative`.
+
+The user-facing builders (``add``, ``matmul``, ...) live here too, since a builder is
+just "check shapes with the rule, make the Node". Neural-network ops (convolution,
+pooling, softmax, losses, normalisation, dropout) are in `nn_ops.py`, which registers
+them into the same registry.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tinyflow.graph import Node, ShapeError
+
+# ----------------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One registry entry. Flags are read by passes; functions by the layers above."""
+
+    name: str
+    compute: Callable[..., Any]
+    infer: Callable[[list, list, dict], tuple]
+    gradient: Callable[[Node, Node], list] | None = None
+    elementwise: bool = False   # output[i] depends only on inputs[i] (after broadcast)
+    inplace: int | None = None  # index of an input the output may overwrite
+    pure: bool = True           # deterministic and side-effect free
+    commutative: bool = False   # f(a, b) == f(b, a)
+    differentiable: bool = True  # False: has no gradient (comparisons, argmax, ...)
+    doc: str = ""
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add `opdef` to the registry (a name may be registered once)."""
+    if opdef.name in REGISTRY:
+        raise ValueError(f"op {opdef.name!r} is registered twice")
+    REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+class _Mismatch(Exception):
+    """Raised by an infer rule; `make` turns it into a ShapeError with context."""
+
+
+def _fmt_shape(shape: tuple | None) -> str:
+    if shape is None:
+        return "(?)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + \
+        ("," if len(shape) == 1 else "") + ")"
+
+
+def shape_error(op: str, shapes: Sequence, why: str, where: str) -> ShapeError:
+    """The one format of a shape error: op, every input shape, reason, user's line."""
+    shown = ", ".join(_fmt_shape(s) for s in shapes)
+    return ShapeError(f"{op}: incompatible shapes {shown}: {why} (at {where})")
+
+
+def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
+               shapes: Sequence | None = None, dtypes: Sequence | None = None) -> tuple:
+    """Run `op`'s rule on the inputs' shapes; raise a ShapeError naming everything.
+
+    Returns (shape, dtype). When any input's rank is unknown, the shape is unknown
+    (None) and no check is possible yet: it happens when a feed fixes the shapes.
+    """
+    opdef = REGISTRY[op]
+    shapes = [i.shape for i in inputs] if shapes is None else list(shapes)
+    dtypes = [i.dtype for i in inputs] if dtypes is None else list(dtypes)
+    if any(s is None for s in shapes):
+        try:
+            _, dtype = opdef.infer([s if s is not None else () for s in shapes],
+                                   dtypes, attrs)
+        except Exception:
+            dtype = next((d for d in dtypes if d is not None), None)
+        return None, dtype
+    try:
+        return opdef.infer(shapes, dtypes, attrs)
+    except _Mismatch as why:
+        raise shape_error(op, shapes, str(why), where) from None
+
+
+def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Node:
+    """Build a Node for `op`, checking shapes now wherever they are already known.
+
+    Python numbers and numpy arrays among `inputs` become constant nodes whose dtype
+    follows the other inputs (so `x * 2` stays float32).
+    """
+    like = next((i.dtype for i in inputs if isinstance(i, Node) and i.dtype is not None),
+                None)
+    nodes = [i if isinstance(i, Node) else constant(i, like) for i in inputs]
+    node = Node(op, nodes, attrs, name=name)
+    node.shape, node.dtype = infer_node(op, nodes, node.attrs, node.where)
+    return node
+
+
+# ----------------------------------------------------------------------------------
+# Shape rules shared by many ops
+# ----------------------------------------------------------------------------------
+
+def broadcast_shapes(*shapes: tuple) -> tuple:
+    """numpy broadcasting where a dim may be None (unknown): the result is None only
+    when it cannot be decided yet."""
+    ndim = max(len(s) for s in shapes)
+    result = []
+    for axis in range(ndim):
+        dims = [s[axis - ndim + len(s)] for s in shapes if axis - ndim + len(s) >= 0]
+        known = {d for d in dims if d is not None and d != 1}
+        if len(known) > 1:
+            raise _Mismatch(f"dimension {axis} cannot broadcast ({' vs '.join(map(str, sorted(known)))})")
+        if known:
+            result.append(known.pop())
+        elif any(d is None for d in dims):
+            result.append(None)
+        else:
+            result.append(1)
+    return tuple(result)
+
+
+def _result_dtype(dtypes: Sequence) -> Any:
+    known = [d for d in dtypes if d is not None]
+    return np.result_type(*known) if known else None
+
+
+def _infer_broadcast(shapes, dtypes, attrs):
+    return broadcast_shapes(*shapes), _result_dtype(dtypes)
+
+
+def _infer_compare(shapes, dtypes, attrs):
+    return broadcast_shapes(*shapes), np.dtype(bool)
+
+
+def _infer_same(shapes, dtypes, attrs):
+    return tuple(shapes[0]), dtypes[0]
+
+
+def _infer_like_second(shapes, dtypes, attrs):
+    """Output has the shape of input 1 (a shape reference) and the dtype of input 0."""
+    return tuple(shapes[1]), dtypes[0]
+
+
+def normalize_axes(axes: Any, ndim: int) -> tuple[int, ...]:
+    """axes given as None (all), int or sequence -> sorted tuple of non-negative ints."""
+    if axes is None:
+        return tuple(range(ndim))
+    if isinstance(axes, int):
+        axes = (axes,)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise _Mismatch(f"axis {a} is out of range for rank {ndim}")
+        out.append(a % ndim)
+    return tuple(sorted(set(out)))
+
+
+# ----------------------------------------------------------------------------------
+# Sources: placeholders, variables, constants, initializers
+# ----------------------------------------------------------------------------------
+
+class ConstValue:
+    """A constant's array, hashable by content so constant nodes can be CSE'd."""
+
+    __slots__ = ("array", "_key")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = np.array(array)          # a private copy ...
+        self.array.flags.writeable = False    # ... nobody may change behind our back
+        self._key = (self.array.shape, self.array.dtype.str, self.array.tobytes())
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ConstValue) and self._key == other._key
+
+    def __repr__(self) -> str:
+        if self.array.size <= 4:
+            return repr(self.array.tolist())
+        return f"array{_fmt_shape(self.array.shape)}"
+
+
+def _source_infer(shapes, dtypes, attrs):
+    return attrs.get("shape"), np.dtype(attrs["dtype"])
+
+
+def _no_compute(xp, *arrays, out=None, **attrs):
+    raise RuntimeError("placeholders and variables get their values from the executor")
+
+
+for _name, _doc in [("placeholder", "A value fed at run time (feed_dict)."),
+                    ("variable", "State that lives across runs (in the Session).")]:
+    register(OpDef(_name, _no_compute, _source_infer, None, pure=False,
+                   differentiable=False, doc=_doc))
+
+
+def _constant_compute(xp, out=None, value=None):
+    return value.array if xp is np else xp.asarray(value.array)
+
+
+register(OpDef("constant", _constant_compute,
+               lambda s, d, a: (a["value"].array.shape, a["value"].array.dtype),
+               None, differentiable=False, doc="A fixed array baked into the graph."))
+
+
+def constant(value: Any, dtype: Any = None, name: str | None = None) -> Node:
+    """A constant node. Python floats take `dtype` (default float32)."""
+    if isinstance(value, Node):
+        return value
+    if dtype is None or np.dtype(dtype).kind not in "fc":
+        dtype = np.float32 if isinstance(value, float) or (
+            isinstance(value, np.ndarray) and value.dtype == np.float64) else dtype
+    array = np.asarray(value, dtype=dtype)
+    return make("constant", value=ConstValue(array), name=name)
+
+
+def _fill_compute(fill):
+    def compute(xp, out=None, shape=(), dtype="float32"):
+        if out is None:
+            return xp.full(shape, fill, dtype=dtype)
+        out.fill(fill)
+        return out
+    return compute
+
+
+for _name, _fill in [("zeros", 0.0), ("ones", 1.0)]:
+    register(OpDef(_name, _fill_compute(_fill), _source_infer, None, differentiable=False,
+                   doc=f"An array of {_fill:g}s of a fixed shape."))
+
+# Random sources draw from one generator per seed, kept here, so a seeded program
+# gives the same sequence of values in every fresh process.
+_generators: dict[int, np.random.Generator] = {}
+
+
+def generator(seed: int) -> np.random.Generator:
+    if seed not in _generators:
+        _generators[seed] = np.random.default_rng(seed)
+    return _generators[seed]
+
+
+def _random_compute(kind):
+    def compute(xp, out=None, shape=(), dtype="float32", a=0.0, b=1.0, seed=0):
+        rng = generator(seed)
+        draw = rng.normal(a, b, size=shape) if kind == "normal" else rng.uniform(a, b, size=shape)
+        draw = xp.asarray(draw.astype(dtype))
+        if out is not None:
+            out[...] = draw
+            return out
+        return draw
+    return compute
+
+
+for _name in ("random_normal", "random_uniform"):
+    register(OpDef(_name, _random_compute(_name.split("_")[1]), _source_infer, None,
+                   pure=False, differentiable=False,
+                   doc="Random values (normal: mean a, std b; uniform: [a, b))."))
+
+
+# State: tf.assign writes a variable; tf.group runs several ops for their effects.
+# The executor treats "assign" specially (it writes the Session's copy of the
+# variable); graph.topological_order runs every other reader of the variable first.
+
+def _assign_compute(xp, var, value, out=None):
+    var[...] = value
+    return var
+
+
+def _assign_infer(shapes, dtypes, attrs):
+    var, value = shapes
+    if len(var) == len(value) and any(
+            a is not None and b is not None and a != b for a, b in zip(var, value)):
+        raise _Mismatch("the value's shape differs from the variable's")
+    return tuple(value), dtypes[0] if dtypes[0] is not None else dtypes[1]
+
+
+def _group_compute(xp, *arrays, out=None):
+    return xp.zeros((), dtype=np.float32)
+
+
+register(OpDef("assign", _assign_compute, _assign_infer, None, pure=False,
+               differentiable=False, doc="write input 1 into variable input 0"))
+register(OpDef("group", _group_compute, lambda s, d, a: ((), np.dtype(np.float32)), None,
+               pure=False, differentiable=False,
+               doc="run every input for its effect (tf.group); the value is 0"))
+
+
+# ----------------------------------------------------------------------------------
+# Gradient helpers: reduce a broadcast gradient back to its input's shape
+# ----------------------------------------------------------------------------------
+
+def _sum_to_like_compute(xp, g, ref, out=None):
+    """Sum `g` down to `ref.shape` (undo numpy broadcasting)."""
+    if g.shape == ref.shape:
+        if out is None:
+            return g
+        out[...] = g
+        return out
+    lead = g.ndim - ref.ndim
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(ref.shape) if d == 1 and g.shape[lead + i] != 1)
+    summed = g.sum(axis=axes, keepdims=True)
+    summed = summed.reshape(ref.shape)
+    if out is None:
+        return summed
+    out[...] = summed
+    return out
+
+
+def _broadcast_like_compute(xp, x, ref, out=None):
+    if out is None:
+        return xp.broadcast_to(x, ref.shape)
+    out[...] = x
+    return out
+
+
+register(OpDef("sum_to_like", _sum_to_like_compute, _infer_like_second,
+               lambda node, g: [broadcast_like(g, node.inputs[0]), None],
+               doc="Sum input 0 down to the shape of input 1 (gradient of broadcasting)."))
+register(OpDef("broadcast_like", _broadcast_like_compute, _infer_like_second,
+               lambda node, g: [sum_to_like(g, node.inputs[0]), None],
+               doc="Broadcast input 0 to the shape of input 1."))
+
+
+def sum_to_like(g: Node, ref: Node) -> Node:
+    return make("sum_to_like", g, ref)
+
+
+def broadcast_like(x: Node, ref: Node) -> Node:
+    return make("broadcast_like", x, ref)
+
+
+def unbroadcast(grad: Node, x: Node) -> Node:
+    """`grad` reduced to x's shape. Skipped when both shapes are known and equal."""
+    if grad.shape is not None and grad.shape == x.shape and None not in x.shape:
+        return grad
+    return sum_to_like(grad, x)
+
+
+# ----------------------------------------------------------------------------------
+# Elementwise ops. Each: compute, gradient (as Nodes), registered with flags.
+# ----------------------------------------------------------------------------------
+
+def _binary(name, ufunc_name, grad, commutative=False, doc=""):
+    def compute(xp, a, b, out=None):
+        return getattr(xp, ufunc_name)(a, b, out=out)
+    register(OpDef(name, compute, _infer_broadcast, grad, elementwise=True, inplace=0,
+                   commutative=commutative, doc=doc))
+
+
+def _unary(name, compute, grad, doc="", inplace=0):
+    register(OpDef(name, compute, _infer_same, grad, elementwise=True, inplace=inplace,
+                   doc=doc))
+
+
+# Gradients read the forward node's inputs (a, b) and, where it is cheaper, the
+# node's own output (exp, tanh, sigmoid reuse y instead of recomputing).
+_binary("add", "add", lambda n, g: [unbroadcast(g, n.inputs[0]), unbroadcast(g, n.inputs[1])],
+        commutative=True, doc="a + b")
+_binary("sub", "subtract",
+        lambda n, g: [unbroadcast(g, n.inputs[0]), unbroadcast(neg(g), n.inputs[1])],
+        doc="a - b")
+_binary("mul", "multiply",
+        lambda n, g: [unbroadcast(g * n.inputs[1], n.inputs[0]),
+                      unbroadcast(g * n.inputs[0], n.inputs[1])],
+        commutative=True, doc="a * b")
+_binary("div", "divide",
+        lambda n, g: [unbroadcast(g / n.inputs[1], n.inputs[0]),
+                      unbroadcast(neg(g) * n / n.inputs[1], n.inputs[1])],
+        doc="a / b")
+_binary("maximum", "maximum",
+        lambda n, g: [unbroadcast(g * cast(n.inputs[0] >= n.inputs[1], g.dtype), n.inputs[0]),
+                      unbroadcast(g * cast(n.inputs[0] < n.inputs[1], g.dtype), n.inputs[1])],
+        commutative=True, doc="elementwise max (ties send the gradient to a)")
+_binary("minimum", "minimum",
+        lambda n, g: [unbroadcast(g * cast(n.inputs[0] <= n.inputs[1], g.dtype), n.inputs[0]),
+                      unbroadcast(g * cast(n.inputs[0] > n.inputs[1], g.dtype), n.inputs[1])],
+        commutative=True, doc="elementwise min (ties send the gradient to a)")
+
+
+def _pow_grad(n, g):
+    x, p = n.inputs
+    grad_x = unbroadcast(g * p * power(x, p - 1.0), x)
+    # d/dp x^p = x^p log x; only defined for x > 0, so it is skipped for constants.
+    grad_p = None if p.op == "constant" else unbroadcast(g * n * log(x), p)
+    return [grad_x, grad_p]
+
+
+_binary("pow", "power", _pow_grad, doc="a ** b")
+
+
+def _compare(name, ufunc_name):
+    def compute(xp, a, b, out=None):
+        return getattr(xp, ufunc_name)(a, b, out=out)
+    register(OpDef(name, compute, _infer_compare, None, elementwise=True,
+                   differentiable=False, commutative=name in ("equal", "not_equal"),
+                   doc=f"{ufunc_name}(a, b) as booleans"))
+
+
+for _name, _ufunc in [("less", "less"), ("less_equal", "less_equal"), ("greater", "greater"),
+                      ("greater_equal", "greater_equal"), ("equal", "equal"),
+                      ("not_equal", "not_equal")]:
+    _compare(_name, _ufunc)
+
+
+def _ufunc_compute(ufunc_name):
+    def compute(xp, x, out=None):
+        return getattr(xp, ufunc_name)(x, out=out)
+    return compute
+
+
+def _relu_compute(xp, x, out=None):
+    return xp.maximum(x, 0, out=out)
+
+
+def _sigmoid_compute(xp, x, out=None):
+    # 1 / (1 + exp(-x)), written to stay finite for large |x|: exp(-|x|) <= 1.
+    e = xp.exp(-xp.abs(x))
+    pos = 1.0 / (1.0 + e)
+    result = xp.where(x >= 0, pos, e * pos)
+    if out is None:
+        return result.astype(x.dtype, copy=False)
+    out[...] = result
+    return out
+
+
+# GELU, tanh form (Hendrycks & Gimpel 2016; GPT-2): numpy has no erf, and the tanh
+# form is what most small transformers use. sqrt(2/pi) and 0.044715 are its constants.
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+def _gelu_compute(xp, x, out=None):
+    inner = _GELU_C * (x + _GELU_A * x * x * x)
+    result = 0.5 * x * (1.0 + xp.tanh(inner))
+    if out is None:
+        return result.astype(x.dtype, copy=False)
+    out[...] = result
+    return out
+
+
+def _gelu_grad(n, g):
+    x = n.inputs[0]
+    t = tanh(_GELU_C * (x + _GELU_A * x * x * x))
+    dinner = _GELU_C * (1.0 + 3.0 * _GELU_A * x * x)
+    return [g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)]
+
+
+_unary("neg", _ufunc_compute("negative"), lambda n, g: [neg(g)], "-x")
+_unary("exp", _ufunc_compute("exp"), lambda n, g: [g * n], "e ** x")
+_unary("log", _ufunc_compute("log"), lambda n, g: [g / n.inputs[0]], "natural log")
+_unary("sqrt", _ufunc_compute("sqrt"), lambda n, g: [g / (2.0 * n)], "square root")
+_unary("tanh", _ufunc_compute("tanh"), lambda n, g: [g * (1.0 - n * n)], "tanh")
+_unary("sigmoid", _sigmoid_compute, lambda n, g: [g * n * (1.0 - n)], "1 / (1 + e^-x)")
+_unary("relu", _relu_compute,
+       lambda n, g: [g * cast(n.inputs[0] > 0.0, g.dtype)], "max(x, 0)")
+_unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation")
+_unary("abs", _ufunc_compute("absolute"), lambda n, g: [g * sign(n.inputs[0])], "|x|")
+register(OpDef("sign", _ufunc_compute("sign"), _infer_same, None, elementwise=True,
+               inplace=0, differentiable=False, doc="-1, 0 or 1"))
+
+
+def _cast_compute(xp, x, out=None, dtype="float32"):
+    if out is None:
+        return x.astype(dtype)
+    out[...] = x
+    return out
+
+
+def _cast_grad(n, g):
+    src = n.inputs[0].dtype
+    if src is None or src.kind != "f":
+        return [None]  # no gradient flows into integers or booleans
+    return [cast(g, src)]
+
+
+register(OpDef("cast", _cast_compute, lambda s, d, a: (tuple(s[0]), np.dtype(a["dtype"])),
+               _cast_grad, elementwise=True, doc="change dtype"))
+
+
+def _where_compute(xp, cond, a, b, out=None):
+    result = xp.where(cond, a, b)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _where_grad(n, g):
+    cond, a, b = n.inputs
+    zero = zeros_like(g)
+    return [None, unbroadcast(where(cond, g, zero), a), unbroadcast(where(cond, zero, g), b)]
+
+
+register(OpDef("where", _where_compute,
+               lambda s, d, a: (broadcast_shapes(*s), _result_dtype(d[1:])),
+               _where_grad, elementwise=True, doc="cond ? a : b"))
+
+
+def _zeros_like_compute(xp, x, out=None):
+    if out is None:
+        return xp.zeros_like(x)
+    out.fill(0)
+    return out
+
+
+def _ones_like_compute(xp, x, out=None):
+    if out is None:
+        return xp.ones_like(x)
+    out.fill(1)
+    return out
+
+
+register(OpDef("zeros_like", _zeros_like_compute, _infer_same, None, elementwise=True,
+               differentiable=False, doc="zeros of x's shape and dtype"))
+register(OpDef("ones_like", _ones_like_compute, _infer_same, None, elementwise=True,
+               differentiable=False, doc="ones of x's shape and dtype"))
+
+
+# ----------------------------------------------------------------------------------
+# Matrix multiply
+# ----------------------------------------------------------------------------------
+
+def _matmul_compute(xp, a, b, out=None, transpose_a=False, transpose_b=False):
+    # Transposes are views: BLAS reads the strides, nothing is copied.
+    if transpose_a:
+        a = xp.swapaxes(a, -1, -2)
+    if transpose_b:
+        b = xp.swapaxes(b, -1, -2)
+    return xp.matmul(a, b, out=out)
+
+
+def _matmul_infer(shapes, dtypes, attrs):
+    a, b = shapes
+    if len(a) < 2 or len(b) < 2:
+        raise _Mismatch("matmul needs inputs of rank >= 2 (reshape vectors first)")
+    if attrs.get("transpose_a"):
+        a = a[:-2] + (a[-1], a[-2])
+    if attrs.get("transpose_b"):
+        b = b[:-2] + (b[-1], b[-2])
+    if a[-1] is not None and b[-2] is not None and a[-1] != b[-2]:
+        raise _Mismatch(f"inner dimensions differ ({a[-1]} vs {b[-2]})")
+    batch = broadcast_shapes(a[:-2], b[:-2]) if (a[:-2] or b[:-2]) else ()
+    return batch + (a[-2], b[-1]), _result_dtype(dtypes)
+
+
+def _matmul_grad(n, g):
+    a, b = n.inputs
+    ta, tb = n.attrs.get("transpose_a", False), n.attrs.get("transpose_b", False)
+    # For C = A B: dA = G B^T, dB = A^T G; the transpose flags permute these.
+    if not ta:
+        grad_a = matmul(g, b, transpose_b=not tb)
+    else:
+        grad_a = matmul(b, g, transpose_a=tb, transpose_b=True)
+    if not tb:
+        grad_b = matmul(a, g, transpose_a=not ta)
+    else:
+        grad_b = matmul(g, a, transpose_a=True, transpose_b=ta)
+    if a.ndim == 2 and b.ndim == 2:
+        return [grad_a, grad_b]  # no batch broadcasting in 2-D: shapes already match
+    return [unbroadcast(grad_a, a), unbroadcast(grad_b, b)]
+
+
+register(OpDef("matmul", _matmul_compute, _matmul_infer, _matmul_grad,
+               doc="batched matrix product, batch dims broadcast like numpy"))
+
+
+# bias_add (the original TinyFlow's): add a (C,) bias along dimension 1, the channel
+# axis of NCHW images and the feature axis of (N, C) matrices.
+def _channel_view(b, ndim):
+    return b.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _bias_add_infer(shapes, dtypes, attrs):
+    x, b = shapes
+    if len(x) < 2 or len(b) != 1:
+        raise _Mismatch("bias_add needs x of rank >= 2 and a bias of rank 1")
+    if x[1] is not None and b[0] is not None and x[1] != b[0]:
+        raise _Mismatch(f"bias has {b[0]} entries but dimension 1 of x is {x[1]}")
+    return tuple(x), _result_dtype(dtypes)
+
+
+def _bias_add_compute(xp, x, b, out=None):
+    return xp.add(x, _channel_view(b, x.ndim), out=out)
+
+
+def _bias_grad_compute(xp, g, out=None):
+    axes = (0,) + tuple(range(2, g.ndim))
+    return _write_out(g.sum(axis=axes), out)
+
+
+def _write_out(result, out):
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+register(OpDef("bias_add", _bias_add_compute, _bias_add_infer,
+               lambda n, g: [g, make("bias_grad", g)], inplace=0,
+               doc="x + b along dimension 1 (channels)"))
+register(OpDef("bias_grad", _bias_grad_compute, lambda s, d, a: ((s[0][1],), d[0]),
+               lambda n, g: [make("bias_add", zeros_like(n.inputs[0]), g)],
+               doc="sum over every axis but 1 (gradient of bias_add)"))
+
+
+# ----------------------------------------------------------------------------------
+# Reductions
+# ----------------------------------------------------------------------------------
+
+def _reduce_infer(shapes, dtypes, attrs):
+    shape = shapes[0]
+    axes = normalize_axes(attrs.get("axis"), len(shape))
+    if attrs.get("keepdims"):
+        out = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    else:
+        out = tuple(d for i, d in enumerate(shape) if i not in axes)
+    return out, dtypes[0]
+
+
+def _reduce_compute(method):
+    def compute(xp, x, out=None, axis=None, keepdims=False):
+        result = getattr(x, method)(axis=axis, keepdims=keepdims)
+        if out is None:
+            return xp.asarray(result)
+        out[...] = result
+        return out
+    return compute
+
+
+def _expand_reduced(g: Node, n: Node) -> Node:
+    """Gradient of a reduction, broadcast back to the input's shape."""
+    axis, keepdims = n.attrs.get("axis"), n.attrs.get("keepdims", False)
+    if not keepdims and axis is not None:
+        g = expand_dims(g, axis)
+    return broadcast_like(g, n.inputs[0])
+
+
+def _mean_grad(n, g):
+    x = n.inputs[0]
+    return [_expand_reduced(g, n) * (count_ratio(n, x))]
+
+
+def _max_grad(n, g):
+    x = n.inputs[0]
+    # The gradient goes to the elements equal to the max, split evenly among ties.
+    peak = _expand_reduced(n, n)
+    mask = cast(equal(x, peak), x.dtype)
+    share = mask / _expand_reduced(reduce_sum(mask, n.attrs.get("axis"), keepdims=n.attrs.get(
+        "keepdims", False)), n)
+    return [_expand_reduced(g, n) * share]
+
+
+register(OpDef("sum", _reduce_compute("sum"), _reduce_infer,
+               lambda n, g: [_expand_reduced(g, n)], doc="sum over axes"))
+register(OpDef("mean", _reduce_compute("mean"), _reduce_infer, _mean_grad,
+               doc="mean over axes"))
+register(OpDef("max", _reduce_compute("max"), _reduce_infer, _max_grad,
+               doc="max over axes"))
+
+
+def _count_ratio_compute(xp, y, x, out=None):
+    """size(y) / size(x) as a scalar of x's dtype: the 1/N of a mean's gradient."""
+    ratio = (y.size / x.size) if x.size else 0.0
+    return xp.asarray(ratio, dtype=x.dtype)
+
+
+register(OpDef("count_ratio", _count_ratio_compute, lambda s, d, a: ((), d[1]), None,
+               differentiable=False, doc="size(a) / size(b), for gradients of means"))
+
+
+def count_ratio(y: Node, x: Node) -> Node:
+    return make("count_ratio", y, x)
+
+
+def _argmax_compute(xp, x, out=None, axis=None):
+    return xp.argmax(x, axis=axis)
+
+
+def _argmax_infer(shapes, dtypes, attrs):
+    shape = shapes[0]
+    axis = attrs.get("axis")
+    if axis is None:
+        return (), np.dtype(np.int64)
+    (ax,) = normalize_axes(axis, len(shape))
+    return tuple(d for i, d in enumerate(shape) if i != ax), np.dtype(np.int64)
+
+
+register(OpDef("argmax", _argmax_compute, _argmax_infer, None, differentiable=False,
+               doc="index of the max along an axis"))
+
+
+# ----------------------------------------------------------------------------------
+# Shape ops
+# ----------------------------------------------------------------------------------
+
+def _resolve_zeros(src: tuple, target: tuple) -> list:
+    """A 0 in a reshape target copies that dim from the input (ONNX/MXNet rule), so
+    `reshape(x, (0, -1))` flattens whatever the batch size turns out to be."""
+    return [src[i] if d == 0 and i < len(src) else d for i, d in enumerate(target)]
+
+
+def _reshape_infer(shapes, dtypes, attrs):
+    src, target = shapes[0], _resolve_zeros(shapes[0], attrs["shape"])
+    if target.count(-1) > 1:
+        raise _Mismatch("reshape allows at most one -1")
+    if None in target:  # a copied dim that is itself unknown
+        return tuple(target), dtypes[0]
+    known = math.prod(d for d in target if d != -1)
+    if -1 in target:
+        if None in src:
+            target[target.index(-1)] = None
+        else:
+            total = math.prod(src)
+            if known == 0 or total % known:
+                raise _Mismatch(f"cannot reshape {total} elements into {tuple(attrs['shape'])}")
+            target[target.index(-1)] = total // known
+    elif None not in src and math.prod(src) != known:
+        raise _Mismatch(f"cannot reshape {math.prod(src)} elements into {tuple(target)}")
+    return tuple(target), dtypes[0]
+
+
+def _reshape_compute(xp, x, out=None, shape=()):
+    result = x.reshape(_resolve_zeros(x.shape, shape))
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _reshape_like_compute(xp, x, ref, out=None):
+    result = x.reshape(ref.shape)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+register(OpDef("reshape", _reshape_compute, _reshape_infer,
+               lambda n, g: [reshape_like(g, n.inputs[0])], doc="same data, new shape"))
+register(OpDef("reshape_like", _reshape_like_compute, _infer_like_second,
+               lambda n, g: [reshape_like(g, n.inputs[0]), None],
+               doc="reshape input 0 to the shape of input 1"))
+
+
+def _transpose_infer(shapes, dtypes, attrs):
+    shape, axes = shapes[0], attrs.get("axes")
+    if axes is None:
+        return tuple(reversed(shape)), dtypes[0]
+    if sorted(a % len(shape) for a in axes) != list(range(len(shape))):
+        raise _Mismatch(f"axes {tuple(axes)} are not a permutation of rank {len(shape)}")
+    return tuple(shape[a] for a in axes), dtypes[0]
+
+
+def _transpose_compute(xp, x, out=None, axes=None):
+    result = xp.transpose(x, axes)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _transpose_grad(n, g):
+    axes = n.attrs.get("axes")
+    if axes is None:
+        return [transpose(g)]
+    inverse = tuple(int(i) for i in np.argsort([a % len(axes) for a in axes]))
+    return [transpose(g, inverse)]
+
+
+register(OpDef("transpose", _transpose_compute, _transpose_infer, _transpose_grad,
+               doc="permute axes (reverse them by default)"))
+
+
+def _broadcast_to_infer(shapes, dtypes, attrs):
+    target = tuple(attrs["shape"])
+    if broadcast_shapes(shapes[0], target) != target:
+        raise _Mismatch(f"cannot broadcast to {target}")
+    return target, dtypes[0]
+
+
+def _broadcast_to_compute(xp, x, out=None, shape=()):
+    if out is None:
+        return xp.broadcast_to(x, shape)
+    out[...] = x
+    return out
+
+
+register(OpDef("broadcast_to", _broadcast_to_compute, _broadcast_to_infer,
+               lambda n, g: [sum_to_like(g, n.inputs[0])], doc="numpy broadcast_to"))
+
+
+def _expand_dims_infer(shapes, dtypes, attrs):
+    shape = list(shapes[0])
+    axis = attrs["axis"]
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    ndim = len(shape) + len(axes)
+    for a in sorted(x % ndim for x in axes):
+        shape.insert(a, 1)
+    return tuple(shape), dtypes[0]
+
+
+def _expand_dims_compute(xp, x, out=None, axis=0):
+    result = xp.expand_dims(x, axis)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _squeeze_infer(shapes, dtypes, attrs):
+    shape = shapes[0]
+    axis = attrs.get("axis")
+    if axis is None:
+        if None in shape:
+            raise _Mismatch("squeeze without an axis needs every dim known")
+        return tuple(d for d in shape if d != 1), dtypes[0]
+    axes = normalize_axes(axis, len(shape))
+    for a in axes:
+        if shape[a] not in (1, None):
+            raise _Mismatch(f"cannot squeeze axis {a} of size {shape[a]}")
+    return tuple(d for i, d in enumerate(shape) if i not in axes), dtypes[0]
+
+
+def _squeeze_compute(xp, x, out=None, axis=None):
+    result = xp.squeeze(x, axis=axis)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+register(OpDef("expand_dims", _expand_dims_compute, _expand_dims_infer,
+               lambda n, g: [reshape_like(g, n.inputs[0])], doc="insert size-1 axes"))
+register(OpDef("squeeze", _squeeze_compute, _squeeze_infer,
+               lambda n, g: [reshape_like(g, n.inputs[0])], doc="remove size-1 axes"))
+
+
+def _concat_infer(shapes, dtypes, attrs):
+    ndim = len(shapes[0])
+    (axis,) = normalize_axes(attrs["axis"], ndim)
+    out = list(shapes[0])
+    for s in shapes[1:]:
+        if len(s) != ndim:
+            raise _Mismatch("concat needs inputs of one rank")
+        for i, (d0, d) in enumerate(zip(out, s)):
+            if i != axis and d0 is not None and d is not None and d0 != d:
+                raise _Mismatch(f"dimension {i} differs ({d0} vs {d})")
+            if i != axis and d0 is None:
+                out[i] = d
+    sizes = [s[axis] for s in shapes]
+    out[axis] = None if None in sizes else sum(sizes)
+    return tuple(out), _result_dtype(dtypes)
+
+
+def _concat_compute(xp, *arrays, out=None, axis=0):
+    return xp.concatenate(arrays, axis=axis, out=out)
+
+
+def _concat_grad(n, g):
+    return [make("concat_part", g, *n.inputs, axis=n.attrs["axis"], part=i)
+            for i in range(len(n.inputs))]
+
+
+def _concat_part_compute(xp, g, *inputs, out=None, axis=0, part=0):
+    start = sum(x.shape[axis] for x in inputs[:part])
+    index = [slice(None)] * g.ndim
+    index[axis] = slice(start, start + inputs[part].shape[axis])
+    result = g[tuple(index)]
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+register(OpDef("concat", _concat_compute, _concat_infer, _concat_grad,
+               doc="join arrays along an axis"))
+register(OpDef("concat_part", _concat_part_compute,
+               lambda s, d, a: (tuple(s[1 + a["part"]]), d[0]), None, differentiable=False,
+               doc="the slice of a concat's gradient that belongs to input `part`"))
+
+
+# Indexing by slices: the index is stored as a tuple of (start, stop, step) triples
+# and plain ints, so it is hashable and readable in the debugger.
+def _encode_index(index: Any) -> tuple:
+    if not isinstance(index, tuple):
+        index = (index,)
+    encoded = []
+    for item in index:
+        if isinstance(item, slice):
+            encoded.append(("slice", item.start, item.stop, item.step))
+        elif isinstance(item, (int, np.integer)):
+            encoded.append(("int", int(item)))
+        elif item is None:
+            encoded.append(("newaxis",))
+        elif item is Ellipsis:
+            encoded.append(("ellipsis",))
+        else:
+            raise TypeError(f"graph nodes can be indexed by ints and slices, not {item!r}; "
+                            "use tf.gather for index arrays")
+    return tuple(encoded)
+
+
+def _decode_index(encoded: tuple) -> tuple:
+    decoded = []
+    for item in encoded:
+        kind = item[0]
+        decoded.append(slice(*item[1:]) if kind == "slice" else item[1] if kind == "int"
+                       else None if kind == "newaxis" else Ellipsis)
+    return tuple(decoded)
+
+
+def _getitem_infer(shapes, dtypes, attrs):
+    shape = shapes[0]
+    probe = np.empty([1 if d is None else d for d in shape], dtype=np.bool_)
+    try:
+        result = probe[_decode_index(attrs["index"])].shape
+    except IndexError as err:
+        raise _Mismatch(str(err)) from None
+    # Dims that came from unknown dims stay unknown only if they were sliced fully;
+    # keep it simple: any output dim fed by an unknown input dim is unknown.
+    if None in shape:
+        return tuple(None for _ in result), dtypes[0]
+    return result, dtypes[0]
+
+
+def _getitem_compute(xp, x, out=None, index=()):
+    result = x[_decode_index(index)]
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _slice_grad_compute(xp, g, ref, out=None, index=()):
+    result = xp.zeros(ref.shape, dtype=g.dtype) if out is None else out
+    if out is not None:
+        out.fill(0)
+    result[_decode_index(index)] = g
+    return result
+
+
+register(OpDef("getitem", _getitem_compute, _getitem_infer,
+               lambda n, g: [make("slice_grad", g, n.inputs[0], index=n.attrs["index"])],
+               doc="x[index] with ints and slices"))
+register(OpDef("slice_grad", _slice_grad_compute, _infer_like_second,
+               lambda n, g: [make("getitem", g, index=n.attrs["index"]), None],
+               doc="zeros of input 1's shape with input 0 written at index"))
+
+
+def _gather_infer(shapes, dtypes, attrs):
+    params, indices = shapes
+    if len(params) < 1:
+        raise _Mismatch("gather needs params of rank >= 1")
+    return tuple(indices) + tuple(params[1:]), dtypes[0]
+
+
+def _gather_compute(xp, params, indices, out=None):
+    return xp.take(params, indices.astype(np.int64, copy=False), axis=0, out=out)
+
+
+def _scatter_rows_compute(xp, g, indices, ref, out=None):
+    result = xp.zeros(ref.shape, dtype=g.dtype) if out is None else out
+    if out is not None:
+        out.fill(0)
+    rows = indices.astype(np.int64, copy=False).reshape(-1)
+    # add.at sums repeated indices (the same token twice in a batch).
+    xp.add.at(result, rows, g.reshape((rows.size,) + ref.shape[1:]))
+    return result
+
+
+register(OpDef("gather", _gather_compute, _gather_infer,
+               lambda n, g: [make("scatter_rows", g, n.inputs[1], n.inputs[0]), None],
+               doc="rows of params picked by integer indices (embeddings)"))
+register(OpDef("scatter_rows", _scatter_rows_compute,
+               lambda s, d, a: (tuple(s[2]), d[0]),
+               lambda n, g: [gather(g, n.inputs[1]), None, None],
+               doc="gradient of gather: rows of g summed into zeros of params' shape"))
+
+
+# ----------------------------------------------------------------------------------
+# Builders: the functions users (and gradients) call
+# ----------------------------------------------------------------------------------
+
+def add(a, b): return make("add", a, b)
+def sub(a, b): return make("sub", a, b)
+def mul(a, b): return make("mul", a, b)
+def div(a, b): return make("div", a, b)
+def power(a, b): return make("pow", a, b)
+def maximum(a, b): return make("maximum", a, b)
+def minimum(a, b): return make("minimum", a, b)
+def neg(x): return make("neg", x)
+def exp(x): return make("exp", x)
+def log(x): return make("log", x)
+def sqrt(x): return make("sqrt", x)
+def tanh(x): return make("tanh", x)
+def sigmoid(x): return make("sigmoid", x)
+def relu(x): return make("relu", x)
+def gelu(x): return make("gelu", x)
+def sign(x): return make("sign", x)
+def less(a, b): return make("less", a, b)
+def less_equal(a, b): return make("less_equal", a, b)
+def greater(a, b): return make("greater", a, b)
+def greater_equal(a, b): return make("greater_equal", a, b)
+def equal(a, b): return make("equal", a, b)
+def not_equal(a, b): return make("not_equal", a, b)
+def zeros_like(x): return make("zeros_like", x)
+def ones_like(x): return make("ones_like", x)
+def where(cond, a, b): return make("where", cond, a, b)
+def gather(params, indices): return make("gather", params, indices)
+def reshape_like(x, ref): return make("reshape_like", x, ref)
+
+
+def abs(x):  # noqa: A001 - tf.abs
+    return make("abs", x)
+
+
+pow = power  # noqa: A001 - the `**` operator and tf.pow
+
+
+def getitem(x, index):
+    return make("getitem", x, index=_encode_index(index))
+
+
+def cast(x, dtype):
+    dtype = np.dtype(dtype)
+    if isinstance(x, Node) and x.dtype == dtype:
+        return x
+    return make("cast", x, dtype=dtype.name)
+
+
+def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
+    attrs = {}
+    if transpose_a:
+        attrs["transpose_a"] = True
+    if transpose_b:
+        attrs["transpose_b"] = True
+    return make("matmul", a, b, **attrs)
+
+
+def _axis_attr(axis):
+    if axis is None:
+        return None
+    if isinstance(axis, (list, tuple)):
+        return tuple(int(a) for a in axis)
+    return int(axis)
+
+
+def reduce_sum(x, axis=None, keepdims=False):
+    return make("sum", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
+
+
+def reduce_mean(x, axis=None, keepdims=False):
+    if isinstance(x, Node) and x.dtype is not None and x.dtype.kind in "biu":
+        x = cast(x, np.float32)  # the mean of booleans is a fraction (accuracy)
+    return make("mean", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
+
+
+def reduce_max(x, axis=None, keepdims=False):
+    return make("max", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
+
+
+def argmax(x, axis=None):
+    return make("argmax", x, axis=None if axis is None else int(axis))
+
+
+def reshape(x, shape):
+    return make("reshape", x, shape=tuple(int(d) for d in shape))
+
+
+def transpose(x, axes=None):
+    return make("transpose", x, axes=None if axes is None else tuple(int(a) for a in axes))
+
+
+def broadcast_to(x, shape):
+    return make("broadcast_to", x, shape=tuple(int(d) for d in shape))
+
+
+def expand_dims(x, axis):
+    return make("expand_dims", x, axis=_axis_attr(axis))
+
+
+def squeeze(x, axis=None):
+    return make("squeeze", x, axis=_axis_attr(axis))
+
+
+def concat(values, axis):
+    return make("concat", *values, axis=int(axis))
+
+
+def _shape_attr(shape) -> tuple:
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    return tuple(int(d) for d in shape)
+
+
+def zeros(shape, dtype=np.float32, name=None):
+    return make("zeros", shape=_shape_attr(shape), dtype=np.dtype(dtype).name, name=name)
+
+
+def ones(shape, dtype=np.float32, name=None):
+    return make("ones", shape=_shape_attr(shape), dtype=np.dtype(dtype).name, name=name)
+
+
+_seed_counter = iter(range(10**9))
+
+
+def _next_seed(seed):
+    # Unseeded random ops still get distinct, reproducible seeds in build order.
+    return int(seed) if seed is not None else 1_000_003 + next(_seed_counter)
+
+
+def random_normal(shape, mean=0.0, stddev=1.0, dtype=np.float32, seed=None, name=None):
+    return make("random_normal", shape=_shape_attr(shape), dtype=np.dtype(dtype).name,
+                a=float(mean), b=float(stddev), seed=_next_seed(seed), name=name)
+
+
+def random_uniform(shape, minval=0.0, maxval=1.0, dtype=np.float32, seed=None, name=None):
+    return make("random_uniform", shape=_shape_attr(shape), dtype=np.dtype(dtype).name,
+                a=float(minval), b=float(maxval), seed=_next_seed(seed), name=name)

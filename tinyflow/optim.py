@@ -1,0 +1,118 @@
+"""Optimizers (tf.train): parameter updates as graph nodes.
+
+`minimize(loss)` builds the gradient graph (autodiff.py) and, for each trainable
+Variable, the nodes that compute its new value and `assign` it. The result is one
+`group` node: running it runs a whole training step (forward, backward, update) as
+one compiled program, so the passes and the memory planner see the updates too.
+
+SGD, momentum (Polyak 1964; as in PyTorch), Adam (Kingma & Ba 2015) with optional
+decoupled weight decay (AdamW, Loshchilov & Hutter 2019).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from tinyflow import api, ops
+from tinyflow.autodiff import gradients
+from tinyflow.graph import Node, ShapeError, reachable
+
+
+class Optimizer:
+    """Base: compute_gradients + apply_gradients = minimize (TF1's split)."""
+
+    def __init__(self, learning_rate: float | Node, weight_decay: float = 0.0) -> None:
+        self.learning_rate = learning_rate
+        self.weight_decay = weight_decay
+
+    def compute_gradients(self, loss: Node, var_list: Sequence[Node] | None = None
+                          ) -> list[tuple[Node, Node]]:
+        """[(gradient, variable)] for the trainable variables `loss` depends on."""
+        if var_list is None:
+            under = {id(n) for n in reachable([loss])}
+            var_list = [v for v in api.trainable_variables() if id(v) in under]
+        grads = gradients(loss, list(var_list))
+        return [(g, v) for g, v in zip(grads, var_list) if g is not None]
+
+    def apply_gradients(self, grads_and_vars: Sequence[tuple[Node, Node]]) -> Node:
+        return api.group(*[self._update(g, v) for g, v in grads_and_vars])
+
+    def minimize(self, loss: Node, var_list: Sequence[Node] | None = None) -> Node:
+        return self.apply_gradients(self.compute_gradients(loss, var_list))
+
+    def _update(self, grad: Node, var: Node) -> Node:
+        raise NotImplementedError
+
+    def _slot(self, var: Node, name: str) -> Node:
+        """A zero-initialized Variable shaped like `var` (momentum, Adam's moments)."""
+        if var.shape is None or None in var.shape:
+            raise ShapeError(f"{type(self).__name__} needs the shape of {var.name} for its "
+                             f"{name} slot; call tf.infer_variable_shapes before minimize")
+        return api.Variable(ops.zeros(var.shape, var.dtype), name=f"{var.name}/{name}",
+                            trainable=False)
+
+
+class GradientDescentOptimizer(Optimizer):
+    """var -= lr * (grad + weight_decay * var)"""
+
+    def _update(self, grad: Node, var: Node) -> Node:
+        if self.weight_decay:
+            grad = grad + self.weight_decay * var
+        return api.assign(var, var - self.learning_rate * grad)
+
+
+class MomentumOptimizer(Optimizer):
+    """velocity = momentum * velocity + grad;  var -= lr * velocity (PyTorch's form)."""
+
+    def __init__(self, learning_rate: float | Node, momentum: float = 0.9,
+                 weight_decay: float = 0.0) -> None:
+        super().__init__(learning_rate, weight_decay)
+        self.momentum = momentum
+
+    def _update(self, grad: Node, var: Node) -> Node:
+        if self.weight_decay:
+            grad = grad + self.weight_decay * var
+        velocity = self._slot(var, "momentum")
+        new_velocity = api.assign(velocity, self.momentum * velocity + grad)
+        return api.assign(var, var - self.learning_rate * new_velocity)
+
+
+class AdamOptimizer(Optimizer):
+    """Adam with bias correction folded into the step size:
+
+        m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
+        var -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
+
+    `weight_decay` is decoupled (AdamW): var -= lr * weight_decay * var.
+    """
+
+    def __init__(self, learning_rate: float | Node = 0.001, beta1: float = 0.9,
+                 beta2: float = 0.999, epsilon: float = 1e-8, weight_decay: float = 0.0
+                 ) -> None:
+        super().__init__(learning_rate, weight_decay)
+        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+
+    def apply_gradients(self, grads_and_vars: Sequence[tuple[Node, Node]]) -> Node:
+        # One step counter for all variables; every update reads its new value.
+        step = api.Variable(np.zeros((), np.float32), name="adam_step", trainable=False)
+        self._t = api.assign(step, step + 1.0)
+        one = np.float32(1.0)
+        self._step_size = self.learning_rate * ops.sqrt(one - ops.power(self.beta2, self._t)) \
+            / (one - ops.power(self.beta1, self._t))
+        return super().apply_gradients(grads_and_vars)
+
+    def _update(self, grad: Node, var: Node) -> Node:
+        m, v = self._slot(var, "m"), self._slot(var, "v")
+        new_m = api.assign(m, self.beta1 * m + (1.0 - self.beta1) * grad)
+        new_v = api.assign(v, self.beta2 * v + (1.0 - self.beta2) * grad * grad)
+        step = self._step_size * new_m / (ops.sqrt(new_v) + self.epsilon)
+        if self.weight_decay:
+            step = step + self.learning_rate * self.weight_decay * var
+        return api.assign(var, var - step)
+
+
+SGD = GradientDescentOptimizer
+Momentum = MomentumOptimizer
+Adam = AdamOptimizer
