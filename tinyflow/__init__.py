@@ -15,17 +15,65 @@ placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimize
 
 from tinyflow import nn, ops
 from tinyflow import optim as train
-from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float32, float64,
-                          global_variables, global_variables_initializer, gradients, group,
-                          infer_variable_shapes, initialize_all_variables, int32, int64,
-                          normal, ones, placeholder, random_normal, random_uniform,
-                          reduce_max, reduce_mean, reduce_sum, trainable_variables, zeros)
+from tinyflow.api import (
+                          Variable,
+                          argmax,
+                          assign,
+                          bool_,
+                          equal,
+                          float16,
+                          float32,
+                          float64,
+                          global_variables,
+                          global_variables_initializer,
+                          gradients,
+                          group,
+                          infer_variable_shapes,
+                          initialize_all_variables,
+                          int32,
+                          int64,
+                          normal,
+                          ones,
+                          placeholder,
+                          random_normal,
+                          random_uniform,
+                          reduce_max,
+                          reduce_mean,
+                          reduce_sum,
+                          trainable_variables,
+                          zeros,
+)
 from tinyflow.executor import Program, Session, compile
 from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
-from tinyflow.ops import (abs, broadcast_to, cast, concat, constant, exp, expand_dims,
-                          gather, greater, greater_equal, less, less_equal, log, matmul,
-                          maximum, minimum, not_equal, ones_like, pow, reshape, sigmoid,
-                          sqrt, squeeze, tanh, transpose, where, zeros_like)
+from tinyflow.ops import (
+                          abs,
+                          broadcast_to,
+                          cast,
+                          concat,
+                          constant,
+                          exp,
+                          expand_dims,
+                          gather,
+                          greater,
+                          greater_equal,
+                          less,
+                          less_equal,
+                          log,
+                          matmul,
+                          maximum,
+                          minimum,
+                          not_equal,
+                          ones_like,
+                          pow,
+                          reshape,
+                          sigmoid,
+                          sqrt,
+                          squeeze,
+                          tanh,
+                          transpose,
+                          where,
+                          zeros_like,
+)
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,8 @@ Everything here is a thin builder over ops.py; nothing computes.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -15,7 +15,7 @@ so a 10,000-node chain works.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tinyflow.graph import Node, TinyFlowError, topological_order
 from tinyflow.ops import REGISTRY, add, ones_like

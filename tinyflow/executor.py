@@ -11,8 +11,9 @@ caches the Program, so a `None` batch dimension specializes at run time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -103,9 +104,9 @@ class Program:
                                      "tf.global_variables_initializer() first")
             values[slot] = store[var]
         xp = self.xp
-        index = 0
+        step = self.steps[0] if self.steps else None
         try:
-            for index, step in enumerate(self.steps):
+            for step in self.steps:
                 values[step.output] = step.compute(xp, *[values[i] for i in step.inputs],
                                                    **step.attrs)
                 for slot in step.free_after:
@@ -113,7 +114,7 @@ class Program:
         except TinyFlowError:
             raise
         except Exception as err:
-            node = self.steps[index].node
+            node = step.node
             shapes = ", ".join(str(i.shape) for i in node.inputs)
             raise ExecutionError(f"{node.op} {node.name} (created at {node.where}) failed "
                                  f"on inputs of shapes {shapes}: {type(err).__name__}: {err}"

@@ -18,7 +18,8 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

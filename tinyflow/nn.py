@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from tinyflow import api, nn_ops, ops
 from tinyflow.graph import Node
-from tinyflow.nn_ops import (avg_pool2d, dropout, layer_norm, log_softmax, max_pool2d,
-                             softmax)
+from tinyflow.nn_ops import avg_pool2d, dropout, layer_norm, log_softmax, max_pool2d, softmax
 from tinyflow.ops import gelu, relu, sigmoid, tanh
 
 __all__ = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "dropout",

@@ -14,8 +14,20 @@ from __future__ import annotations
 import numpy as np
 
 from tinyflow.graph import Node
-from tinyflow.ops import (OpDef, _infer_same, _Mismatch, _result_dtype, cast, expand_dims,
-                          exp, make, ones_like, reduce_sum, register, sum_to_like)
+from tinyflow.ops import (
+    OpDef,
+    _infer_same,
+    _Mismatch,
+    _result_dtype,
+    cast,
+    exp,
+    expand_dims,
+    make,
+    ones_like,
+    reduce_sum,
+    register,
+    sum_to_like,
+)
 
 # ----------------------------------------------------------------------------------
 # Windows (im2col)

@@ -23,8 +23,9 @@ them into the same registry.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +130,8 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
         dims = [s[axis - ndim + len(s)] for s in shapes if axis - ndim + len(s) >= 0]
         known = {d for d in dims if d is not None and d != 1}
         if len(known) > 1:
-            raise _Mismatch(f"dimension {axis} cannot broadcast ({' vs '.join(map(str, sorted(known)))})")
+            sizes = " vs ".join(map(str, sorted(known)))
+            raise _Mismatch(f"dimension {axis} cannot broadcast ({sizes})")
         if known:
             result.append(known.pop())
         elif any(d is None for d in dims):
@@ -711,294 +713,6 @@ register(OpDef("argmax", _argmax_compute, _argmax_infer, None, differentiable=Fa
 
 
 # ----------------------------------------------------------------------------------
-# Shape ops
-# ----------------------------------------------------------------------------------
-
-def _resolve_zeros(src: tuple, target: tuple) -> list:
-    """A 0 in a reshape target copies that dim from the input (ONNX/MXNet rule), so
-    `reshape(x, (0, -1))` flattens whatever the batch size turns out to be."""
-    return [src[i] if d == 0 and i < len(src) else d for i, d in enumerate(target)]
-
-
-def _reshape_infer(shapes, dtypes, attrs):
-    src, target = shapes[0], _resolve_zeros(shapes[0], attrs["shape"])
-    if target.count(-1) > 1:
-        raise _Mismatch("reshape allows at most one -1")
-    if None in target:  # a copied dim that is itself unknown
-        return tuple(target), dtypes[0]
-    known = math.prod(d for d in target if d != -1)
-    if -1 in target:
-        if None in src:
-            target[target.index(-1)] = None
-        else:
-            total = math.prod(src)
-            if known == 0 or total % known:
-                raise _Mismatch(f"cannot reshape {total} elements into {tuple(attrs['shape'])}")
-            target[target.index(-1)] = total // known
-    elif None not in src and math.prod(src) != known:
-        raise _Mismatch(f"cannot reshape {math.prod(src)} elements into {tuple(target)}")
-    return tuple(target), dtypes[0]
-
-
-def _reshape_compute(xp, x, out=None, shape=()):
-    result = x.reshape(_resolve_zeros(x.shape, shape))
-    if out is None:
-        return result
-    out[...] = result
-    return out
-
-
-def _reshape_like_compute(xp, x, ref, out=None):
-    result = x.reshape(ref.shape)
-    if out is None:
-        return result
-    out[...] = result
-    return out
-
-
-register(OpDef("reshape", _reshape_compute, _reshape_infer,
-               lambda n, g: [reshape_like(g, n.inputs[0])], doc="same data, new shape"))
-register(OpDef("reshape_like", _reshape_like_compute, _infer_like_second,
-               lambda n, g: [reshape_like(g, n.inputs[0]), None],
-               doc="reshape input 0 to the shape of input 1"))
-
-
-def _transpose_infer(shapes, dtypes, attrs):
-    shape, axes = shapes[0], attrs.get("axes")
-    if axes is None:
-        return tuple(reversed(shape)), dtypes[0]
-    if sorted(a % len(shape) for a in axes) != list(range(len(shape))):
-        raise _Mismatch(f"axes {tuple(axes)} are not a permutation of rank {len(shape)}")
-    return tuple(shape[a] for a in axes), dtypes[0]
-
-
-def _transpose_compute(xp, x, out=None, axes=None):
-    result = xp.transpose(x, axes)
-    if out is None:
-        return result
-    out[...] = result
-    return out
-
-
-def _transpose_grad(n, g):
-    axes = n.attrs.get("axes")
-    if axes is None:
-        return [transpose(g)]
-    inverse = tuple(int(i) for i in np.argsort([a % len(axes) for a in axes]))
-    return [transpose(g, inverse)]
-
-
-register(OpDef("transpose", _transpose_compute, _transpose_infer, _transpose_grad,
-               doc="permute axes (reverse them by default)"))
-
-
-def _broadcast_to_infer(shapes, dtypes, attrs):
-    target = tuple(attrs["shape"])
-    if broadcast_shapes(shapes[0], target) != target:
-        raise _Mismatch(f"cannot broadcast to {target}")
-    return target, dtypes[0]
-
-
-def _broadcast_to_compute(xp, x, out=None, shape=()):
-    if out is None:
-        return xp.broadcast_to(x, shape)
-    out[...] = x
-    return out
-
-
-register(OpDef("broadcast_to", _broadcast_to_compute, _broadcast_to_infer,
-               lambda n, g: [sum_to_like(g, n.inputs[0])], doc="numpy broadcast_to"))
-
-
-def _expand_dims_infer(shapes, dtypes, attrs):
-    shape = list(shapes[0])
-    axis = attrs["axis"]
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    ndim = len(shape) + len(axes)
-    for a in sorted(x % ndim for x in axes):
-        shape.insert(a, 1)
-    return tuple(shape), dtypes[0]
-
-
-def _expand_dims_compute(xp, x, out=None, axis=0):
-    result = xp.expand_dims(x, axis)
-    if out is None:
-        return result
-    out[...] = result
-    return out
-
-
-def _squeeze_infer(shapes, dtypes, attrs):
-    shape = shapes[0]
-    axis = attrs.get("axis")
-    if axis is None:
-        if None in shape:
-            raise _Mismatch("squeeze without an axis needs every dim known")
-        return tuple(d for d in shape if d != 1), dtypes[0]
-    axes = normalize_axes(axis, len(shape))
-    for a in axes:
-        if shape[a] not in (1, None):
-            raise _Mismatch(f"cannot squeeze axis {a} of size {shape[a]}")
-    return tuple(d for i, d in enumerate(shape) if i not in axes), dtypes[0]
-
-
-def _squeeze_compute(xp, x, out=None, axis=None):
-    result = xp.squeeze(x, axis=axis)
-    if out is None:
-        return result
-    out[...] = result
-    return out
-
-
-register(OpDef("expand_dims", _expand_dims_compute, _expand_dims_infer,
-               lambda n, g: [reshape_like(g, n.inputs[0])], doc="insert size-1 axes"))
-register(OpDef("squeeze", _squeeze_compute, _squeeze_infer,
-               lambda n, g: [reshape_like(g, n.inputs[0])], doc="remove size-1 axes"))
-
-
-def _concat_infer(shapes, dtypes, attrs):
-    ndim = len(shapes[0])
-    (axis,) = normalize_axes(attrs["axis"], ndim)
-    out = list(shapes[0])
-    for s in shapes[1:]:
-        if len(s) != ndim:
-            raise _Mismatch("concat needs inputs of one rank")
-        for i, (d0, d) in enumerate(zip(out, s)):
-            if i != axis and d0 is not None and d is not None and d0 != d:
-                raise _Mismatch(f"dimension {i} differs ({d0} vs {d})")
-            if i != axis and d0 is None:
-                out[i] = d
-    sizes = [s[axis] for s in shapes]
-    out[axis] = None if None in sizes else sum(sizes)
-    return tuple(out), _result_dtype(dtypes)
-
-
-def _concat_compute(xp, *arrays, out=None, axis=0):
-    return xp.concatenate(arrays, axis=axis, out=out)
-
-
-def _concat_grad(n, g):
-    return [make("concat_part", g, *n.inputs, axis=n.attrs["axis"], part=i)
-            for i in range(len(n.inputs))]
-
-
-def _concat_part_compute(xp, g, *inputs, out=None, axis=0, part=0):
-    start = sum(x.shape[axis] for x in inputs[:part])
-    index = [slice(None)] * g.ndim
-    index[axis] = slice(start, start + inputs[part].shape[axis])
-    result = g[tuple(index)]
-    if out is None:
-        return result
-    out[...] = result
-    return out
-
-
-register(OpDef("concat", _concat_compute, _concat_infer, _concat_grad,
-               doc="join arrays along an axis"))
-register(OpDef("concat_part", _concat_part_compute,
-               lambda s, d, a: (tuple(s[1 + a["part"]]), d[0]), None, differentiable=False,
-               doc="the slice of a concat's gradient that belongs to input `part`"))
-
-
-# Indexing by slices: the index is stored as a tuple of (start, stop, step) triples
-# and plain ints, so it is hashable and readable in the debugger.
-def _encode_index(index: Any) -> tuple:
-    if not isinstance(index, tuple):
-        index = (index,)
-    encoded = []
-    for item in index:
-        if isinstance(item, slice):
-            encoded.append(("slice", item.start, item.stop, item.step))
-        elif isinstance(item, (int, np.integer)):
-            encoded.append(("int", int(item)))
-        elif item is None:
-            encoded.append(("newaxis",))
-        elif item is Ellipsis:
-            encoded.append(("ellipsis",))
-        else:
-            raise TypeError(f"graph nodes can be indexed by ints and slices, not {item!r}; "
-                            "use tf.gather for index arrays")
-    return tuple(encoded)
-
-
-def _decode_index(encoded: tuple) -> tuple:
-    decoded = []
-    for item in encoded:
-        kind = item[0]
-        decoded.append(slice(*item[1:]) if kind == "slice" else item[1] if kind == "int"
-                       else None if kind == "newaxis" else Ellipsis)
-    return tuple(decoded)
-
-
-def _getitem_infer(shapes, dtypes, attrs):
-    shape = shapes[0]
-    probe = np.empty([1 if d is None else d for d in shape], dtype=np.bool_)
-    try:
-        result = probe[_decode_index(attrs["index"])].shape
-    except IndexError as err:
-        raise _Mismatch(str(err)) from None
-    # Dims that came from unknown dims stay unknown only if they were sliced fully;
-    # keep it simple: any output dim fed by an unknown input dim is unknown.
-    if None in shape:
-        return tuple(None for _ in result), dtypes[0]
-    return result, dtypes[0]
-
-
-def _getitem_compute(xp, x, out=None, index=()):
-    result = x[_decode_index(index)]
-    if out is None:
-        return result
-    out[...] = result
-    return out
-
-
-def _slice_grad_compute(xp, g, ref, out=None, index=()):
-    result = xp.zeros(ref.shape, dtype=g.dtype) if out is None else out
-    if out is not None:
-        out.fill(0)
-    result[_decode_index(index)] = g
-    return result
-
-
-register(OpDef("getitem", _getitem_compute, _getitem_infer,
-               lambda n, g: [make("slice_grad", g, n.inputs[0], index=n.attrs["index"])],
-               doc="x[index] with ints and slices"))
-register(OpDef("slice_grad", _slice_grad_compute, _infer_like_second,
-               lambda n, g: [make("getitem", g, index=n.attrs["index"]), None],
-               doc="zeros of input 1's shape with input 0 written at index"))
-
-
-def _gather_infer(shapes, dtypes, attrs):
-    params, indices = shapes
-    if len(params) < 1:
-        raise _Mismatch("gather needs params of rank >= 1")
-    return tuple(indices) + tuple(params[1:]), dtypes[0]
-
-
-def _gather_compute(xp, params, indices, out=None):
-    return xp.take(params, indices.astype(np.int64, copy=False), axis=0, out=out)
-
-
-def _scatter_rows_compute(xp, g, indices, ref, out=None):
-    result = xp.zeros(ref.shape, dtype=g.dtype) if out is None else out
-    if out is not None:
-        out.fill(0)
-    rows = indices.astype(np.int64, copy=False).reshape(-1)
-    # add.at sums repeated indices (the same token twice in a batch).
-    xp.add.at(result, rows, g.reshape((rows.size,) + ref.shape[1:]))
-    return result
-
-
-register(OpDef("gather", _gather_compute, _gather_infer,
-               lambda n, g: [make("scatter_rows", g, n.inputs[1], n.inputs[0]), None],
-               doc="rows of params picked by integer indices (embeddings)"))
-register(OpDef("scatter_rows", _scatter_rows_compute,
-               lambda s, d, a: (tuple(s[2]), d[0]),
-               lambda n, g: [gather(g, n.inputs[1]), None, None],
-               doc="gradient of gather: rows of g summed into zeros of params' shape"))
-
-
-# ----------------------------------------------------------------------------------
 # Builders: the functions users (and gradients) call
 # ----------------------------------------------------------------------------------
 
@@ -1027,8 +741,6 @@ def not_equal(a, b): return make("not_equal", a, b)
 def zeros_like(x): return make("zeros_like", x)
 def ones_like(x): return make("ones_like", x)
 def where(cond, a, b): return make("where", cond, a, b)
-def gather(params, indices): return make("gather", params, indices)
-def reshape_like(x, ref): return make("reshape_like", x, ref)
 
 
 def abs(x):  # noqa: A001 - tf.abs
@@ -1037,9 +749,6 @@ def abs(x):  # noqa: A001 - tf.abs
 
 pow = power  # noqa: A001 - the `**` operator and tf.pow
 
-
-def getitem(x, index):
-    return make("getitem", x, index=_encode_index(index))
 
 
 def cast(x, dtype):
@@ -1084,28 +793,10 @@ def argmax(x, axis=None):
     return make("argmax", x, axis=None if axis is None else int(axis))
 
 
-def reshape(x, shape):
-    return make("reshape", x, shape=tuple(int(d) for d in shape))
 
 
-def transpose(x, axes=None):
-    return make("transpose", x, axes=None if axes is None else tuple(int(a) for a in axes))
 
 
-def broadcast_to(x, shape):
-    return make("broadcast_to", x, shape=tuple(int(d) for d in shape))
-
-
-def expand_dims(x, axis):
-    return make("expand_dims", x, axis=_axis_attr(axis))
-
-
-def squeeze(x, axis=None):
-    return make("squeeze", x, axis=_axis_attr(axis))
-
-
-def concat(values, axis):
-    return make("concat", *values, axis=int(axis))
 
 
 def _shape_attr(shape) -> tuple:
@@ -1138,3 +829,18 @@ def random_normal(shape, mean=0.0, stddev=1.0, dtype=np.float32, seed=None, name
 def random_uniform(shape, minval=0.0, maxval=1.0, dtype=np.float32, seed=None, name=None):
     return make("random_uniform", shape=_shape_attr(shape), dtype=np.dtype(dtype).name,
                 a=float(minval), b=float(maxval), seed=_next_seed(seed), name=name)
+
+
+# The shape ops live in their own module; importing it registers them, and the names
+# below keep ``ops.reshape`` & co. working for the layers above.
+from tinyflow.shape_ops import (  # noqa: E402, F401
+    broadcast_to,
+    concat,
+    expand_dims,
+    gather,
+    getitem,
+    reshape,
+    reshape_like,
+    squeeze,
+    transpose,
+)

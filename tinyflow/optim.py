@@ -11,7 +11,7 @@ decoupled weight decay (AdamW, Loshchilov & Hutter 2019).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

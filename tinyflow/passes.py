@@ -14,8 +14,9 @@ pass (and the planner, and the executor) can then trust ``node.shape``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from tinyflow.graph import FeedError, Graph, Node, topological_order
 from tinyflow.ops import infer_node
