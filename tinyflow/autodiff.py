@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tinyflow.graph import Node, TinyFlowError, topological_order
+from tinyflow.graph import Node, TinyFlowError, next_node_id, topological_order
 from tinyflow.ops import REGISTRY, add, ones_like
 
 
@@ -38,6 +38,7 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
     of each y). Raises TinyFlowError naming the op and its source line when the path
     from x to y passes through an op that has no gradient.
     """
+    first_new_id = next_node_id()  # every node built from here on is backward
     ys = [ys] if isinstance(ys, Node) else list(ys)
     single_x = isinstance(xs, Node)
     xs = [xs] if single_x else list(xs)
@@ -77,4 +78,18 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
                 pending.setdefault(id(inp), []).append(g)
 
     result = [grads.get(id(x)) for x in xs]
+    _mark_backward([g for g in result if g is not None], first_new_id)
     return result
+
+
+def _mark_backward(grads: list[Node], first_new_id: int) -> None:
+    """Set phase="backward" on the nodes this call built (ids from first_new_id on),
+    so checkpointing can tell activations (forward) from their consumers."""
+    stack, seen = list(grads), set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or node.id < first_new_id:
+            continue
+        seen.add(id(node))
+        node.phase = "backward"
+        stack.extend(node.inputs)

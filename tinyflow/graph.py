@@ -45,6 +45,11 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _ids = itertools.count()
 
 
+def next_node_id() -> int:
+    """A fresh id, smaller than the id of every node built after this call."""
+    return next(_ids)
+
+
 def user_source_line() -> str:
     """Return ``file:line`` of the innermost stack frame outside the tinyflow package.
 
@@ -75,17 +80,20 @@ class Node:
       where   the user's ``file:line`` that created the node
       provenance  names of the user-level nodes this node stands for (a fused or
               rewritten node lists all of them; the debugger shows it)
+      phase   "forward", or "backward" for nodes that `gradients` built; gradient
+              checkpointing and the debugger read it, and passes that replace a node
+              keep its phase
 
     Nodes compare and hash by identity, so they can key a `feed_dict`.
     """
 
     __slots__ = ("op", "inputs", "attrs", "name", "shape", "dtype", "where",
-                 "provenance", "id", "__weakref__")
+                 "provenance", "phase", "id", "__weakref__")
 
     def __init__(self, op: str, inputs: Sequence[Node] = (), attrs: dict | None = None,
                  name: str | None = None, shape: tuple | None = None,
                  dtype: Any = None, where: str | None = None,
-                 provenance: tuple[str, ...] | None = None) -> None:
+                 provenance: tuple[str, ...] | None = None, phase: str = "forward") -> None:
         self.id = next(_ids)
         self.op = op
         self.inputs = tuple(inputs)
@@ -95,6 +103,7 @@ class Node:
         self.dtype = None if dtype is None else np.dtype(dtype)
         self.where = where or user_source_line()
         self.provenance = provenance if provenance is not None else (self.name,)
+        self.phase = phase
 
     def __repr__(self) -> str:
         shape = "?" if self.shape is None else "x".join(

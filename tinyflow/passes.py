@@ -68,7 +68,8 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]]
             shape, dtype = sources[node]
             op = "variable" if node.op == "variable" else "placeholder"
             clone = Node(op, (), {"shape": tuple(shape), "dtype": dtype.name}, name=node.name,
-                         shape=shape, dtype=dtype, where=node.where, provenance=node.provenance)
+                         shape=shape, dtype=dtype, where=node.where, provenance=node.provenance,
+                         phase=node.phase)
         elif node.op == "placeholder":
             needed = ", ".join(f.name for f in fetches[:3])
             raise FeedError(f"placeholder {node.name!r} (created at {node.where}) must be "
@@ -80,7 +81,7 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]]
         else:
             inputs = [clones[i] for i in node.inputs]
             clone = Node(node.op, inputs, node.attrs, name=node.name, where=node.where,
-                         provenance=node.provenance)
+                         provenance=node.provenance, phase=node.phase)
             clone.shape, clone.dtype = infer_node(node.op, inputs, node.attrs, node.where)
         clones[node] = clone
     return Graph([clones[f] for f in fetches]), clones
