@@ -153,7 +153,7 @@ class Node:
         return None if self.shape is None else len(self.shape)
 
 
-def _successors_for_order(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
+def ordering_dependencies(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
     """Extra ordering edges: every other reader of a variable runs before its writers.
 
     Returns {writer: [readers that must run first]}. Without these edges, a
@@ -204,13 +204,13 @@ def topological_order(outputs: Sequence[Node],
     Iterative depth-first search (an explicit stack of (node, next input index)),
     so a graph of any depth works. The order is deterministic: inputs are visited
     left to right, outputs in the order given. Variable writers additionally run
-    after the other readers of the same variable (see `_successors_for_order`).
+    after the other readers of the same variable (see `ordering_dependencies`).
     Nodes whose ids are in `leaves` are treated as having no inputs (a fed
     intermediate tensor cuts the graph there). Raises TinyFlowError on a cycle
     (which only those ordering edges can create).
     """
     nodes = reachable(outputs, leaves)
-    extra = _successors_for_order(nodes)
+    extra = ordering_dependencies(nodes)
     order: list[Node] = []
     state: dict[int, int] = {}  # id -> 1 while on the stack, 2 when emitted
     for root in outputs:
