@@ -539,7 +539,9 @@ def loads(data: bytes | str, name: str = "record") -> dict:
     try:
         record = json.loads(data)
     except json.JSONDecodeError as err:
-        if err.pos >= len(data.rstrip()) - 1:
+        text = data.strip()
+        # A record is one JSON object: one that never closes was cut off.
+        if err.pos >= len(text) - 1 or (text.startswith("{") and not text.endswith("}")):
             raise RecordError(f"{name}: the file is truncated (JSON ends early at line "
                               f"{err.lineno}, column {err.colno}); was it still being "
                               "written?") from None

@@ -1,0 +1,269 @@
+"""The DebugRecord contract: schema round trip, validation messages, load errors, and
+the Perfetto export read back and checked event by event."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import tinyflow as tf
+from tinyflow import trace
+from tinyflow.graph import Graph, Node
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+sys.path.insert(0, FIXTURES)
+import make_record  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def record() -> dict:
+    return trace.load(os.path.join(FIXTURES, "mlp.record.json"))
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict:
+    """A record built now from the current tinyflow (not the committed file)."""
+    return make_record.mlp_record(nan_op="softmax")
+
+
+# -- building ---------------------------------------------------------------------------
+
+def test_graph_to_dict_order_bytes_and_attrs():
+    x = tf.placeholder(tf.float32, (4, 3), name="gx")
+    c = tf.constant(np.arange(60, dtype=np.float32).reshape(20, 3))
+    long_attr = Node("reshape", (x,), {"shape": tuple(range(40)), "dt": np.dtype("int64"),
+                                       "k": np.int64(3)}, shape=(12,), dtype=np.float32)
+    unknown = Node("relu", (long_attr,), shape=(None, 3), dtype=np.float32)
+    y = unknown + 0.0
+    entry = trace.graph_to_dict(Graph([y, c]), "input", 0, 0.5, False)
+    ids = [n["id"] for n in entry["nodes"]]
+    for position, node in enumerate(entry["nodes"]):
+        for inp in node["inputs"]:
+            assert ids.index(inp) < position, "inputs come before their consumers"
+    by_id = {n["id"]: n for n in entry["nodes"]}
+    assert by_id["gx"]["bytes"] == 4 * 3 * 4 and by_id["gx"]["shape"] == [4, 3]
+    assert by_id[c.name]["bytes"] == 20 * 3 * 4
+    assert by_id[c.name]["attrs"]["value"] == "array(20x3 float32)"
+    shortened = by_id[long_attr.name]["attrs"]
+    assert len(shortened["shape"]) == trace.MAX_ATTR_ITEMS + 1
+    assert shortened["shape"][-1] == f"... (+{40 - trace.MAX_ATTR_ITEMS} more)"
+    assert shortened["dt"] == "int64" and shortened["k"] == 3
+    assert by_id[unknown.name]["shape"] is None and by_id[unknown.name]["bytes"] == 0
+    assert entry["outputs"] == [y.name, c.name]
+    json.dumps(entry, allow_nan=False)  # plain JSON all the way down
+
+
+def test_fresh_record_from_current_tinyflow_is_valid(fresh):
+    trace.validate(fresh)
+    assert fresh["graphs"][0]["pass"] == "infer_shapes"
+    ops = {n["op"] for n in fresh["graphs"][0]["nodes"]}
+    assert {"matmul", "relu", "assign", "softmax_cross_entropy"} <= ops
+    phases = {n["phase"] for n in fresh["graphs"][0]["nodes"]}
+    assert phases == {"forward", "backward"}
+
+
+# -- round trip ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["r.json", "r.json.gz"])
+def test_save_load_round_trip(tmp_path, fresh, name):
+    path = tmp_path / name
+    trace.save(fresh, path)
+    raw = path.read_bytes()
+    assert (raw[:2] == b"\x1f\x8b") == name.endswith(".gz")
+    back = trace.load(path)
+    # NaN (the diverged loss, the NaN summaries) comes back as null; all else equal.
+    losses = [v for _, v in fresh["scalars"]["loss"]]
+    assert any(math.isnan(v) for v in losses)
+    assert [v for _, v in back["scalars"]["loss"]] == [None if math.isnan(v) else v
+                                                       for v in losses]
+    bad = [e for e in back["timelines"][0]["events"] if e["summary"] and e["summary"]["nan"]]
+    assert bad and all(e["summary"]["mean"] is None for e in bad)
+    assert back["graphs"] == json.loads(json.dumps(fresh["graphs"]))
+    assert back["schedule"] == fresh["schedule"]
+    assert back["memory_plan"] == fresh["memory_plan"]
+    assert back["check"]["node"] == fresh["check"]["node"]
+
+
+def test_save_validates_first_and_writes_nothing(tmp_path, record):
+    broken = copy.deepcopy(record)
+    broken["schedule"][3]["stream"] = 99
+    path = tmp_path / "x.json"
+    with pytest.raises(trace.RecordError, match=r"schedule\[3\]\.stream: stream 99"):
+        trace.save(broken, path)
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+
+# -- validation messages --------------------------------------------------------------------
+
+def _set(path):
+    """A mutation that sets the value at a path of keys/indices."""
+    *parents, last = path
+
+    def mutate(record, value):
+        target = record
+        for key in parents:
+            target = target[key]
+        target[last] = value
+    return mutate
+
+
+CASES = [
+    (("graphs", 2, "nodes", 5, "shape"), "x",
+     "graphs[2].nodes[5].shape: expected a list or null, got 'x'"),
+    (("graphs", 0, "nodes", 2, "shape"), [3, -1],
+     "graphs[0].nodes[2].shape[1]: expected a non-negative integer, got -1"),
+    (("graphs", 1, "nodes", 4, "inputs"), ["nowhere"],
+     "graphs[1].nodes[4].inputs[0]: input 'nowhere' is not a node listed before"),
+    (("graphs", 0, "nodes", 3, "phase"), "sideways",
+     "graphs[0].nodes[3].phase: expected 'forward' or 'backward', got 'sideways'"),
+    (("graphs", 0, "outputs"), ["ghost"],
+     "graphs[0].outputs[0]: output 'ghost' is not a node of this graph"),
+    (("graphs", 0, "changed"), 1, "graphs[0].changed: expected true or false, got 1"),
+    (("schedule", 4, "node"), "ghost",
+     "schedule[4].node: node 'ghost' is not a node of the last graph"),
+    (("memory_plan", "tensors", 2, "inplace_of"), "ghost",
+     "memory_plan.tensors[2].inplace_of: node 'ghost' is not a node of the last graph"),
+    (("memory_plan", "tensors", 2, "kind"), "heap",
+     "memory_plan.tensors[2].kind: expected 'intermediate' or 'feed'"),
+    (("timelines", 0, "events", 7, "start"), float("nan"),
+     "timelines[0].events[7].start: expected a finite number, got nan"),
+    (("timelines", 1, "events", 0, "end"), -1.0,
+     "timelines[1].events[0].end: ends (-1.0) before it starts"),
+    (("scalars", "loss", 2), [2], "scalars['loss'][2]: expected a pair [step, value], got [2]"),
+    (("meta", "title"), None, "meta.title: expected a string, got None"),
+    (("check",), {"node": "ghost", "where": "", "message": ""},
+     "check.node: node 'ghost' is not a node of the last graph"),
+    (("format",), "something.else", "format: expected 'tinyflow.debugrecord'"),
+    (("version",), 2, "written by a newer TinyFlow (version 2 > 1)"),
+]
+
+
+@pytest.mark.parametrize("path,value,message", CASES, ids=[".".join(map(str, c[0]))
+                                                           for c in CASES])
+def test_validate_names_the_offending_path(record, path, value, message):
+    broken = copy.deepcopy(record)
+    _set(path)(broken, value)
+    with pytest.raises(trace.RecordError) as info:
+        trace.validate(broken)
+    assert message in str(info.value)
+
+
+def test_validate_cross_references_of_waits_and_streams(record):
+    broken = copy.deepcopy(record)
+    waiting = next(e for e in broken["schedule"] if e["waits"])
+    waiting["waits"][0]["step"] = waiting["step"]  # waits on itself: not an earlier step
+    with pytest.raises(trace.RecordError, match=r"waits\[0\]\.step: step \d+ is not an earlier"):
+        trace.validate(broken)
+    broken = copy.deepcopy(record)
+    broken["streams"] = broken["streams"][:1]
+    with pytest.raises(trace.RecordError, match="is not listed in 'streams'"):
+        trace.validate(broken)
+    broken = copy.deepcopy(record)
+    del broken["memory_plan"]
+    with pytest.raises(trace.RecordError, match="record: missing key 'memory_plan'"):
+        trace.validate(broken)
+
+
+# -- load errors --------------------------------------------------------------------------
+
+def test_load_errors_are_plain_messages(tmp_path, record):
+    text = json.dumps(record)
+    cases = {
+        "missing.json": (None, "no such file"),
+        "empty.json": (b"", "the file is empty"),
+        "notjson.json": (b"hello, I am a text file", "not a DebugRecord: invalid JSON"),
+        "truncated.json": (text[: len(text) // 2].encode(), "the file is truncated"),
+        "truncated.json.gz": (gzip.compress(text.encode())[:500], "gzip data is truncated"),
+        "list.json": (b"[1, 2, 3]", "not a TinyFlow debug record (format is 'list'"),
+        "other.json": (b'{"format": "chrome.trace"}',
+                       "not a TinyFlow debug record (format is 'chrome.trace'"),
+        "newer.json": (json.dumps({**record, "version": 2}).encode(),
+                       "written by a newer TinyFlow (version 2 > 1)"),
+        "binary.bin": (bytes(range(256)), "not JSON text"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        if data is not None:
+            path.write_bytes(data)
+        with pytest.raises(trace.RecordError) as info:
+            trace.load(path)
+        assert message in str(info.value), name
+        assert str(path) in str(info.value), name
+    broken = copy.deepcopy(record)
+    broken["graphs"][1]["nodes"][0]["bytes"] = "many"
+    (tmp_path / "bad.json").write_text(json.dumps(broken))
+    with pytest.raises(trace.RecordError, match=r"malformed record: graphs\[1\]\.nodes\[0\]"
+                                                r"\.bytes: expected an integer"):
+        trace.load(tmp_path / "bad.json")
+
+
+# -- Perfetto -----------------------------------------------------------------------------
+
+def test_perfetto_export_loaded_back(tmp_path, record):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace.to_perfetto(record, run=1)))
+    data = json.loads(path.read_text())
+    assert data["displayTimeUnit"] == "ms"
+    events = data["traceEvents"]
+    timeline = record["timelines"][1]
+
+    names = {e["tid"]: e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {s["id"]: s["name"] for s in record["streams"]}
+    assert "comm" in names.values()
+
+    slices = [e for e in events if e["ph"] == "X"]
+    for stream in names:
+        want = sorted((ev["start"], ev["node"]) for ev in timeline["events"]
+                      if ev["stream"] == stream)
+        got = sorted((e["ts"], e["name"]) for e in slices if e["tid"] == stream)
+        assert [n for _, n in got] == [n for _, n in want]
+        assert all(abs(ts - s * 1e6) < 1e-2 for (ts, _), (s, _) in zip(got, want))
+    shapes = {n["id"]: n["shape"] for n in record["graphs"][-1]["nodes"]}
+    for e in slices:
+        assert e["dur"] >= 0 and set(e["args"]) >= {"node", "op", "shape", "bytes", "summary"}
+        assert e["args"]["shape"] == shapes[e["args"]["node"]]
+
+    # Flows: one s/f pair per cross-stream wait, bound inside producer and consumer.
+    at = {ev["step"]: ev for ev in timeline["events"] if ev["step"] is not None}
+    waits = [(w["step"], e["step"]) for e in record["schedule"] for w in e["waits"]]
+    assert waits, "the fixture has cross-stream waits"
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == len(finishes) == len(waits) and starts.keys() == finishes.keys()
+    for (producer, consumer), flow in zip(waits, sorted(starts)):
+        s, f = starts[flow], finishes[flow]
+        p, c = at[producer], at[consumer]
+        assert s["tid"] == p["stream"] != f["tid"] == c["stream"]
+        assert p["start"] * 1e6 - 1e-3 <= s["ts"] <= p["end"] * 1e6 + 1e-3
+        assert f["bp"] == "e" and abs(f["ts"] - c["start"] * 1e6) < 1e-2
+        assert s["ts"] <= f["ts"] + 1e-3, "a step never starts before what it waits on"
+
+    # Counter: arena bytes in use at each step's start, brute force from the plan.
+    plan = record["memory_plan"]
+    counters = [e for e in events if e["ph"] == "C"]
+    assert counters and all(e["name"] == "arena bytes in use" for e in counters)
+    expected = sorted(
+        (round(ev["start"] * 1e6, 3), sum(
+            t["nbytes"] for t in plan["tensors"] if t["offset"] is not None
+            and t["inplace_of"] is None and t["first_step"] <= ev["step"] <= t["last_step"]))
+        for ev in timeline["events"] if ev["step"] is not None)
+    got = sorted((e["ts"], e["args"]["bytes"]) for e in counters[:-1])
+    assert got == expected
+    assert max(b for _, b in got) <= plan["arena_bytes"]
+    assert counters[-1]["args"]["bytes"] == 0
+
+
+def test_perfetto_needs_a_timeline(record):
+    bare = {**record, "timelines": []}
+    with pytest.raises(trace.RecordError, match="no timeline"):
+        trace.to_perfetto(bare)
+    with pytest.raises(trace.RecordError, match="no run index 5"):
+        trace.to_perfetto(record, run=5)
