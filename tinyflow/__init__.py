@@ -9,77 +9,32 @@ placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimize
     nn_ops.py    the neural-network ops, in the same registry
     autodiff.py  reverse-mode gradients as new graph nodes
     passes.py    graph rewrites, each one recorded
+    memory.py    the static memory planner and gradient checkpointing
+    streams.py   stream assignment, events, stream runners
     executor.py  compile + run: Program, Session
+    trace.py     the DebugRecord the debugger reads; debug.py records one
     nn.py, optim.py, data.py   layers, optimizers, datasets
 """
 
-from tinyflow import nn, ops
+from tinyflow import debug, nn, ops, trace
 from tinyflow import optim as train
-from tinyflow.api import (
-                          Variable,
-                          argmax,
-                          assign,
-                          bool_,
-                          equal,
-                          float16,
-                          float32,
-                          float64,
-                          global_variables,
-                          global_variables_initializer,
-                          gradients,
-                          group,
-                          infer_variable_shapes,
-                          initialize_all_variables,
-                          int32,
-                          int64,
-                          normal,
-                          ones,
-                          placeholder,
-                          random_normal,
-                          random_uniform,
-                          reduce_max,
-                          reduce_mean,
-                          reduce_sum,
-                          trainable_variables,
-                          zeros,
-)
+from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float32, float64,
+                          global_variables, global_variables_initializer, gradients, group,
+                          infer_variable_shapes, initialize_all_variables, int32, int64, normal,
+                          ones, placeholder, random_normal, random_uniform, reduce_max,
+                          reduce_mean, reduce_sum, trainable_variables, zeros)
 from tinyflow.executor import Program, Session, compile
 from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
-from tinyflow.ops import (
-                          abs,
-                          broadcast_to,
-                          cast,
-                          concat,
-                          constant,
-                          exp,
-                          expand_dims,
-                          gather,
-                          greater,
-                          greater_equal,
-                          less,
-                          less_equal,
-                          log,
-                          matmul,
-                          maximum,
-                          minimum,
-                          not_equal,
-                          ones_like,
-                          pow,
-                          reshape,
-                          sigmoid,
-                          sqrt,
-                          squeeze,
-                          tanh,
-                          transpose,
-                          where,
-                          zeros_like,
-)
+from tinyflow.ops import (abs, broadcast_to, cast, concat, constant, exp, expand_dims, gather,
+                          greater, greater_equal, less, less_equal, log, matmul, maximum,
+                          minimum, not_equal, ones_like, pow, reshape, sigmoid, sqrt, squeeze,
+                          tanh, transpose, where, zeros_like)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "nn", "ops", "train", "Variable", "argmax", "assign", "bool_", "equal", "float16",
-    "float32", "float64", "global_variables", "global_variables_initializer",
+    "debug", "nn", "ops", "trace", "train", "Variable", "argmax", "assign", "bool_",
+    "equal", "float16", "float32", "float64", "global_variables", "global_variables_initializer",
     "gradients", "group", "infer_variable_shapes", "initialize_all_variables", "int32",
     "int64", "normal", "ones", "placeholder", "random_normal", "random_uniform",
     "reduce_max", "reduce_mean", "reduce_sum", "trainable_variables", "zeros",
@@ -89,3 +44,5 @@ __all__ = [
     "matmul", "maximum", "minimum", "not_equal", "ones_like", "pow", "reshape",
     "sigmoid", "sqrt", "squeeze", "tanh", "transpose", "where", "zeros_like",
 ]
+
+debug.start_from_environment()

@@ -1,16 +1,26 @@
 """Compile a graph into a Program once; run the Program many times.
 
-`compile(fetches, feeds, variables)` specializes the graph to the fed shapes, runs the
-pass pipeline, fixes a schedule (topological order) and binds each node to its
-kernel: a Program is then a flat list of steps ``(compute, input slots, output slot,
-attrs)``. Running it is one loop over that list, so the per-node overhead is a
-Python call (the lesson of CSE 599W's executor and of TF1's Session: build once,
-run many times). `Session.run` compiles per set of fetches and fed shapes and
-caches the Program, so a `None` batch dimension specializes at run time.
+`compile(fetches, feeds, variables, **options)` is the whole pipeline of
+shared/DESIGN.md in one function you can read top to bottom:
+
+1. specialize the graph to the fed shapes and run the passes (passes.py);
+2. schedule: topological order, a stream for each step and the events between
+   streams (streams.py);
+3. plan memory: one arena, each intermediate an offset in it (memory.py), checked by
+   the plan validator; each step's output is bound to its view of the arena, and
+   kernels write there through `out=` (destination passing, as in CSE 599W's dlsys);
+4. bind each node to its kernel: a Program is a flat list of steps.
+
+Running is one loop over the steps (the lesson of TF1's Session: build once, run
+many times); with several streams, one loop per stream on its own thread. Options
+turn on a timeline, value summaries, NaN checks and poisoning of freed memory.
+`Session.run` compiles per set of fetches and fed shapes and caches the Program, so
+a `None` batch dimension specializes at run time.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,8 +28,16 @@ from typing import Any
 import numpy as np
 
 from tinyflow import passes as passes_mod
-from tinyflow.graph import FeedError, Graph, Node, TinyFlowError
+from tinyflow.graph import FeedError, Graph, Node, TinyFlowError, ordering_dependencies
 from tinyflow.ops import REGISTRY
+from tinyflow.streams import (
+    CpuStreams,
+    CudaStreams,
+    Schedule,
+    assign_streams,
+    build_schedule,
+    validate_schedule,
+)
 
 
 class ExecutionError(TinyFlowError, RuntimeError):
@@ -54,47 +72,87 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
     return array
 
 
+NO_ARENA_OPS = {"assign"}  # an assign's value is the variable's own buffer
+
+
+class NumericsError(ExecutionError):
+    """Check mode: a node produced NaN or Inf (the first such node is named)."""
+
+
 @dataclass
 class Step:
-    """One step of a Program: run `node`'s kernel on the values in `inputs` slots."""
+    """One step of a Program: run `node`'s kernel on the values in `inputs` slots.
+
+    planned       the output lives in the arena: the kernel gets it as `out=`
+    free_after    (unplanned runs) slots whose last reader is this step
+    poison_after  (poison mode) arena byte ranges dead once this step is done
+    nbytes        bytes the step touches (inputs + output), for the timeline
+    """
 
     node: Node
     compute: Any
     inputs: tuple[int, ...]
     output: int
     attrs: dict
-    free_after: tuple[int, ...] = ()   # slots whose last reader is this step
+    stream: int = 0
+    planned: bool = False
+    free_after: tuple[int, ...] = ()
+    poison_after: tuple[tuple[int, int], ...] = ()
+    nbytes: int = 0
 
 
 @dataclass
 class Program:
-    """A compiled graph: its steps, the slots of feeds/variables/fetches.
+    """A compiled graph: steps bound to kernels and memory, a schedule, a plan.
 
-    `graph` is the specialized, optimized graph; `user_nodes` maps its sources back
-    to the user's placeholders and variables; `ctx` holds the pass records.
+    graph          the specialized, optimized graph the steps come from
+    steps          in schedule order; step k runs on stream schedule.stream_of[k]
+    schedule       streams, events (waits) and vector clocks (streams.py)
+    memory_plan    the MemoryPlan (memory.py), or None when memory=None
+    arena          the one buffer every planned intermediate is a view of
+    ctx            pass records and per-pass snapshots (passes.py)
+    timelines      the timelines of recent traced runs (trace=True); last_timeline
+                   is the latest: [{step, node, op, stream, start, end, bytes,
+                   summary}] with times in seconds from the run's start
     """
 
     graph: Graph
     steps: list[Step]
     feed_slots: list[tuple[Node, int]]        # (user node, slot)
     variable_slots: list[tuple[Node, int, bool]]  # (user variable, slot, only written)
-    assign_targets: dict[int, Node]           # step index -> user variable it writes
     fetch_slots: list[int]
     ctx: passes_mod.PassContext
+    schedule: Schedule
+    memory_plan: Any = None
+    arena: Any = None
+    slot_template: list = field(default_factory=list)
+    options: dict = field(default_factory=dict)
     device: str = "cpu"
     xp: Any = np
-    stats: dict = field(default_factory=dict)
+    runner: Any = None
     # The Session's variable store, shared with the assign kernels (set by `run`).
     store_ref: list = field(default_factory=lambda: [None])
+    timelines: list = field(default_factory=list)
+    runs: int = 0
+    check_failure: dict | None = None
+
+    @property
+    def last_timeline(self) -> list[dict] | None:
+        return self.timelines[-1] if self.timelines else None
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return [s.node.name for s in self.steps]
 
     def run(self, feeds: dict[Node, np.ndarray], store: dict[Node, np.ndarray]) -> list:
         """Execute once. `feeds` maps the user's fed nodes to checked arrays; `store`
         is the Session's variables (updated in place by assigns). Returns the fetched
         arrays (copies: later runs never change what a caller holds)."""
         self.store_ref[0] = store
-        values: list[Any] = [None] * self.stats["slots"]
+        values = list(self.slot_template)
+        xp = self.xp
         for node, slot in self.feed_slots:
-            values[slot] = feeds[node]
+            values[slot] = feeds[node] if xp is np else xp.asarray(feeds[node])
         for var, slot, write_only in self.variable_slots:
             if var not in store:
                 if write_only:  # a first tf.assign gives it a value
@@ -103,24 +161,124 @@ class Program:
                                      "used before it has a value; run "
                                      "tf.global_variables_initializer() first")
             values[slot] = store[var]
+        self.runs += 1
+        opts = self.options
+        if self.runner is None and not (opts["trace"] or opts["poison"]
+                                        or opts["check_numerics"]):
+            self._run_serial(values)
+        else:
+            timeline: list[dict] | None = [] if opts["trace"] else None
+            start = time.perf_counter()
+            run_step = lambda k: self._run_step(k, values, timeline, start)  # noqa: E731
+            if self.runner is None:
+                for k in range(len(self.steps)):
+                    run_step(k)
+            else:
+                self.runner.run(run_step)
+            if timeline is not None:
+                timeline.sort(key=lambda e: e["start"])
+                self.timelines.append(timeline)
+                del self.timelines[:-MAX_KEPT_TIMELINES]
+        to_host = getattr(xp, "asnumpy", None)
+        return [None if v is None else (to_host(v) if to_host else np.array(v, copy=True))
+                for v in (values[s] for s in self.fetch_slots)]
+
+    def _run_serial(self, values: list) -> None:
+        """The plain loop: one stream, no tracing. Kept minimal, it is the hot path."""
         xp = self.xp
-        step = self.steps[0] if self.steps else None
+        step = None
         try:
             for step in self.steps:
-                values[step.output] = step.compute(xp, *[values[i] for i in step.inputs],
-                                                   **step.attrs)
-                for slot in step.free_after:
-                    values[slot] = None
+                args = [values[i] for i in step.inputs]
+                if step.planned:
+                    out = values[step.output]
+                    result = step.compute(xp, *args, out=out, **step.attrs)
+                    if result is not out:  # the kernel could not write into `out`
+                        out[...] = result
+                else:
+                    values[step.output] = step.compute(xp, *args, **step.attrs)
+                    for slot in step.free_after:
+                        values[slot] = None
         except TinyFlowError:
             raise
         except Exception as err:
-            node = step.node
-            shapes = ", ".join(str(i.shape) for i in node.inputs)
-            raise ExecutionError(f"{node.op} {node.name} (created at {node.where}) failed "
-                                 f"on inputs of shapes {shapes}: {type(err).__name__}: {err}"
-                                 ) from err
-        return [None if v is None else np.array(v, copy=True) for v in
-                (values[s] for s in self.fetch_slots)]
+            raise _kernel_error(step, err) from err
+
+    def _run_step(self, k: int, values: list, timeline: list | None, t0: float) -> None:
+        """Run step k with the instrumentation the options ask for (any stream)."""
+        step = self.steps[k]
+        xp = self.xp
+        began = time.perf_counter()
+        try:
+            args = [values[i] for i in step.inputs]
+            if step.planned:
+                out = values[step.output]
+                result = step.compute(xp, *args, out=out, **step.attrs)
+                if result is not out:
+                    out[...] = result
+                result = out
+            else:
+                result = values[step.output] = step.compute(xp, *args, **step.attrs)
+        except TinyFlowError:
+            raise
+        except Exception as err:
+            raise _kernel_error(step, err, self.schedule.names[step.stream]) from err
+        summary = None
+        if self.options["trace_values"] or self.options["check_numerics"]:
+            summary = value_summary(xp, result)
+            if self.options["check_numerics"] and summary and (summary["nan"] or
+                                                               summary["inf"]):
+                self._numerics_failure(step, result, summary)
+        if timeline is not None:
+            if self.runner is not None and self.device == "cuda":
+                xp.cuda.get_current_stream().synchronize()  # real kernel end time
+            timeline.append({"step": k, "node": step.node.name, "op": step.node.op,
+                             "stream": step.stream, "start": began - t0,
+                             "end": time.perf_counter() - t0, "bytes": step.nbytes,
+                             "summary": summary if self.options["trace_values"] else None})
+        for slot in step.free_after:
+            values[slot] = None
+        for offset, nbytes in step.poison_after:
+            self.arena[offset:offset + nbytes].fill(POISON_BYTE)
+
+    def _numerics_failure(self, step: Step, result: Any, summary: dict) -> None:
+        node = step.node
+        message = (f"check_numerics: {node.op} {node.name} (created at {node.where}) "
+                   f"produced {summary['nan']} NaN and {summary['inf']} Inf values in its "
+                   f"output of shape {tuple(result.shape)}; inputs: " + ", ".join(
+                       f"{i.name} {i.shape}" for i in node.inputs))
+        self.check_failure = {"node": node.name, "where": node.where, "message": message}
+        raise NumericsError(message)
+
+
+MAX_KEPT_TIMELINES = 20
+# Poisoned memory is all 0xFF bytes: NaN for float16/32/64 and -1 for signed ints, so a
+# read of a freed buffer (a wrong plan) shows up as a wrong answer, not a lucky one.
+POISON_BYTE = 0xFF
+
+
+def value_summary(xp: Any, value: Any) -> dict | None:
+    """min/max/mean over the finite values, and the NaN and Inf counts (floats only;
+    None for other dtypes)."""
+    if value is None or not hasattr(value, "dtype") or value.dtype.kind != "f":
+        return None
+    finite_mask = xp.isfinite(value)
+    nan = int(xp.isnan(value).sum())
+    inf = int(value.size - int(finite_mask.sum()) - nan)
+    finite = value[finite_mask]
+    if finite.size == 0:
+        return {"min": None, "max": None, "mean": None, "nan": nan, "inf": inf}
+    return {"min": float(finite.min()), "max": float(finite.max()),
+            "mean": float(finite.mean()), "nan": nan, "inf": inf}
+
+
+def _kernel_error(step: Step | None, err: Exception, stream: str | None = None
+                  ) -> ExecutionError:
+    node = step.node
+    shapes = ", ".join(str(i.shape) for i in node.inputs)
+    where = f" on stream {stream}" if stream else ""
+    return ExecutionError(f"{node.op} {node.name} (created at {node.where}) failed{where} "
+                          f"on inputs of shapes {shapes}: {type(err).__name__}: {err}")
 
 
 def _make_assign(store_ref: list, var: Node):
@@ -141,18 +299,46 @@ def _make_assign(store_ref: list, var: Node):
     return assign
 
 
+def node_nbytes(node: Node) -> int:
+    """Bytes of the node's value (its shape is concrete after specialization)."""
+    return int(np.prod(node.shape, dtype=np.int64)) * node.dtype.itemsize
+
+
+DEFAULT_OPTIONS = {"passes": None, "disable": (), "streams": 1, "memory": None,
+                   "poison": False, "checkpoint": None, "trace": False,
+                   "trace_values": False, "check_numerics": False, "debug": None,
+                   "wait_timeout": 120.0}
+
+
 def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None = None,
             variables: dict[Node, tuple[tuple, Any]] | None = None, *,
-            passes: list[str] | None = None, disable: Sequence[str] = (),
-            device: str = "cpu") -> Program:
+            device: str = "cpu", **options: Any) -> Program:
     """Compile `fetches` for the given shapes.
 
-    feeds      {fed node: (shape, dtype)} for this program
-    variables  {variable: (shape, dtype)}: the variables' current shapes
-    passes     pass names to run (None: the default pipeline; [] none)
-    disable    pass names to skip
-    device     "cpu" (numpy); "cuda" (cupy) where the GPU backend is installed
+    feeds          {fed node: (shape, dtype)} for this program
+    variables      {variable: (shape, dtype)}: the variables' current shapes
+    device         "cpu" (numpy); "cuda" (cupy) where the GPU backend is installed
+    passes         pass names to run (None: the default pipeline; [] none)
+    disable        pass names to skip
+    streams        compute streams (1: serial); allreduce nodes get a "comm" stream
+    memory         None (each step allocates), "auto" (the best planner strategy for
+                   this graph) or a strategy name from memory.STRATEGIES
+    poison         fill each freed arena region with 0xFF bytes (NaN), to catch plans
+                   that free too early
+    checkpoint     None, "sqrt" or a byte budget: gradient checkpointing (memory.py)
+    trace          record a timeline of every run (program.timelines)
+    trace_values   also summarize every step's value (min/max/mean/NaN/Inf)
+    check_numerics stop at the first step that produces a NaN or Inf (NumericsError)
+    debug          a path: write a DebugRecord of this program there (after each run)
+    wait_timeout   seconds a stream may wait for another before it is an error
     """
+    unknown = set(options) - set(DEFAULT_OPTIONS)
+    if unknown:
+        raise TypeError(f"compile() got unknown options {sorted(unknown)}; known: "
+                        f"{sorted(DEFAULT_OPTIONS)}")
+    opts = {**DEFAULT_OPTIONS, **options}
+    if opts["debug"]:
+        opts["trace"] = True
     if device not in ("cpu", "cuda"):
         raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
     xp = np
@@ -163,23 +349,17 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     sources = {**(variables or {}), **(feeds or {})}
     sources = {n: (tuple(s), np.dtype(d)) for n, (s, d) in sources.items()}
     graph, clones = passes_mod.specialize(fetches, sources)
-    ctx = passes_mod.PassContext(device=device)
-    graph = passes_mod.run_pipeline(graph, ctx, passes=passes, disable=tuple(disable))
+    ctx = passes_mod.PassContext(device=device, options=opts)
+    passes = opts["passes"]
+    graph = passes_mod.run_pipeline(graph, ctx, passes=passes, disable=tuple(opts["disable"]))
 
     order = graph.nodes
     slot_of = {id(n): i for i, n in enumerate(order)}
-    last_use: dict[int, int] = {}
-    for step_index, node in enumerate(order):
-        for inp in node.inputs:
-            last_use[slot_of[id(inp)]] = step_index
-    keep = {slot_of[id(f)] for f in graph.outputs}
-
     user_of = {id(clone): user for user, clone in clones.items()}
     users = graph.consumers()
     store_ref: list = [None]
     steps: list[Step] = []
     feed_slots, variable_slots = [], []
-    assign_targets: dict[int, Node] = {}
     for node in order:
         slot = slot_of[id(node)]
         if node.op == "placeholder":
@@ -197,29 +377,166 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
                 raise TinyFlowError(f"tf.assign at {node.where}: the target must be a "
                                     f"Variable, got {target.op}")
             compute = _make_assign(store_ref, user_of[id(target)])
-            assign_targets[len(steps)] = user_of[id(target)]
+        nbytes = node_nbytes(node) + sum(node_nbytes(i) for i in node.inputs)
         steps.append(Step(node, compute, tuple(slot_of[id(i)] for i in node.inputs), slot,
-                          dict(node.attrs)))
-    # Drop each intermediate value after its last reader, so a program holds only
-    # what is still needed (the memory planner replaces this with an arena).
-    frees: dict[int, list[int]] = {}
-    for slot, step_index in last_use.items():
-        if slot not in keep:
-            frees.setdefault(step_index, []).append(slot)
-    computed = {id(s.node): k for k, s in enumerate(steps)}
-    for node_index, node in enumerate(order):
-        if id(node) in computed and node_index in frees:
-            steps[computed[id(node)]].free_after = tuple(frees[node_index])
+                          dict(node.attrs), nbytes=nbytes))
 
-    return Program(graph, steps, feed_slots, variable_slots, assign_targets,
-                   [slot_of[id(f)] for f in graph.outputs], ctx, device, xp,
-                   {"slots": len(order), "nodes": len(order)}, store_ref)
+    schedule, deps = _schedule(steps, opts["streams"])
+    for step, stream in zip(steps, schedule.stream_of):
+        step.stream = stream
+    node_names = [s.node.name for s in steps]
+    validate_schedule(schedule, deps, node_names)
+    keep = {slot_of[id(f)] for f in graph.outputs}
+    slot_template: list = [None] * len(order)
+    plan = arena = None
+    if opts["memory"] is not None:
+        plan, arena = _plan_and_bind(steps, deps, schedule, keep, slot_template, opts, xp)
+    else:
+        _free_after_last_use(steps, keep, schedule)
+    runner = None
+    if len(schedule.names) > 1:
+        runner_class = CudaStreams if device == "cuda" else CpuStreams
+        runner = runner_class(schedule, node_names, timeout=opts["wait_timeout"])
+    program = Program(graph, steps, feed_slots, variable_slots,
+                      [slot_of[id(f)] for f in graph.outputs], ctx, schedule, plan, arena,
+                      slot_template, opts, device, xp, runner, store_ref)
+    if opts["debug"]:
+        from tinyflow import debug
+        debug.attach(program, opts["debug"])
+    return program
+
+
+def _schedule(steps: list[Step], num_streams: int) -> tuple[Schedule, list[list[int]]]:
+    """Dependencies between steps (inputs, and variable readers before writers),
+    the stream of each step, and the events between streams."""
+    index = {id(s.node): k for k, s in enumerate(steps)}
+    ordering = ordering_dependencies([s.node for s in steps])
+    deps: list[list[int]] = []
+    for step in steps:
+        before = list(step.node.inputs) + ordering.get(step.node, [])
+        deps.append(sorted({index[id(n)] for n in before if id(n) in index}))
+    stream_of, names = assign_streams([s.node for s in steps], deps, num_streams)
+    return build_schedule(stream_of, names, deps), deps
+
+
+def _final_reader(readers: list[int], schedule: Schedule) -> int | None:
+    """The reader that every other reader happens-before: after it, the value is
+    certainly dead on every stream. None when no reader is ordered after the rest
+    (readers still racing on two streams): then nothing may free the value early."""
+    last = max(readers)
+    if all(r == last or schedule.happens_before(r, last) for r in readers):
+        return last
+    return None
+
+
+def _readers(steps: list[Step]) -> dict[int, list[int]]:
+    readers: dict[int, list[int]] = {}
+    for k, step in enumerate(steps):
+        for slot in set(step.inputs):
+            readers.setdefault(slot, []).append(k)
+    return readers
+
+
+def _free_after_last_use(steps: list[Step], keep: set[int], schedule: Schedule) -> None:
+    """Unplanned runs drop each intermediate after its last reader, so a program
+    holds only what is still needed (what the arena does, without the planning)."""
+    computed = {s.output for s in steps}
+    frees: dict[int, list[int]] = {}
+    for slot, readers in _readers(steps).items():
+        final = _final_reader(readers, schedule)
+        if slot in computed and slot not in keep and final is not None:
+            frees.setdefault(final, []).append(slot)
+    for k, step in enumerate(steps):
+        step.free_after = tuple(frees.get(k, ()))
+
+
+def _plan_and_bind(steps: list[Step], deps: list[list[int]], schedule: Schedule,
+                   keep: set[int], slot_template: list, opts: dict, xp: Any):
+    """Plan the arena (memory.py), check the plan, and bind each planned step's
+    output slot to its view of the arena; set up poisoning when asked."""
+    from tinyflow import memory
+    names = _unique_names(steps)
+    name_of_slot = {s.output: names[k] for k, s in enumerate(steps)}
+    plan_steps = []
+    for k, step in enumerate(steps):
+        node = step.node
+        planned = node.op not in NO_ARENA_OPS
+        inplace = REGISTRY[node.op].inplace
+        if inplace is not None and not _inplace_legal(step, inplace, name_of_slot, keep):
+            inplace = None
+        plan_steps.append(memory.PlanStep(
+            name=names[k], inputs=[name_of_slot.get(i, f"slot{i}") for i in step.inputs],
+            nbytes=node_nbytes(node) if planned else 0, inplace_input=inplace,
+            stream=step.stream))
+    multi = len(schedule.names) > 1
+    happens_before = schedule.happens_before if multi else None
+    keep_names = {name_of_slot[s] for s in keep if s in name_of_slot}
+    external = {f"slot{i}" for s in steps for i in s.inputs if i not in name_of_slot}
+    strategy = "auto" if opts["memory"] is True else opts["memory"]
+    plan = memory.plan_memory(plan_steps, external=external, keep=keep_names,
+                              strategy=strategy, happens_before=happens_before)
+    memory.validate_plan(plan, plan_steps, happens_before=happens_before)
+    arena = xp.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
+    if opts["poison"]:
+        arena.fill(POISON_BYTE)
+    placed = {t.name: t for t in plan.tensors}
+    for k, step in enumerate(steps):
+        tensor = placed.get(names[k])
+        if step.node.op in NO_ARENA_OPS or tensor is None or tensor.offset is None:
+            continue
+        node = step.node
+        view = arena[tensor.offset:tensor.offset + node_nbytes(node)]
+        slot_template[step.output] = view.view(node.dtype).reshape(node.shape)
+        step.planned = True
+    if opts["poison"]:
+        has_inplace_child = {t.inplace_of for t in plan.tensors if t.inplace_of}
+        poison: dict[int, list[tuple[int, int]]] = {}
+        for slot, readers in _readers(steps).items():
+            name = name_of_slot.get(slot)
+            tensor = placed.get(name)
+            if (tensor is None or tensor.offset is None or slot in keep
+                    or name in has_inplace_child or not tensor.nbytes):
+                continue
+            final = _final_reader(readers, schedule)
+            if final is not None:
+                poison.setdefault(final, []).append((tensor.offset, tensor.nbytes))
+        for k, step in enumerate(steps):
+            step.poison_after = tuple(poison.get(k, ()))
+    return plan, arena
+
+
+def _inplace_legal(step: Step, index: int, name_of_slot: dict, keep: set[int]) -> bool:
+    """An op may overwrite input `index` only if that input is an intermediate of the
+    same size and dtype (a broadcast input is smaller) that nobody fetches."""
+    if index >= len(step.inputs):
+        return False
+    slot = step.inputs[index]
+    source = step.node.inputs[index]
+    return (slot in name_of_slot and slot not in keep and source.dtype == step.node.dtype
+            and source.shape == step.node.shape and source.op not in NO_ARENA_OPS
+            and step.inputs.count(slot) == 1)
+
+
+def _unique_names(steps: list[Step]) -> list[str]:
+    """Node names, made unique (a user may name two nodes alike)."""
+    seen: dict[str, int] = {}
+    names = []
+    for step in steps:
+        name = step.node.name
+        if name in seen:
+            seen[name] += 1
+            name = f"{name}#{seen[name]}"
+        else:
+            seen[name] = 0
+        names.append(name)
+    return names
 
 
 class Session:
     """TF1's Session: holds variable values; `run` compiles, caches and executes.
 
-    Options (`passes`, `disable`, `device`) are passed to `compile`. ``device='gpu'``
+    Options (`passes`, `streams`, `memory`, ...: see `compile`) are passed to
+    `compile` for every program the Session builds. ``device='gpu'``
     is the original TinyFlow's spelling: it selects CUDA when a GPU is available and
     falls back to the CPU with a warning otherwise, so those programs run anywhere.
     """
@@ -234,6 +551,10 @@ class Session:
                 warnings.warn("tf.Session(device='gpu'): no GPU found, running on the CPU",
                               stacklevel=2)
                 device = "cpu"
+        unknown = set(options) - set(DEFAULT_OPTIONS)
+        if unknown:
+            raise TypeError(f"Session() got unknown options {sorted(unknown)}; known: "
+                            f"{sorted(DEFAULT_OPTIONS)}")
         self.device = device
         self.options = options
         self.variables: dict[Node, np.ndarray] = {}
@@ -250,22 +571,32 @@ class Session:
             if not isinstance(node, Node):
                 raise FeedError(f"feed_dict keys must be graph nodes, got {node!r}")
             feeds[node] = check_feed(node, value)
-        program = self.program_for(flat, feeds)
-        results = program.run(feeds, self.variables)
+        from tinyflow import debug
+        recorder = debug.current()
+        extra = recorder.compile_options if recorder is not None else {}
+        program = self.program_for(flat, feeds, extra)
+        try:
+            results = program.run(feeds, self.variables)
+        finally:
+            if recorder is not None:
+                recorder.add_run(program)
         # Running an op for its effect (tf.group) gives None, as in TF1.
         results = [None if n.op == "group" else r for n, r in zip(flat, results)]
         return _unflatten(structure, iter(results))
 
-    def program_for(self, fetches: list[Node], feeds: dict[Node, np.ndarray]) -> Program:
+    def program_for(self, fetches: list[Node], feeds: dict[Node, np.ndarray],
+                    extra_options: dict | None = None) -> Program:
         """The compiled Program for these fetches and fed shapes (cached)."""
         var_specs = self._variable_specs(fetches, feeds)
-        key = (tuple(id(f) for f in fetches),
+        extra_options = extra_options or {}
+        key = (tuple(sorted(extra_options.items())), tuple(id(f) for f in fetches),
                tuple((id(n), a.shape, a.dtype.str) for n, a in feeds.items()),
                tuple((id(v), s, np.dtype(d).str) for v, (s, d) in var_specs.items()))
         program = self._cache.get(key)
         if program is None:
             program = compile(fetches, {n: (a.shape, a.dtype) for n, a in feeds.items()},
-                              var_specs, device=self.device, **self.options)
+                              var_specs, device=self.device,
+                              **{**self.options, **extra_options})
             self._cache[key] = program
         self.last_program = program
         return program
