@@ -211,14 +211,17 @@ class Program:
         began = time.perf_counter()
         try:
             args = [values[i] for i in step.inputs]
-            if step.planned:
-                out = values[step.output]
-                result = step.compute(xp, *args, out=out, **step.attrs)
-                if result is not out:
-                    out[...] = result
-                result = out
-            else:
-                result = values[step.output] = step.compute(xp, *args, **step.attrs)
+            # Check mode reports NaN/Inf itself, naming the node: numpy's warnings
+            # would only repeat it without saying where.
+            with np.errstate(all="ignore" if self.options["check_numerics"] else None):
+                if step.planned:
+                    out = values[step.output]
+                    result = step.compute(xp, *args, out=out, **step.attrs)
+                    if result is not out:
+                        out[...] = result
+                    result = out
+                else:
+                    result = values[step.output] = step.compute(xp, *args, **step.attrs)
         except TinyFlowError:
             raise
         except Exception as err:

@@ -90,27 +90,40 @@ def assign_streams(nodes: Sequence[Node], deps: Sequence[Sequence[int]],
     if any(n.attrs.get("stream") == COMM_STREAM_NAME for n in nodes):
         names.append(COMM_STREAM_NAME)
     comm = len(names) - 1
-    stream_of: list[int] = []
-    finish: list[float] = []
+    # A step with no inputs (a constant, a random fill) follows its first consumer:
+    # placed on its own, it would land on an idle stream and cost an event.
+    first_consumer: dict[int, int] = {}
+    for b, needed in enumerate(deps):
+        for a in needed:
+            first_consumer.setdefault(a, b)
+    follows = {b for b, needed in enumerate(deps) if not needed and b in first_consumer
+               and nodes[b].attrs.get("stream") != COMM_STREAM_NAME}
+    stream_of: list[int] = [0] * len(nodes)
+    finish: list[float] = [0.0] * len(nodes)
     free_at = [0.0] * len(names)          # when each stream runs out of work
     for b, node in enumerate(nodes):
-        cost = estimate_cost(node)
+        if b in follows:
+            continue
         if node.attrs.get("stream") == COMM_STREAM_NAME:
             candidates = [comm]
         else:
             candidates = list(range(num_streams))
+        producers = [a for a in deps[b] if a not in follows]
         best_stream, best_start = candidates[0], None
         for s in candidates:
             # Ready when every input is done (plus a hand-off from another stream),
             # and starts when the stream is free too.
             ready = max((finish[a] + (0 if stream_of[a] == s else HANDOFF_COST)
-                         for a in deps[b]), default=0.0)
+                         for a in producers), default=0.0)
             start = max(ready, free_at[s])
             if best_start is None or start < best_start:
                 best_stream, best_start = s, start
-        stream_of.append(best_stream)
-        finish.append(best_start + cost)
-        free_at[best_stream] = finish[-1]
+        stream_of[b] = best_stream
+        finish[b] = best_start + estimate_cost(node)
+        free_at[best_stream] = finish[b]
+        for a in deps[b]:
+            if a in follows and first_consumer[a] == b:  # (never onto the comm stream)
+                stream_of[a] = best_stream if best_stream < num_streams else 0
     return stream_of, names
 
 
@@ -285,10 +298,11 @@ class CpuStreams:
             name = names[stream]
             if not worker.done.wait(self.timeout):  # a step of a failed run still going
                 raise StreamError(f"stream {name} is still busy with a previous run after "
-                                  f"{self.timeout:.0f} s")
+                                  f"{self.timeout:g} s")
         events = [threading.Event() if r else None for r in self.schedule.records]
         abort = threading.Event()
         errors: list[tuple[int, BaseException]] = []
+        current: dict[int, int] = {}           # stream -> the step it is running
 
         def run_stream(stream: int) -> None:
             try:
@@ -298,6 +312,7 @@ class CpuStreams:
                             raise self._timeout_error(a, b)
                     if abort.is_set():
                         return
+                    current[stream] = b
                     run_step(b)
                     if events[b] is not None:
                         events[b].set()
@@ -313,8 +328,12 @@ class CpuStreams:
         run_stream(0)
         for stream, worker in self.workers.items():
             if not worker.done.wait(self.timeout):
+                step = current.get(stream)
+                stuck = (f"; it is stuck in {self.node_names[step]} (step {step})"
+                         if step is not None else "")
                 errors.append((0, StreamError(
-                    f"stream {names[stream]} did not finish within {self.timeout:.0f} s")))
+                    f"stream {names[0]} waited {self.timeout:g} s for stream "
+                    f"{names[stream]} to finish{stuck}")))
                 abort.set()
         if errors:
             # The first failure is the cause; later ones are streams that stopped.
@@ -323,7 +342,7 @@ class CpuStreams:
     def _timeout_error(self, a: int, b: int) -> StreamError:
         names, s = self.schedule.names, self.schedule.stream_of
         return StreamError(
-            f"stream {names[s[b]]} waited {self.timeout:.0f} s for event {a} (after "
+            f"stream {names[s[b]]} waited {self.timeout:g} s for event {a} (after "
             f"{self.node_names[a]} on stream {names[s[a]]}) before running "
             f"{self.node_names[b]}; stream {names[s[a]]} is stuck or failed")
 

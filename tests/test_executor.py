@@ -1,0 +1,246 @@
+"""The executor: streams and events, failures on a stream, timeouts, timelines,
+check mode and DebugRecords (issue 5)."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tinyflow as tf
+from tinyflow.executor import ExecutionError, NumericsError
+from tinyflow.ops import REGISTRY, OpDef, make, register
+from tinyflow.streams import (ScheduleError, StreamError, assign_streams, build_schedule,
+                              validate_schedule)
+
+# A test op whose kernel misbehaves on demand: raise, or sleep. Registered once.
+BEHAVIOUR = {"raise": False, "sleep": 0.0}
+
+
+def _flaky_compute(xp, x, out=None):
+    if BEHAVIOUR["raise"]:
+        raise ValueError("flaky kernel asked to fail")
+    if BEHAVIOUR["sleep"]:
+        time.sleep(BEHAVIOUR["sleep"])
+    return xp.multiply(x, 1.0, out=out)
+
+
+if "test_flaky" not in REGISTRY:
+    register(OpDef("test_flaky", _flaky_compute, lambda s, d, a: (tuple(s[0]), d[0]),
+                   None, pure=False, differentiable=False))
+
+
+@pytest.fixture(autouse=True)
+def _reset_behaviour():
+    yield
+    BEHAVIOUR.update({"raise": False, "sleep": 0.0})
+
+
+def two_branches(n=256, depth=3, flaky_branch=None):
+    """Two independent chains of n x n matmuls joined by an add; the second chain
+    optionally ends in the flaky op. Returns (x, out, flaky node or None)."""
+    rng = np.random.default_rng(0)
+    x = tf.placeholder(tf.float64, (n, n))
+    a, b = x, x
+    for _ in range(depth):
+        a = tf.matmul(a, tf.constant(rng.standard_normal((n, n)) / n))
+        b = tf.matmul(b, tf.constant(rng.standard_normal((n, n)) / n))
+    flaky = None
+    if flaky_branch:
+        b = flaky = make("test_flaky", b)
+        b = tf.matmul(b, tf.constant(rng.standard_normal((n, n)) / n))
+    return x, a + b, flaky
+
+
+def step_of(program, node_name):
+    return next(k for k, s in enumerate(program.steps) if s.node.name == node_name)
+
+
+def test_two_branches_go_to_two_streams_and_match_serial():
+    x, out, _ = two_branches()
+    feed = {x: np.random.default_rng(1).standard_normal((256, 256))}
+    serial = tf.Session(passes=[]).run(out, feed)
+    for streams in (2, 4):
+        sess = tf.Session(passes=[], streams=streams)
+        for _ in range(3):
+            np.testing.assert_allclose(sess.run(out, feed), serial, rtol=1e-12)
+        used = set(sess.last_program.schedule.stream_of)
+        assert len(used) == 2, f"two independent chains should use two streams: {used}"
+
+
+def test_one_stream_reproduces_the_serial_program():
+    x, out, _ = two_branches()
+    program = tf.compile([out], {x: ((256, 256), np.float64)}, passes=[], streams=1)
+    assert program.schedule.names == ["compute0"]
+    assert all(not w for w in program.schedule.waits)
+    assert program.runner is None
+
+
+def test_vector_clocks_drop_implied_waits():
+    # a (s0) -> b (s1) -> c (s0) -> d (s1): d needs a and c, but waiting for c
+    # implies a (c waited for b, which waited for a).
+    deps = [[], [0], [1], [0, 2]]
+    schedule = build_schedule([0, 1, 0, 1], ["compute0", "compute1"], deps)
+    assert schedule.waits == [[], [0], [1], [2]]
+    assert schedule.happens_before(0, 3) and schedule.happens_before(1, 2)
+    assert not schedule.happens_before(3, 2)
+    validate_schedule(schedule, deps)
+
+
+def test_missing_event_is_rejected_by_the_validator():
+    x, out, _ = two_branches()
+    program = tf.compile([out], {x: ((256, 256), np.float64)}, passes=[], streams=2)
+    schedule = program.schedule
+    waiting = [b for b, w in enumerate(schedule.waits) if w]
+    assert waiting, "the join must wait for the other stream"
+    deps = [[program.steps.index(p) for p in []] for _ in program.steps]
+    index = {id(s.node): k for k, s in enumerate(program.steps)}
+    deps = [[index[id(i)] for i in s.node.inputs if id(i) in index] for s in program.steps]
+    validate_schedule(schedule, deps)
+    schedule.waits[waiting[-1]] = []          # lose the event
+    with pytest.raises(ScheduleError, match="no event between them"):
+        validate_schedule(schedule, deps, [s.node.name for s in program.steps])
+
+
+def test_assign_streams_keeps_a_chain_of_small_ops_on_one_stream():
+    x = tf.placeholder(tf.float32, (4,))
+    y = x
+    for _ in range(50):
+        y = tf.exp(y * 0.5)
+    program = tf.compile([y], {x: ((4,), np.float32)}, passes=[], streams=2)
+    assert set(program.schedule.stream_of) == {0}
+
+
+def test_comm_nodes_get_their_own_stream():
+    nodes = [tf.placeholder(tf.float32, (2,)) for _ in range(2)]
+    nodes[1].attrs["stream"] = "comm"
+    stream_of, names = assign_streams(nodes, [[], [0]], 1)
+    assert names == ["compute0", "comm"] and stream_of == [0, 1]
+
+
+def test_kernel_error_on_stream_2_names_the_node_and_the_next_run_succeeds():
+    x, out, flaky = two_branches(flaky_branch=True)
+    feed = {x: np.ones((256, 256))}
+    sess = tf.Session(passes=[], streams=2)
+    good = sess.run(out, feed)
+    program = sess.last_program
+    assert program.schedule.stream_of[step_of(program, flaky.name)] == 1
+    BEHAVIOUR["raise"] = True
+    with pytest.raises(ExecutionError) as info:
+        sess.run(out, feed)
+    message = str(info.value)
+    assert flaky.name in message and "test_executor.py" in message
+    assert "compute1" in message and "flaky kernel asked to fail" in message
+    BEHAVIOUR["raise"] = False
+    np.testing.assert_allclose(sess.run(out, feed), good)
+
+
+def test_a_stuck_stream_times_out_naming_both_streams_and_the_event():
+    x, out, flaky = two_branches(flaky_branch=True)
+    feed = {x: np.ones((256, 256))}
+    sess = tf.Session(passes=[], streams=2, wait_timeout=0.3)
+    good = sess.run(out, feed)
+    BEHAVIOUR["sleep"] = 1.0
+    started = time.monotonic()
+    with pytest.raises(StreamError) as info:
+        sess.run(out, feed)
+    assert time.monotonic() - started < 5
+    message = str(info.value)
+    # Either stream 0 timed out waiting for the event after the stuck step, or it
+    # finished and timed out waiting for stream 1: both name both streams.
+    assert "compute0" in message and "compute1" in message
+    assert "event" in message or flaky.name in message
+    BEHAVIOUR["sleep"] = 0.0
+    time.sleep(1.0)  # let the stuck kernel finish
+    np.testing.assert_allclose(sess.run(out, feed), good)
+
+
+def test_worker_threads_are_reused_across_runs():
+    x, out, _ = two_branches(n=64)
+    sess = tf.Session(passes=[], streams=2)
+    sess.run(out, {x: np.ones((64, 64))})
+    before = threading.active_count()
+    for _ in range(20):
+        sess.run(out, {x: np.ones((64, 64))})
+    assert threading.active_count() == before
+
+
+def test_timeline_has_one_event_per_step_on_its_stream():
+    x, out, _ = two_branches(n=128)
+    sess = tf.Session(passes=[], streams=2, trace=True)
+    sess.run(out, {x: np.ones((128, 128))})
+    program = sess.last_program
+    events = program.last_timeline
+    assert sorted(e["step"] for e in events) == list(range(len(program.steps)))
+    for e in events:
+        assert e["stream"] == program.schedule.stream_of[e["step"]]
+        assert 0 <= e["start"] <= e["end"]
+        assert e["bytes"] > 0 and e["summary"] is None
+    # A step starts only after the steps it waits for have ended.
+    by_step = {e["step"]: e for e in events}
+    for b, waited in enumerate(program.schedule.waits):
+        for a in waited:
+            assert by_step[a]["end"] <= by_step[b]["start"]
+
+
+def test_value_summaries():
+    x = tf.placeholder(tf.float32, (3,))
+    y = x * 2.0
+    sess = tf.Session(passes=[], trace=True, trace_values=True)
+    sess.run(y, {x: np.array([1.0, np.inf, -3.0], np.float32)})
+    summary = sess.last_program.last_timeline[-1]["summary"]
+    assert summary == {"min": -6.0, "max": 2.0, "mean": -2.0, "nan": 0, "inf": 1}
+
+
+def test_check_numerics_names_the_first_bad_node_and_its_line():
+    x = tf.placeholder(tf.float32, (4,))
+    bad = tf.log(x - 1.0)                  # the line the error must name
+    line = bad.where
+    out = tf.exp(bad) * 2.0
+    sess = tf.Session(check_numerics=True)
+    with pytest.raises(NumericsError) as info:
+        sess.run(out, {x: np.array([0.5, 2.0, 3.0, 4.0], np.float32)})
+    assert bad.name in str(info.value) and line in str(info.value)
+    assert "1 NaN" in str(info.value)
+    assert sess.last_program.check_failure["node"] == bad.name
+
+
+def test_debug_record_of_a_training_loop(tmp_path):
+    x = tf.placeholder(tf.float32, (None, 8))
+    y = tf.placeholder(tf.int64, (None,))
+    logits = tf.nn.MLP([8, 16, 3])(x)
+    loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(logits, y)
+    train = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
+    sess = tf.Session(streams=2)
+    sess.run(tf.global_variables_initializer())
+    rng = np.random.default_rng(0)
+    feed = {x: rng.standard_normal((32, 8)), y: rng.integers(0, 3, 32)}
+    path = tmp_path / "run.tfdbg.json"
+    with tf.debug.record(path, trace_values=True) as rec:
+        for step in range(4):
+            value, _ = sess.run([loss, train], feed)
+            rec.scalar("loss", step, value)
+        sess.run(loss, feed)                    # an eval program runs once
+    record = tf.trace.load(path)
+    assert [g["pass"] for g in record["graphs"]][0] == "infer_shapes"
+    final_ids = {n["id"] for n in record["graphs"][-1]["nodes"]}
+    assert {s["node"] for s in record["schedule"]} <= final_ids
+    assert len(record["timelines"]) == 4       # the training program, not the eval one
+    assert [s for s, _ in record["scalars"]["loss"]] == [0, 1, 2, 3]
+    assert {e["stream"] for t in record["timelines"] for e in t["events"]} <= {0, 1}
+    assert any(e["summary"] for e in record["timelines"][0]["events"])
+
+
+def test_compile_debug_option_writes_a_record(tmp_path):
+    x = tf.placeholder(tf.float32, (2, 2))
+    path = tmp_path / "p.tfdbg.json"
+    program = tf.compile([tf.exp(x)], {x: ((2, 2), np.float32)}, debug=str(path))
+    program.run({x: np.ones((2, 2), np.float32)}, {})
+    tf.debug.save_program(program, str(path))
+    record = tf.trace.load(path)
+    assert record["timelines"] and record["schedule"]
+
+
+def test_unknown_option_is_a_clear_error():
+    with pytest.raises(TypeError, match="unknown options"):
+        tf.Session(stream=2)
