@@ -1,0 +1,215 @@
+"""Run TinyFlow's benchmarks and print one table of figures against their goals.
+
+Every ``benchmarks/<topic>_bench.py`` defines ``figures(quick: bool = False) ->
+list[dict]``; each dict is one figure: ``name``, ``value`` (a float), ``goal`` (a
+comparison such as ``"<= 1.15"``), ``unit`` and ``note`` (how it was measured,
+against which reference). A figure that could not be measured (an optional library
+missing) has value NaN and a note starting with ``skipped:``. A module may also
+accept ``only=`` to compute just the figures whose name contains that text.
+
+This script imports each module, calls ``figures``, checks each row against its
+goal and prints one table (rich). A module that fails to import or raises becomes
+one error row; the other modules still run. Usage::
+
+    python benchmarks/run.py                  # everything, full size
+    python benchmarks/run.py --quick          # small sizes: does it all run?
+    python benchmarks/run.py --only core      # modules or figures matching "core"
+    python benchmarks/run.py --json out.json  # also write the rows (and the machine)
+    python benchmarks/run.py --threads 1      # BLAS/OpenMP threads for every library
+
+Exit status: 0 when every module ran (goals missed or not), 1 when a module errored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import json
+import math
+import operator
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REQUIRED_KEYS = ("name", "value", "goal", "unit", "note")
+COMPARISONS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
+               "==": operator.eq}
+
+
+def discover(bench_dir: Path = BENCH_DIR) -> list[Path]:
+    """The benchmark modules: every ``*_bench.py`` in `bench_dir`, sorted by name."""
+    return sorted(bench_dir.glob("*_bench.py"))
+
+
+def module_name(path: Path) -> str:
+    """``core_bench.py`` -> ``core``: the name rows of an errored module carry."""
+    return path.stem.removesuffix("_bench")
+
+
+def load_module(path: Path) -> ModuleType:
+    """Import a benchmark file by path (benchmarks/ is a folder of scripts, not a
+    package) under the name ``benchmarks.<stem>``."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks.{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickling look modules up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_goal(goal: str) -> tuple[str, float]:
+    """``"<= 1.15"`` -> (``"<="``, 1.15). Raises ValueError for anything else."""
+    text = goal.strip()
+    for symbol in sorted(COMPARISONS, key=len, reverse=True):  # "<=" before "<"
+        if text.startswith(symbol):
+            return symbol, float(text[len(symbol):])
+    raise ValueError(f"goal {goal!r} is not '<op> <number>' with op one of "
+                     f"{', '.join(COMPARISONS)}")
+
+
+def verdict(row: dict) -> str:
+    """``yes``/``no`` (the value meets its goal or not), ``skipped`` or ``error``."""
+    if row.get("error"):
+        return "error"
+    value = row.get("value")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "skipped" if str(row.get("note", "")).startswith("skipped") else "error"
+    symbol, target = parse_goal(row["goal"])
+    return "yes" if COMPARISONS[symbol](float(value), target) else "no"
+
+
+def check_row(row: Any, source: str) -> dict:
+    """Validate one figure dict from `source` (module name); return it normalized
+    (value as float). Raises ValueError naming the module and the problem."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{source}: a figure must be a dict, got {type(row).__name__}")
+    missing = [k for k in REQUIRED_KEYS if k not in row]
+    if missing:
+        raise ValueError(f"{source}: figure {row.get('name', '?')!r} lacks {missing}")
+    parse_goal(row["goal"])
+    value = row["value"]
+    row = dict(row)
+    row["value"] = float("nan") if value is None else float(value)
+    return row
+
+
+def error_row(name: str, err: BaseException) -> dict:
+    """The row a failing module becomes: the exception and where it was raised."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return {"name": name, "value": float("nan"), "goal": "", "unit": "", "error": True,
+            "note": f"error: {type(err).__name__}: {err}{where}"}
+
+
+def run_module(path: Path, quick: bool, only: str | None) -> tuple[list[dict], float]:
+    """Rows of one module (or its one error row) and the seconds it took.
+
+    `only` selects: when it matches the module's name every figure is kept; else
+    only figures whose name contains it (passed on as ``only=`` when the module's
+    `figures` accepts it, so it can skip the work for the others). A module that
+    raises is kept as its error row either way: the figure asked for may be in it."""
+    name = module_name(path)
+    start = time.perf_counter()
+    try:
+        module = load_module(path)
+        kwargs: dict[str, Any] = {"quick": quick}
+        whole_module = only is None or only in path.stem
+        if not whole_module and "only" in inspect.signature(module.figures).parameters:
+            kwargs["only"] = only
+        rows = [check_row(r, name) for r in module.figures(**kwargs)]
+        if not whole_module:
+            rows = [r for r in rows if only in r["name"]]
+    except Exception as err:  # one broken module must not hide the others' figures
+        rows = [error_row(name, err)]
+    for row in rows:
+        row["module"] = name
+        row["met"] = verdict(row)
+    return rows, time.perf_counter() - start
+
+
+def machine() -> dict:
+    """What the figures were measured on (written into the JSON)."""
+    info: dict[str, Any] = {"python": platform.python_version(),
+                            "platform": platform.platform(), "cpus": os.cpu_count(),
+                            "threads": os.environ.get("TINYFLOW_BENCH_THREADS")}
+    try:
+        info["load_average"] = os.getloadavg()
+    except OSError:
+        pass
+    try:
+        import numpy
+        info["numpy"] = numpy.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=title, show_lines=False)
+    for column, justify in [("name", "left"), ("value", "right"), ("goal", "left"),
+                            ("met?", "center"), ("unit", "left"), ("note", "left")]:
+        table.add_column(column, justify=justify, overflow="fold")
+    style = {"yes": "green", "no": "bold red", "skipped": "yellow", "error": "bold red"}
+    for row in rows:
+        value = row["value"]
+        shown = "-" if math.isnan(value) else f"{value:.3g}" if abs(value) < 1e4 \
+            else f"{value:.0f}"
+        table.add_row(row["name"], shown, row["goal"],
+                      f"[{style[row['met']]}]{row['met']}[/]", row["unit"], row["note"])
+    Console().print(table)
+
+
+def json_safe(rows: list[dict]) -> list[dict]:
+    """NaN is not JSON: write it as null."""
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v)
+             for k, v in row.items()} for row in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few runs")
+    parser.add_argument("--only", metavar="SUBSTR",
+                        help="run modules, or keep figures, whose name contains SUBSTR")
+    parser.add_argument("--json", metavar="OUT", help="write the rows as JSON to OUT")
+    parser.add_argument("--threads", type=int,
+                        help="BLAS/OpenMP threads for every library (default 1)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        os.environ["TINYFLOW_BENCH_THREADS"] = str(args.threads)
+    # The repository root on sys.path, so modules import `tinyflow` uninstalled too.
+    sys.path.insert(0, str(BENCH_DIR.parent))
+
+    paths = discover()
+    if args.only and any(args.only in p.stem for p in paths):
+        # SUBSTR names modules: run just those, whole.
+        paths = [p for p in paths if args.only in p.stem]
+    rows: list[dict] = []
+    seconds: dict[str, float] = {}
+    for path in paths:
+        module_rows, took = run_module(path, args.quick, args.only)
+        rows += module_rows
+        seconds[module_name(path)] = round(took, 2)
+    if args.only and not rows:
+        print(f"no benchmark module or figure matches {args.only!r}", file=sys.stderr)
+        return 1
+    title = "TinyFlow benchmarks" + (" (quick)" if args.quick else "")
+    print_table(rows, title)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"quick": args.quick, "machine": machine(), "seconds": seconds,
+             "figures": json_safe(rows)}, indent=1) + "\n")
+    return 1 if any(r["met"] == "error" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
