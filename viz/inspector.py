@@ -1,0 +1,131 @@
+"""The node inspector: everything the record knows about the node under the cursor.
+
+Op, shape, dtype, bytes and the user's source line; the stream and step it ran on
+and how long it took in the selected run; where the memory plan put its result;
+its provenance (the user-level nodes a fused or rewritten node stands for); its
+attributes; and, when the run traced values, the summary of its result (min, max,
+mean, count of NaN and Inf). A node that a later pass removed says which pass and
+why.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual.widgets import Static
+
+from viz import palette
+from viz.model import fmt_bytes, fmt_shape, fmt_time
+
+if TYPE_CHECKING:
+    from viz.app import DebuggerApp
+
+
+def _num(v) -> str:
+    return "nan" if v is None else f"{v:.4g}"
+
+
+class Inspector(Static):
+    DEFAULT_CSS = """
+    Inspector { padding: 0 1; }
+    """
+
+    @property
+    def tapp(self) -> DebuggerApp:
+        return self.app  # type: ignore[return-value]
+
+    def sync(self) -> None:
+        self.update(self.describe())
+
+    def describe(self) -> Text:
+        app = self.tapp
+        model = app.model
+        styles = palette.styles(app.dark)
+        text = Text(end="")
+        if model is None or app.selected is None:
+            return text
+        index = app.pass_index
+        node_id = model.locate(app.selected, index) or app.selected
+        node = model.nodes(index).get(node_id)
+        if node is None and index > 0:
+            node = model.nodes(index - 1).get(node_id)
+        if node is None:
+            for k in range(len(model.graphs) - 1, -1, -1):
+                node = model.nodes(k).get(node_id)
+                if node is not None:
+                    break
+        if node is None:
+            text.append(f"{app.selected}: not in this record", styles["dim"])
+            return text
+        sep = "\n"
+        text.append(node["id"], styles["edge_sel"])
+        text.append(f"  {node['op']}", styles["title"])
+        if node["phase"] == "backward":
+            text.append("  backward", styles["dim"])
+        text.append(sep)
+        text.append("shape ", styles["dim"])
+        text.append(f"{fmt_shape(node['shape'])} {node['dtype'] or '?'} "
+                    f"{fmt_bytes(node['bytes'])}")
+        text.append("  at ", styles["dim"])
+        text.append(node["where"], styles["key"])
+        text.append(sep)
+        fate = model.fate(node["id"])
+        final = model.final_id(node["id"])
+        if fate:
+            text.append(fate + sep, styles["removed"].replace("strike ", ""))
+        step = model.step_of.get(final) if final else None
+        if step is not None:
+            entry = model.entry_of_step[step]
+            text.append("ran ", styles["dim"])
+            text.append(f"step {step} on {model.streams.get(entry['stream'])}")
+            event = model.events_of(app.run_index).get(final)
+            if event:
+                text.append(f" · {fmt_time(event['end'] - event['start'])}")
+                if event["start"] >= 0:
+                    text.append(f" at {fmt_time(event['start'] - model.span(app.run_index)[0])}",
+                                styles["dim"])
+            if final != node["id"]:
+                text.append(f" (as {final})", styles["dim"])
+            text.append(sep)
+        elif final is None and not fate:
+            text.append("not run (removed or never scheduled)" + sep, styles["dim"])
+        tensor = model.tensor_of.get(final) if final else None
+        if tensor:
+            text.append("memory ", styles["dim"])
+            if tensor["offset"] is None:
+                text.append(f"outside the arena ({tensor['kind']})")
+            else:
+                text.append(f"offset {tensor['offset']} +{fmt_bytes(tensor['nbytes'])}"
+                            f" steps {tensor['first_step']}–{tensor['last_step']}")
+            if tensor["inplace_of"]:
+                text.append(f" in place of {tensor['inplace_of']}", styles["dim"])
+            text.append(sep)
+        event = model.events_of(app.run_index).get(final) if final else None
+        summary = event.get("summary") if event else None
+        if summary:
+            bad = summary["nan"] or summary["inf"]
+            text.append("value ", styles["dim"])
+            text.append(f"min {_num(summary['min'])} max {_num(summary['max'])} "
+                        f"mean {_num(summary['mean'])}")
+            text.append(f" nan {summary['nan']} inf {summary['inf']}",
+                        styles["nan"] if bad else styles["dim"])
+            text.append(sep)
+        if node["provenance"] != [node["id"]]:
+            text.append("from ", styles["dim"])
+            text.append(", ".join(node["provenance"][:12]))
+            if len(node["provenance"]) > 12:
+                text.append(f" +{len(node['provenance']) - 12}")
+            text.append(sep)
+        if node["attrs"]:
+            attrs = ", ".join(f"{k}={json.dumps(v)}" for k, v in node["attrs"].items())
+            text.append("attrs ", styles["dim"])
+            text.append(attrs[:300] + sep)
+        if node["inputs"]:
+            text.append("inputs ", styles["dim"])
+            text.append(", ".join(node["inputs"][:8]) + sep)
+        check = model.record.get("check")
+        if check and check["node"] == final:
+            text.append(check["message"], styles["nan"])
+        return text

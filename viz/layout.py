@@ -1,0 +1,309 @@
+"""Drawing a graph in the terminal: a layered layout on a grid of characters.
+
+The layout is Sugiyama's layered drawing (Sugiyama, Tagawa & Toda 1981), the method
+Graphviz's `dot` uses, computed by the pure-Python `grandalf` package: every node
+gets a layer (inputs above their consumers) and an order inside its layer that keeps
+edge crossings few, and each edge that skips layers gets a dummy point per layer it
+crosses. This module turns that into characters:
+
+* a node is a 3-row box: op and shape on the top border, its id inside;
+* an edge leaves the bottom of its source box, runs along the one-row channel under
+  that layer, and comes down into the next layer with an arrow; lines are kept as
+  bit masks (up/down/left/right) per cell, so crossings and junctions join into the
+  right box-drawing character (``┼ ┬ ┴ ├ ┤``);
+* big graphs are not drawn whole: `neighbourhood` picks the nodes within k hops of
+  the selected one, and `collapse` folds name scopes (``layer1/...``) other than the
+  selected node's into one box each. `outline` is the plain indented fallback.
+
+The result is a `Canvas`: rows of (character, style-name) cells; the view maps the
+style names to colors of the current theme.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+BOX_H = 3          # rows of a box
+GAP = 2            # rows between layers: the channel row and the arrow row
+MAX_LABEL = 20     # widest box interior
+MAX_LAYOUT = 150   # more nodes than this: draw the outline instead
+
+UP, DOWN, LEFT, RIGHT = 1, 2, 4, 8
+LINES = {UP: "│", DOWN: "│", UP | DOWN: "│", LEFT: "─", RIGHT: "─", LEFT | RIGHT: "─",
+         DOWN | RIGHT: "┌", DOWN | LEFT: "┐", UP | RIGHT: "└", UP | LEFT: "┘",
+         UP | DOWN | RIGHT: "├", UP | DOWN | LEFT: "┤", DOWN | LEFT | RIGHT: "┬",
+         UP | LEFT | RIGHT: "┴", UP | DOWN | LEFT | RIGHT: "┼"}
+
+
+@dataclass
+class Box:
+    """One drawn node (or one collapsed scope)."""
+
+    key: str
+    title: str        # on the top border: op and shape
+    label: str        # inside: the node id
+    kind: str         # style name of the box: "node", "added", "removed", ...
+    x: int = 0
+    y: int = 0
+    w: int = 0
+
+    @property
+    def center(self) -> int:
+        return self.x + self.w // 2
+
+
+@dataclass
+class Canvas:
+    """A character grid; each cell holds a character and a style name."""
+
+    width: int
+    height: int
+    chars: list[list[str]] = field(default_factory=list)
+    styles: list[list[str]] = field(default_factory=list)
+    boxes: dict[str, Box] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.chars = [[" "] * self.width for _ in range(self.height)]
+        self.styles = [[""] * self.width for _ in range(self.height)]
+
+    def put(self, x: int, y: int, text: str, style: str) -> None:
+        for k, ch in enumerate(text):
+            if 0 <= x + k < self.width and 0 <= y < self.height:
+                self.chars[y][x + k] = ch
+                self.styles[y][x + k] = style
+
+    def runs(self, y: int) -> list[tuple[str, str]]:
+        """Row `y` as (text, style) runs, for building a styled line."""
+        out: list[tuple[str, str]] = []
+        row, styles = self.chars[y], self.styles[y]
+        start = 0
+        for x in range(1, self.width + 1):
+            if x == self.width or styles[x] != styles[start]:
+                out.append(("".join(row[start:x]), styles[start]))
+                start = x
+        return out
+
+
+# -- choosing what to draw -------------------------------------------------------------
+
+def neighbourhood(center: str, inputs: Callable[[str], list[str]],
+                  consumers: Callable[[str], list[str]], hops: int,
+                  limit: int = 60) -> list[str]:
+    """Ids within `hops` edges of `center` (up through inputs, down through
+    consumers), breadth first, at most `limit` of them (the nearest win)."""
+    seen = {center: 0}
+    order = [center]
+    queue = deque([center])
+    while queue and len(order) < limit:
+        node = queue.popleft()
+        if seen[node] >= hops:
+            continue
+        for other in list(inputs(node)) + list(consumers(node)):
+            if other not in seen and len(order) < limit:
+                seen[other] = seen[node] + 1
+                order.append(other)
+                queue.append(other)
+    return order
+
+
+def scope_of(node_id: str) -> str:
+    """The name scope of an id: 'layer1/dense/matmul' -> 'layer1/dense'; '' if none."""
+    return node_id.rsplit("/", 1)[0] if "/" in node_id else ""
+
+
+def collapse(ids: list[str], keep_scope: str) -> dict[str, str]:
+    """Map each id to the key it is drawn as: itself, or ``scope/`` for ids in a
+    name scope other than `keep_scope` that holds two or more of `ids`."""
+    count: dict[str, int] = {}
+    for i in ids:
+        count[scope_of(i)] = count.get(scope_of(i), 0) + 1
+    key = {}
+    for i in ids:
+        scope = scope_of(i)
+        folded = scope and scope != keep_scope and not keep_scope.startswith(scope + "/") \
+            and count[scope] > 1
+        key[i] = scope + "/" if folded else i
+    return key
+
+
+# -- layout ----------------------------------------------------------------------------
+
+class _VertexView:
+    def __init__(self, w: float, h: float) -> None:
+        self.w, self.h = w, h
+        self.xy = (0.0, 0.0)
+
+
+class _EdgeView:
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float]] = []
+
+    def setpath(self, points: list) -> None:
+        self.points = points
+
+
+def _layered(boxes: dict[str, Box], edges: list[tuple[str, str]]
+             ) -> tuple[dict[str, tuple[int, float]], dict[tuple[str, str], list[float]]]:
+    """Run grandalf: {key: (layer, x center)} and {edge: x of each dummy point}."""
+    from grandalf.graphs import Edge, Graph, Vertex
+    from grandalf.layouts import SugiyamaLayout
+
+    vertices = {k: Vertex(k) for k in boxes}
+    for k, v in vertices.items():
+        v.view = _VertexView(boxes[k].w, BOX_H)
+    gedges = []
+    for a, b in edges:
+        e = Edge(vertices[a], vertices[b])
+        e.view = _EdgeView()
+        gedges.append(e)
+    graph = Graph(list(vertices.values()), gedges)
+    place: dict[str, tuple[int, float]] = {}
+    dummies: dict[tuple[str, str], list[float]] = {}
+    offset = 0.0
+    for component in graph.C:
+        sug = SugiyamaLayout(component)
+        sug.xspace, sug.yspace = 2, BOX_H + GAP
+        sug.dw, sug.dh = 1, BOX_H
+        sug.init_all()
+        sug.draw(2)
+        xs = [v.view.xy[0] - v.view.w / 2 for v in component.sV]
+        xs += [d.view.xy[0] for e in sug.ctrls for d in sug.ctrls[e].values()]
+        left = min(xs)
+        right = max([v.view.xy[0] + v.view.w / 2 for v in component.sV] + xs)
+        for v in component.sV:
+            place[v.data] = (sug.grx[v].rank, v.view.xy[0] - left + offset)
+        for e in component.sE:
+            if e in sug.ctrls:  # {rank: point}, the end points included
+                ctrl = sug.ctrls[e]
+                r0, r1 = sug.grx[e.v[0]].rank, sug.grx[e.v[1]].rank
+                dummies[(e.v[0].data, e.v[1].data)] = [
+                    ctrl[r].view.xy[0] - left + offset for r in sorted(ctrl) if r0 < r < r1]
+        offset += right - left + 4
+    return place, dummies
+
+
+def draw(boxes: dict[str, Box], edges: list[tuple[str, str]],
+         edge_style: Callable[[str, str], str] = lambda a, b: "edge") -> Canvas:
+    """Lay out `boxes` joined by `edges` (source above target) and draw them.
+
+    `edge_style(a, b)` names the style of an edge (to highlight the selected node's).
+    The boxes get their x/y filled in; the canvas keeps them by key so a view can
+    scroll to the selected one.
+    """
+    place, dummies = _layered(boxes, edges)
+    layer_top = lambda r: r * (BOX_H + GAP)
+    for key, box in boxes.items():
+        rank, cx = place[key]
+        box.x, box.y = max(0, round(cx - box.w / 2)), layer_top(rank)
+    # Boxes in one layer must not overlap after rounding: push right when they do.
+    by_layer: dict[int, list[Box]] = {}
+    for box in boxes.values():
+        by_layer.setdefault(box.y, []).append(box)
+    for row in by_layer.values():
+        row.sort(key=lambda b: b.x)
+        for left, right in zip(row, row[1:]):
+            right.x = max(right.x, left.x + left.w + 1)
+    width = max([b.x + b.w for b in boxes.values()] + [1]) + 2
+    height = max([b.y + BOX_H for b in boxes.values()] + [1])
+    masks = [[0] * width for _ in range(height)]
+    mask_style: list[list[str]] = [[""] * width for _ in range(height)]
+    arrows: list[tuple[int, int, str]] = []
+
+    def line(x: int, y: int, bits: int, style: str) -> None:
+        if 0 <= x < width and 0 <= y < height:
+            masks[y][x] |= bits
+            if style != "edge" or not mask_style[y][x]:
+                mask_style[y][x] = style
+
+    def vertical(x: int, y0: int, y1: int, style: str) -> None:
+        for y in range(y0, y1 + 1):
+            line(x, y, (UP if y > y0 else 0) | (DOWN if y < y1 else 0), style)
+
+    def horizontal(y: int, x0: int, x1: int, style: str) -> None:
+        lo, hi = min(x0, x1), max(x0, x1)
+        for x in range(lo, hi + 1):
+            line(x, y, (LEFT if x > lo else 0) | (RIGHT if x < hi else 0), style)
+
+    # Edges first, highlighted ones last so their style wins at shared cells.
+    ordered = sorted(edges, key=lambda e: edge_style(*e) != "edge")
+    for a, b in ordered:
+        style = edge_style(a, b)
+        src, dst = boxes[a], boxes[b]
+        xs = [src.center] + [round(x) for x in dummies.get((a, b), [])] + [dst.center]
+        y = src.y + BOX_H - 1               # the source's bottom border
+        for k in range(1, len(xs)):
+            if abs(xs[k] - xs[k - 1]) == 1:
+                xs[k] = xs[k - 1]  # a one-column jog reads worse than an off-centre line
+        for k in range(len(xs) - 1):
+            x0, x1 = xs[k], xs[k + 1]
+            channel = y + 1
+            line(x0, y, DOWN, style)
+            line(x0, channel, UP, style)
+            horizontal(channel, x0, x1, style)
+            line(x1, channel, DOWN, style)
+            if k + 1 < len(xs) - 1:         # through a dummy: straight down its layer
+                vertical(x1, channel, channel + GAP + BOX_H - 1, style)
+                y = channel + GAP + BOX_H - 1
+            else:
+                arrows.append((x1, channel + 1, style))
+
+    canvas = Canvas(width, height)
+    for y in range(height):
+        for x in range(width):
+            if masks[y][x]:
+                canvas.put(x, y, LINES[masks[y][x]], mask_style[y][x])
+    for x, y, style in arrows:
+        canvas.put(x, y, "▼", style)
+    for box in boxes.values():
+        _box(canvas, box)
+    canvas.boxes = boxes
+    return canvas
+
+
+def _box(canvas: Canvas, box: Box) -> None:
+    inner = box.w - 2
+    title = box.title[:inner]
+    label = box.label if len(box.label) <= inner else box.label[:inner - 1] + "…"
+    canvas.put(box.x, box.y, "┌" + title + "─" * (inner - len(title)) + "┐", box.kind)
+    canvas.put(box.x, box.y + 1, "│" + label.ljust(inner) + "│", box.kind)
+    bottom = list("└" + "─" * inner + "┘")
+    for x in range(box.x + 1, box.x + box.w - 1):   # keep edges leaving the box joined
+        if canvas.chars[box.y + 2][x] in ("┬", "│", "┼"):
+            bottom[x - box.x] = "┬"
+    canvas.put(box.x, box.y + 2, "".join(bottom), box.kind)
+
+
+def box_width(title: str, label: str) -> int:
+    return min(max(len(title), len(label), 6), MAX_LABEL) + 2
+
+
+# -- the outline fallback ----------------------------------------------------------------
+
+def outline(center: str, inputs: Callable[[str], list[str]], describe: Callable[[str], str],
+            depth: int, limit: int = 400) -> list[tuple[str, str]]:
+    """The inputs of `center` as an indented tree, `depth` levels deep.
+
+    Returns (prefix + id, description) rows. A node reached a second time is shown
+    once more with "(above)" and not expanded again; an explicit stack, not
+    recursion, so a deep chain cannot overflow.
+    """
+    rows: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    stack: list[tuple[str, str, bool, int]] = [(center, "", True, 0)]
+    while stack and len(rows) < limit:
+        node, prefix, last, level = stack.pop()
+        branch = "" if level == 0 else ("└─ " if last else "├─ ")
+        again = node in seen
+        rows.append((prefix + branch + node, "(above)" if again else describe(node)))
+        if again:
+            continue
+        seen.add(node)
+        if level >= depth:
+            continue
+        kids = list(inputs(node))
+        child_prefix = prefix + ("" if level == 0 else ("   " if last else "│  "))
+        for k in reversed(range(len(kids))):
+            stack.append((kids[k], child_prefix, k == len(kids) - 1, level + 1))
+    return rows

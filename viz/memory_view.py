@@ -1,0 +1,227 @@
+"""The memory view: the arena as a map, offset down the side and step along the top.
+
+Every tensor the planner placed in the arena is a block: its columns are the steps
+it is alive, its rows the bytes it occupies. Reuse is visible at a glance, as in
+XLA's memory viewer: blocks stacked in the same rows at different times share those
+bytes. Beside the map: arena, naive (every tensor its own memory) and lower-bound
+(the most bytes ever alive at once) sizes, the reuse ratio, the other strategies'
+arena sizes, and the live-bytes curve over the steps.
+
+Selecting a block (arrows, or a click) says why it sits there: the planner's reason,
+the freed tensor whose space it took, the input it overwrote in place, and every
+tensor that shared its bytes over the run (drawn ``▓``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual.events import Click
+from textual.widget import Widget
+
+from viz import palette
+from viz.model import fmt_bytes
+
+if TYPE_CHECKING:
+    from viz.app import DebuggerApp
+
+LABEL = 9    # columns for the offset labels
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+class MemoryView(Widget):
+    DEFAULT_CSS = """
+    MemoryView { height: 1fr; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._grid: list[list[dict | None]] = []
+        self._map_top = 0
+
+    @property
+    def tapp(self) -> DebuggerApp:
+        return self.app  # type: ignore[return-value]
+
+    def sync(self) -> None:
+        self.refresh()
+
+    # -- the cursor ------------------------------------------------------------------
+
+    def selected_tensor(self) -> dict | None:
+        app = self.tapp
+        if app.model is None or app.selected is None:
+            return None
+        final = app.model.final_id(app.selected)
+        return app.model.tensor_of.get(final) if final else None
+
+    def move(self, direction: str) -> dict | None:
+        """left/right: the previous/next block in time (first step, then offset);
+        up/down: the block above/below among those alive at the same step."""
+        model = self.tapp.model
+        if model is None:
+            return None
+        blocks = sorted(model.arena_tensors(), key=lambda t: (t["first_step"], t["offset"]))
+        if not blocks:
+            return None
+        current = self.selected_tensor()
+        if current is None or current["offset"] is None:
+            return blocks[0]
+        if direction in ("up", "down"):
+            step = current["first_step"]
+            alive = sorted((t for t in blocks if t["first_step"] <= step <= t["last_step"]),
+                           key=lambda t: (t["offset"], t["first_step"]))
+            k = next(i for i, t in enumerate(alive) if t is current)
+            k += -1 if direction == "up" else 1
+            return alive[k] if 0 <= k < len(alive) else None
+        k = next(i for i, t in enumerate(blocks) if t is current)
+        k += -1 if direction == "left" else 1
+        return blocks[k] if 0 <= k < len(blocks) else None
+
+    # -- drawing ---------------------------------------------------------------------
+
+    def render(self) -> Text:
+        app = self.tapp
+        model = app.model
+        styles = palette.styles(app.dark)
+        text = Text(no_wrap=True, overflow="ellipsis", end="")
+        if model is None:
+            return text
+        stats = model.stats()
+        if not stats:
+            text.append("This record holds no memory plan (compiled with memory=None).",
+                        styles["dim"])
+            return text
+        text.append("arena ", styles["dim"])
+        text.append(fmt_bytes(stats["arena"]), styles["title"])
+        text.append(" · naive ", styles["dim"])
+        text.append(fmt_bytes(stats["naive"]), styles["title"])
+        text.append(" · lower bound ", styles["dim"])
+        text.append(fmt_bytes(stats["lower_bound"]), styles["title"])
+        text.append(" · reuse ", styles["dim"])
+        text.append(f"{stats['reuse']:.2f}x", styles["ok"])
+        text.append(f" · peak live {fmt_bytes(max(model.live.values(), default=0))}"
+                    f" · {stats['strategy']}\n", styles["dim"])
+        others = " · ".join(f"{name} {fmt_bytes(size)}"
+                            for name, size in sorted(stats["strategies"].items(),
+                                                     key=lambda kv: kv[1]))
+        text.append(f"strategies: {others}\n", styles["dim"])
+
+        tensor = self.selected_tensor()
+        blame = model.blame(tensor["node"]) if tensor else None
+        sharers = {id(t) for t in blame.sharers} if blame else set()
+        info = self._info(model, tensor, blame, styles)
+
+        steps = max(model.steps, 1)
+        width = max(self.size.width - LABEL, 8)
+        per_step = max(width // steps, 1)
+        cols = min(width, steps * per_step)
+        # 3 rows above the map (sizes, strategies, axis), the curve and the info below.
+        rows = max(self.size.height - 3 - 1 - (info.plain.count("\n") + 1), 3)
+        arena = max(stats["arena"], 1)
+        per_row = arena / rows
+        grid: list[list[dict | None]] = [[None] * cols for _ in range(rows)]
+        col_of = lambda step: min(int(step * cols / steps), cols - 1)
+        # Big blocks first, so small ones drawn later stay visible on top.
+        for t in sorted(model.arena_tensors(), key=lambda t: -t["nbytes"]):
+            c0, c1 = col_of(t["first_step"]), col_of(t["last_step"] + 1) - 1
+            c1 = max(c0, c1 if t["last_step"] + 1 < steps else cols - 1)
+            r0 = min(int(t["offset"] / per_row), rows - 1)
+            r1 = max(r0, min(int((t["offset"] + t["nbytes"] - 1) / per_row), rows - 1))
+            for r in range(r0, r1 + 1):
+                for c in range(c0, c1 + 1):
+                    grid[r][c] = t
+        if tensor is not None and tensor["offset"] is not None:  # the selection on top
+            c0 = col_of(tensor["first_step"])
+            c1 = max(c0, col_of(tensor["last_step"] + 1) - 1)
+            r0 = min(int(tensor["offset"] / per_row), rows - 1)
+            r1 = max(r0, min(int((tensor["offset"] + tensor["nbytes"] - 1) / per_row),
+                             rows - 1))
+            for r in range(r0, r1 + 1):
+                for c in range(c0, c1 + 1):
+                    grid[r][c] = tensor
+        self._grid = grid
+
+        text.append("step →".rjust(LABEL - 1) + " ", styles["dim"])
+        axis = [" "] * cols
+        for step in range(0, steps, max(1, steps // max(cols // 8, 1))):
+            label = f"┊{step}"
+            c = col_of(step)
+            if all(axis[c + k] == " " for k in range(min(len(label) + 1, cols - c))):
+                for k, ch in enumerate(label[: cols - c]):
+                    axis[c + k] = ch
+        text.append("".join(axis) + "\n", styles["axis"])
+        self._map_top = 3
+        for r, line in enumerate(grid):
+            label = fmt_bytes(r * per_row).replace(" ", "") if r % 2 == 0 else ""
+            text.append(f"{label:>{LABEL - 1}} ", styles["axis"])
+            c = 0
+            while c < cols:
+                owner = line[c]
+                end = c
+                while end + 1 < cols and line[end + 1] is owner:
+                    end += 1
+                n = end - c + 1
+                if owner is None:
+                    text.append("·" * n, styles["axis"])
+                elif owner is tensor:
+                    text.append("█" * n, styles["sel"].replace("reverse ", ""))
+                elif id(owner) in sharers:
+                    text.append("▓" * n, styles["edge_sel"])
+                else:
+                    body = "█" * n
+                    if n > 1:
+                        body = body[:-1] + "▌"
+                    text.append(body, palette.bar_color(owner["node"], app.dark))
+                c = end + 1
+            text.append("\n")
+        # The live-bytes curve: the most bytes alive in each column's steps.
+        text.append(f"{'live':<{LABEL}}", styles["dim"])
+        peak = max(model.live.values(), default=0) or 1
+        for c in range(cols):
+            lo, hi = c * steps // cols, max((c + 1) * steps // cols, c * steps // cols + 1)
+            value = max((model.live.get(s, 0) for s in range(lo, hi)), default=0)
+            text.append(SPARK[min(int(value / peak * (len(SPARK) - 1) + 0.5),
+                                  len(SPARK) - 1)], styles["ok"])
+        text.append("\n")
+        text.append_text(info)
+        return text
+
+    def _info(self, model, tensor: dict | None, blame, styles: dict) -> Text:
+        text = Text(end="")
+        app = self.tapp
+        if tensor is None:
+            what = model.final_id(app.selected) if app.selected else None
+            text.append(f"{what or app.selected or 'nothing'}: ", styles["edge_sel"])
+            text.append("holds no memory of its own (no tensor in the plan)", styles["dim"])
+            return text
+        text.append(tensor["node"], styles["edge_sel"])
+        where = "outside the arena" if tensor["offset"] is None else \
+            f"offset {tensor['offset']}"
+        text.append(f"  {where}, {fmt_bytes(tensor['nbytes'])}, steps "
+                    f"{tensor['first_step']}–{tensor['last_step']}, {tensor['kind']}\n",
+                    styles["near"])
+        text.append(f"  why: {tensor['reason']}\n", styles["wait"])
+        if blame is not None:
+            if blame.inplace_of is not None:
+                text.append(f"  in place of {blame.inplace_of['node']}\n", styles["near"])
+            if blame.took_from is not None:
+                text.append(f"  took the space of {blame.took_from['node']} (freed after "
+                            f"step {blame.took_from['last_step']})\n", styles["near"])
+            if blame.sharers:
+                names = ", ".join(t["node"] for t in blame.sharers[:12])
+                more = f" +{len(blame.sharers) - 12}" if len(blame.sharers) > 12 else ""
+                text.append(f"  ▓ shared its bytes with {len(blame.sharers)}: {names}{more}",
+                            styles["edge_sel"])
+            elif tensor["offset"] is not None:
+                text.append("  no other tensor used these bytes", styles["dim"])
+        return text
+
+    def on_click(self, event: Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        r, c = offset.y - self._map_top, offset.x - LABEL
+        if 0 <= r < len(self._grid) and 0 <= c < len(self._grid[r]) and self._grid[r][c]:
+            self.tapp.select(self._grid[r][c]["node"])

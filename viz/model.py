@@ -1,0 +1,359 @@
+"""What the debugger knows about a record: indexes built once, questions answered fast.
+
+A DebugRecord (tinyflow/trace.py) is plain data. The views ask it the same questions
+over and over while the user moves the cursor: which step ran this node, which
+timeline event, which tensor holds it, what a pass added and removed, which events
+lie on the critical path, which tensors shared this block of the arena. `RecordModel`
+builds the indexes for those questions once, in the loading worker, so moving the
+cursor never scans the record. Nothing here imports Textual: it is tested on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinyflow import trace
+
+
+@dataclass
+class PassInfo:
+    """One pipeline stage: its graph, what changed, and the rewrites that changed it."""
+
+    index: int                 # position in record["graphs"]
+    name: str
+    seconds: float
+    changed: bool
+    nodes_before: int
+    nodes_after: int
+    added: list[str] = field(default_factory=list)     # ids new in this graph
+    removed: list[str] = field(default_factory=list)   # ids of the previous graph gone
+    rewrites: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Blame:
+    """Why a tensor sits where it does in the arena (the memory view's answer)."""
+
+    tensor: dict
+    took_from: dict | None           # the freed tensor whose space it took, if any
+    inplace_of: dict | None          # the input it overwrites in place, if any
+    sharers: list[dict]              # every other tensor that used any of its bytes
+
+
+class RecordModel:
+    """Indexes over one record. Cheap to query; built once per loaded record."""
+
+    def __init__(self, record: dict, source: str = "") -> None:
+        self.record = record
+        self.source = source
+        self.meta = record["meta"]
+        self.graphs: list[dict] = record["graphs"]
+        self._nodes: dict[int, dict[str, dict]] = {}
+        self._consumers: dict[int, dict[str, list[str]]] = {}
+        self.streams: dict[int, str] = {s["id"]: s["name"] for s in record["streams"]}
+        self.schedule: list[dict] = record["schedule"]
+        self.step_of: dict[str, int] = {e["node"]: e["step"] for e in self.schedule}
+        self.entry_of_step: dict[int, dict] = {e["step"]: e for e in self.schedule}
+        self.plan: dict | None = record["memory_plan"]
+        self.tensors: list[dict] = self.plan["tensors"] if self.plan else []
+        self.tensor_of: dict[str, dict] = {t["node"]: t for t in self.tensors}
+        self.timelines: list[dict] = record["timelines"]
+        for timeline in self.timelines:
+            for event in timeline["events"]:
+                self.streams.setdefault(event["stream"], f"stream{event['stream']}")
+        self._events_of: dict[int, dict[str, dict]] = {}
+        self._lanes: dict[int, dict[int, list[dict]]] = {}
+        self._critical: dict[int, set[int]] = {}
+        self.passes = self._pass_infos()
+        self._provenance: dict[str, str] | None = None
+        self.live = trace.live_bytes_per_step(record)
+
+    # -- graphs and passes -----------------------------------------------------------
+
+    @property
+    def last(self) -> int:
+        """Index of the graph that ran (the last pass's output)."""
+        return len(self.graphs) - 1
+
+    def nodes(self, index: int | None = None) -> dict[str, dict]:
+        """{id: node} of graph `index` (default: the last), in topological order."""
+        index = self.last if index is None else index
+        if index < 0:
+            return {}
+        if index not in self._nodes:
+            self._nodes[index] = {n["id"]: n for n in self.graphs[index]["nodes"]}
+        return self._nodes[index]
+
+    def consumers(self, index: int | None = None) -> dict[str, list[str]]:
+        """{id: ids of the nodes that read it} in graph `index`."""
+        index = self.last if index is None else index
+        if index not in self._consumers:
+            users: dict[str, list[str]] = {n: [] for n in self.nodes(index)}
+            for node in self.nodes(index).values():
+                for inp in node["inputs"]:
+                    users[inp].append(node["id"])
+            self._consumers[index] = users
+        return self._consumers[index]
+
+    def _pass_infos(self) -> list[PassInfo]:
+        infos = []
+        by_pass: dict[str, list[dict]] = {}
+        for rw in self.record["rewrites"]:
+            by_pass.setdefault(rw["pass"], []).append(rw)
+        previous: list[str] = []
+        for k, graph in enumerate(self.graphs):
+            ids = [n["id"] for n in graph["nodes"]]
+            if k == 0:
+                added, removed = [], []
+            else:
+                now, before = set(ids), set(previous)
+                added = [i for i in ids if i not in before]
+                removed = [i for i in previous if i not in now]
+            infos.append(PassInfo(k, graph["pass"], graph["seconds"], graph["changed"],
+                                  len(previous) if k else len(ids), len(ids), added, removed,
+                                  by_pass.get(graph["pass"], []) if k else []))
+            previous = ids
+        return infos
+
+    def changed_passes(self) -> list[int]:
+        """Indexes of the graphs worth stepping to: the input and every pass that
+        changed something (the no-op passes are folded away)."""
+        return [p.index for p in self.passes if p.index == 0 or p.changed]
+
+    def find_in(self, node_id: str, index: int) -> str | None:
+        """The id in graph `index` that stands for `node_id` (itself, or the node
+        whose provenance lists it, e.g. the fused node it became)."""
+        nodes = self.nodes(index)
+        if node_id in nodes:
+            return node_id
+        if index == self.last:
+            return self.final_id(node_id)
+        for node in nodes.values():
+            if node_id in node["provenance"]:
+                return node["id"]
+        return None
+
+    def locate(self, node_id: str, index: int) -> str | None:
+        """The id to show in the drawing of graph `index` for the cursor `node_id`:
+        the node itself (also when pass `index` removed it: the drawing shows it
+        struck through), the node that took it over (fused, rewritten), or, for a
+        node that only exists later, the first of its provenance found here."""
+        if node_id in self.nodes(index) or node_id in self.passes[index].removed:
+            return node_id
+        found = self.find_in(node_id, index)
+        if found:
+            return found
+        for k in range(len(self.graphs) - 1, -1, -1):
+            node = self.nodes(k).get(node_id)
+            if node is not None:
+                for origin in node["provenance"]:
+                    if origin != node_id and (origin in self.nodes(index)):
+                        return origin
+                break
+        return None
+
+    def final_id(self, node_id: str) -> str | None:
+        """The node of the program that ran which stands for `node_id`."""
+        final = self.nodes()
+        if node_id in final:
+            return node_id
+        if self._provenance is None:
+            self._provenance = {}
+            for node in final.values():
+                for p in node["provenance"]:
+                    self._provenance.setdefault(p, node["id"])
+            # A node that a rewrite removed maps to what the rewrite added.
+            for rw in self.record["rewrites"]:
+                for gone in rw["removed"]:
+                    for new in rw["added"]:
+                        if new in final:
+                            self._provenance.setdefault(gone, new)
+        return self._provenance.get(node_id)
+
+    def fate(self, node_id: str) -> str | None:
+        """One line: which pass removed `node_id` and why (None if it survived)."""
+        for p in self.passes:
+            if node_id in p.removed:
+                reasons = [rw["reason"] for rw in p.rewrites if node_id in rw["removed"]]
+                into = self.final_id(node_id)
+                text = f"removed by {p.name}"
+                if reasons:
+                    text += f": {reasons[0]}"
+                if into and into != node_id:
+                    text += f" (now {into})"
+                return text
+        return None
+
+    # -- runs and the timeline -------------------------------------------------------
+
+    def events_of(self, run: int) -> dict[str, dict]:
+        """{node id: its step's event} in timeline `run` (events with a step only)."""
+        if not self.timelines:
+            return {}
+        if run not in self._events_of:
+            self._events_of[run] = {e["node"]: e for e in self.timelines[run]["events"]
+                                    if e["step"] is not None}
+        return self._events_of[run]
+
+    def lanes(self, run: int) -> dict[int, list[dict]]:
+        """{stream: its events sorted by start} of timeline `run`; every stream of
+        the record gets a lane, also an empty one."""
+        if run not in self._lanes:
+            lanes: dict[int, list[dict]] = {s: [] for s in sorted(self.streams)}
+            if self.timelines:
+                for event in self.timelines[run]["events"]:
+                    lanes.setdefault(event["stream"], []).append(event)
+            for events in lanes.values():
+                events.sort(key=lambda e: (e["start"], e["end"]))
+            self._lanes[run] = lanes
+        return self._lanes[run]
+
+    def span(self, run: int) -> tuple[float, float]:
+        events = self.timelines[run]["events"] if self.timelines else []
+        if not events:
+            return 0.0, 1e-6
+        return min(e["start"] for e in events), max(e["end"] for e in events)
+
+    def critical_path(self, run: int) -> set[int]:
+        """ids (Python id()) of the events on the critical path of timeline `run`.
+
+        Walk back from the event that ends last; at each event, step to whichever
+        predecessor finished last (an input's step, the previous event on the same
+        stream, or the step it waited on): that is what it was waiting for. The
+        result is the chain of work that decided the run's length.
+        """
+        if run in self._critical:
+            return self._critical[run]
+        events = self.timelines[run]["events"] if self.timelines else []
+        path: set[int] = set()
+        if events:
+            by_node = self.events_of(run)
+            previous: dict[int, dict | None] = {}
+            for lane in self.lanes(run).values():
+                before = None
+                for event in lane:
+                    previous[id(event)] = before
+                    before = event
+            nodes = self.nodes()
+            event = max(events, key=lambda e: e["end"])
+            while event is not None and id(event) not in path:
+                path.add(id(event))
+                candidates = [previous.get(id(event))]
+                node = nodes.get(event["node"]) if event["step"] is not None else None
+                if node is not None:
+                    candidates += [by_node.get(i) for i in node["inputs"]]
+                    entry = self.entry_of_step.get(event["step"])
+                    for wait in entry["waits"] if entry else ():
+                        producer = self.entry_of_step.get(wait["step"])
+                        if producer:
+                            candidates.append(by_node.get(producer["node"]))
+                candidates = [c for c in candidates
+                              if c is not None and c["end"] <= event["start"] + 1e-9]
+                event = max(candidates, key=lambda e: e["end"]) if candidates else None
+        self._critical[run] = path
+        return path
+
+    def waits_of(self, node_id: str, run: int) -> list[str]:
+        """Plain sentences: which events the step of `node_id` waited on, and how
+        long the gap before it on its own stream was."""
+        step = self.step_of.get(node_id)
+        if step is None:
+            return []
+        entry = self.entry_of_step[step]
+        events = self.events_of(run)
+        lines = []
+        for wait in entry["waits"]:
+            producer = self.entry_of_step.get(wait["step"], {})
+            name = producer.get("node", "?")
+            text = (f"waits on event {wait['event']}: {name} (step {wait['step']}) "
+                    f"on {self.streams.get(wait['stream'], wait['stream'])}")
+            done, mine = events.get(name), events.get(node_id)
+            if done and mine:
+                text += f", ready {fmt_time(max(0.0, mine['start'] - done['end']))} before start"
+            lines.append(text)
+        mine = events.get(node_id)
+        if mine:
+            lane = self.lanes(run)[mine["stream"]]
+            k = next(i for i, e in enumerate(lane) if e is mine)
+            if k:
+                gap = mine["start"] - lane[k - 1]["end"]
+                if gap > 0:
+                    lines.append(f"idle {fmt_time(gap)} on "
+                                 f"{self.streams[mine['stream']]} before it started")
+        return lines
+
+    def first_nonfinite(self, run: int) -> str | None:
+        """The first node whose value held a NaN or Inf: the check's answer if the
+        run stopped at one, else the earliest such step of timeline `run`."""
+        check = self.record.get("check")
+        if check:
+            return check["node"]
+        if not self.timelines:
+            return None
+        bad = [e for e in self.timelines[run]["events"] if e["step"] is not None
+               and e.get("summary") and (e["summary"]["nan"] or e["summary"]["inf"])]
+        return min(bad, key=lambda e: (e["start"], e["step"]))["node"] if bad else None
+
+    # -- memory ----------------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        return len(self.schedule)
+
+    def arena_tensors(self) -> list[dict]:
+        return [t for t in self.tensors if t["offset"] is not None]
+
+    def blame(self, node_id: str) -> Blame | None:
+        """Why the tensor of `node_id` sits where it does: the freed tensor whose
+        space it took, the input it overwrote in place, and all that shared its
+        bytes over the run. None when the node has no tensor in the arena."""
+        tensor = self.tensor_of.get(node_id)
+        if tensor is None:
+            return None
+        inplace = self.tensor_of.get(tensor["inplace_of"]) if tensor["inplace_of"] else None
+        if tensor["offset"] is None:
+            return Blame(tensor, None, inplace, [])
+        lo, hi = tensor["offset"], tensor["offset"] + max(tensor["nbytes"], 1)
+        sharers = [t for t in self.arena_tensors() if t is not tensor
+                   and t["offset"] < hi and lo < t["offset"] + max(t["nbytes"], 1)]
+        earlier = [t for t in sharers if t["last_step"] < tensor["first_step"]]
+        took = max(earlier, key=lambda t: (t["last_step"], t["nbytes"])) if earlier else None
+        sharers.sort(key=lambda t: (t["first_step"], t["offset"]))
+        return Blame(tensor, took, inplace, sharers)
+
+    def stats(self) -> dict[str, Any]:
+        """Arena, naive and lower-bound bytes and the reuse ratio (naive / arena)."""
+        if not self.plan:
+            return {}
+        arena = self.plan["arena_bytes"]
+        return {"strategy": self.plan["strategy"], "arena": arena,
+                "naive": self.plan["naive_bytes"], "lower_bound": self.plan["lower_bound_bytes"],
+                "reuse": self.plan["naive_bytes"] / arena if arena else 0.0,
+                "strategies": self.plan["strategies"]}
+
+
+def fmt_bytes(n: float | None) -> str:
+    """1536 -> '1.5 KiB'."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def fmt_time(seconds: float) -> str:
+    """Seconds as a short human unit: '12.3µs', '4.56ms', '1.20s'."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f}µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f}ms"
+    return f"{seconds:.2f}s"
+
+
+def fmt_shape(shape: list | None) -> str:
+    if shape is None:
+        return "?"
+    return "x".join(str(d) for d in shape) if shape else "scalar"

@@ -1,0 +1,43 @@
+"""Colors of the debugger, one set for dark terminals and one for light ones.
+
+Views draw with style *names* ("added", "edge", "crit", ...); this module maps the
+names to Rich styles for the current theme, so every view stays readable when the
+user switches themes (``d``). Colors are chosen to keep contrast on both
+backgrounds, and meaning never rests on color alone: the selected node is also
+reversed, removed nodes are struck through, the critical path has its own marker.
+"""
+
+from __future__ import annotations
+
+DARK = {
+    "node": "#7aa2f7", "back": "#bb9af7", "added": "bold #9ece6a",
+    "removed": "strike #f7768e", "scope": "#7dcfff", "nan": "bold #ff5f5f",
+    "edge": "#6b7394", "edge_sel": "bold #e0af68", "near": "bold #c0caf5",
+    "sel": "bold reverse #e0af68", "dim": "#7a7f99", "crit": "bold #ff9e64",
+    "axis": "#7a7f99", "title": "bold #c0caf5", "ok": "#9ece6a", "warn": "bold #ff9e64",
+    "wait": "#e0af68", "key": "bold #7dcfff",
+}
+LIGHT = {
+    "node": "#1f4fa8", "back": "#6b3fa0", "added": "bold #2e7d32",
+    "removed": "strike #c62828", "scope": "#00695c", "nan": "bold #b00020",
+    "edge": "#8a8a8a", "edge_sel": "bold #b25f00", "near": "bold #1a1a1a",
+    "sel": "bold reverse #b25f00", "dim": "#6e6e6e", "crit": "bold #d84315",
+    "axis": "#6e6e6e", "title": "bold #1a1a1a", "ok": "#2e7d32", "warn": "bold #c62828",
+    "wait": "#9a5b00", "key": "bold #00695c",
+}
+# Bar colors for the timeline and the memory map: foreground on the terminal's
+# background for blocks drawn with "█", picked by op (timeline) or tensor (memory).
+BARS_DARK = ["#7aa2f7", "#9ece6a", "#bb9af7", "#7dcfff", "#e0af68", "#f7768e",
+             "#73daca", "#ff9e64", "#c3e88d", "#82aaff"]
+BARS_LIGHT = ["#1f4fa8", "#2e7d32", "#6b3fa0", "#00838f", "#9a5b00", "#c62828",
+              "#00695c", "#d84315", "#558b2f", "#3949ab"]
+
+
+def styles(dark: bool) -> dict[str, str]:
+    return DARK if dark else LIGHT
+
+
+def bar_color(key: str, dark: bool) -> str:
+    """A stable color for `key` (an op name, a tensor id): the same on every run."""
+    colors = BARS_DARK if dark else BARS_LIGHT
+    return colors[sum(key.encode()) * 2654435761 % 2**32 % len(colors)]

@@ -1,0 +1,293 @@
+"""The timeline view: what ran where and when, one lane per stream.
+
+Each step of a run is a bar on its stream's lane, to scale (zoom ``+``/``-``, pan
+``,``/``.``, ``0`` to fit). Under each lane a ``━`` marks the critical path, the
+chain of steps that decided how long the run took (see `RecordModel.critical_path`).
+The gap before a step that waited on another stream is drawn ``┄`` and listed
+below with the event it waited on. Communication (ring allreduce chunks) has its own
+"comm" lane. ``r`` switches between the runs the record holds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual.events import Click
+from textual.widget import Widget
+
+from viz import palette
+from viz.model import fmt_bytes, fmt_shape, fmt_time
+
+if TYPE_CHECKING:
+    from viz.app import DebuggerApp
+
+LABEL = 10   # columns for the lane names
+
+
+class TimelineView(Widget):
+    """Lanes of bars; the bar under the shared cursor is highlighted."""
+
+    DEFAULT_CSS = """
+    TimelineView { height: 1fr; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.zoom = 1.0
+        self.view_start: float | None = None
+        self.cursor: dict | None = None   # the event under the cursor
+        self._lane_rows: dict[int, int] = {}  # row on screen -> stream
+        self._cells: dict[int, list] = {}      # stream -> owner event per column
+
+    @property
+    def tapp(self) -> DebuggerApp:
+        return self.app  # type: ignore[return-value]
+
+    def sync(self) -> None:
+        self.refresh()
+
+    # -- the cursor ------------------------------------------------------------------
+
+    def current_event(self) -> dict | None:
+        """The event to highlight: the one moved to here if it still belongs to the
+        selected node, else the step event of the selected node."""
+        app = self.tapp
+        model = app.model
+        if model is None or not model.timelines or app.selected is None:
+            return None
+        final = model.final_id(app.selected)
+        if self.cursor is not None and self.cursor["node"] == final and \
+                any(e is self.cursor for e in model.timelines[app.run_index]["events"]):
+            return self.cursor
+        return model.events_of(app.run_index).get(final) if final else None
+
+    def move(self, direction: str) -> dict | None:
+        """The event the cursor goes to: left/right along the lane, up/down to the
+        nearest event in time on the lane above/below."""
+        model = self.tapp.model
+        if model is None or not model.timelines:
+            return None
+        run = self.tapp.run_index
+        lanes = model.lanes(run)
+        current = self.current_event()
+        streams = [s for s in lanes if lanes[s]]
+        if not streams:
+            return None
+        if current is None:
+            return lanes[streams[0]][0]
+        lane = lanes[current["stream"]]
+        k = next(i for i, e in enumerate(lane) if e is current)
+        if direction in ("left", "right"):
+            k += -1 if direction == "left" else 1
+            return lane[k] if 0 <= k < len(lane) else None
+        s = streams.index(current["stream"]) + (-1 if direction == "up" else 1)
+        if not 0 <= s < len(streams):
+            return None
+        middle = (current["start"] + current["end"]) / 2
+        return min(lanes[streams[s]], key=lambda e: abs((e["start"] + e["end"]) / 2 - middle))
+
+    def choose(self, event: dict | None) -> None:
+        if event is not None:
+            self.cursor = event
+            self.tapp.select(event["node"])
+            self.keep_visible(event)
+
+    def keep_visible(self, event: dict) -> None:
+        start, width = self.window()
+        if event["start"] < start or event["end"] > start + width:
+            self.view_start = max(0.0, (event["start"] + event["end"]) / 2 - width / 2)
+        self.refresh()
+
+    # -- zoom and pan --------------------------------------------------------------------
+
+    def window(self) -> tuple[float, float]:
+        """(start, width) in seconds of the visible part of the run."""
+        model = self.tapp.model
+        t0, t1 = model.span(self.tapp.run_index) if model else (0.0, 1e-6)
+        width = (t1 - t0) / self.zoom or 1e-9
+        start = t0 if self.view_start is None else self.view_start
+        start = min(max(start, t0), max(t0, t1 - width))
+        return start, width
+
+    def zoom_by(self, factor: float) -> None:
+        start, width = self.window()
+        event = self.current_event()
+        middle = (event["start"] + event["end"]) / 2 if event else start + width / 2
+        self.zoom = min(max(self.zoom * factor, 1.0), 4096.0)
+        t0, t1 = self.tapp.model.span(self.tapp.run_index) if self.tapp.model else (0, 1e-6)
+        self.view_start = middle - (t1 - t0) / self.zoom / 2
+        self.refresh()
+
+    def pan(self, fraction: float) -> None:
+        start, width = self.window()
+        self.view_start = start + fraction * width
+        self.refresh()
+
+    def reset(self) -> None:
+        self.zoom, self.view_start = 1.0, None
+        self.refresh()
+
+    # -- drawing ---------------------------------------------------------------------
+
+    def render(self) -> Text:
+        app = self.tapp
+        model = app.model
+        styles = palette.styles(app.dark)
+        text = Text(no_wrap=True, overflow="ellipsis", end="")
+        if model is None:
+            return text
+        if not model.timelines:
+            text.append("This record holds no timeline: run the program with tracing on\n"
+                        "(tf.debug.record(...) around Session.run, or tinyflow train "
+                        "--trace).", styles["dim"])
+            return text
+        run = app.run_index
+        timeline = model.timelines[run]
+        width = max(self.size.width - LABEL, 10)
+        start, span = self.window()
+        per_col = span / width
+        critical = model.critical_path(run)
+        selected = self.current_event()
+        t0, t1 = model.span(run)
+        crit_time = sum(e["end"] - e["start"] for e in timeline["events"]
+                        if id(e) in critical)
+
+        text.append(f"run {run + 1}/{len(model.timelines)} ", styles["title"])
+        text.append(f"{timeline['label']} · {fmt_time(t1 - t0)} · zoom {self.zoom:g}x · ",
+                    styles["dim"])
+        text.append("━ critical path", styles["crit"])
+        text.append(f" {len(critical)} steps, busy {fmt_time(crit_time)}\n", styles["dim"])
+        # Time axis: a tick label every ~12 columns.
+        axis = [" "] * width
+        col = 0
+        while col < width - 6:
+            label = "┊" + fmt_time(max(0.0, start + col * per_col - t0))
+            for k, ch in enumerate(label):
+                if col + k < width:
+                    axis[col + k] = ch
+            col += max(len(label) + 2, 12)
+        text.append(" " * LABEL + "".join(axis) + "\n", styles["axis"])
+
+        self._lane_rows.clear()
+        self._cells.clear()
+        row = 2
+        for stream, events in model.lanes(run).items():
+            owners = self._owners(events, start, per_col, width)
+            if selected is not None and selected["stream"] == stream:
+                c0 = int((selected["start"] - start) / per_col)
+                c1 = max(c0, int((selected["end"] - start) / per_col - 1e-9))
+                for c in range(max(c0, 0), min(c1, width - 1) + 1):
+                    owners[c] = selected
+            self._cells[stream] = owners
+            self._lane_rows[row] = stream
+            name = model.streams.get(stream, str(stream))
+            text.append(f"{name[:LABEL - 1]:<{LABEL}}", styles["title"])
+            self._bars(text, owners, selected, styles, app.dark, start, per_col, model,
+                       run)
+            text.append("\n")
+            text.append(" " * LABEL)
+            for owner in owners:
+                on_path = owner is not None and id(owner) in critical
+                text.append("━" if on_path else " ", styles["crit"] if on_path else None)
+            text.append("\n")
+            row += 2
+
+        text.append("\n")
+        if selected is None:
+            what = app.selected or "nothing"
+            text.append(f"{what}: no step in this run ", styles["dim"])
+            text.append("(sources and constants folded away do not run)\n", styles["dim"])
+        else:
+            node = model.nodes().get(selected["node"], {})
+            text.append(f"{selected['node']}", styles["edge_sel"])
+            text.append(f"  {selected['op']} {fmt_shape(node.get('shape'))} on "
+                        f"{model.streams.get(selected['stream'])}"
+                        f"  {fmt_time(selected['start'] - t0)} → "
+                        f"{fmt_time(selected['end'] - t0)}"
+                        f" ({fmt_time(selected['end'] - selected['start'])}) "
+                        f"{fmt_bytes(selected['bytes'])}", styles["near"])
+            if id(selected) in critical:
+                text.append("  on the critical path", styles["crit"])
+            text.append("\n")
+            if selected.get("args"):
+                args = ", ".join(f"{k}={v}" for k, v in selected["args"].items())
+                text.append(f"  {args}\n", styles["dim"])
+            if selected["step"] is not None:
+                for line in model.waits_of(selected["node"], run) or ["no cross-stream waits"]:
+                    text.append(f"  {line}\n", styles["wait"])
+        return text
+
+    @staticmethod
+    def _owners(events: list[dict], start: float, per_col: float, width: int) -> list:
+        """For each column, the event that covers most of it (None: idle)."""
+        owners: list = [None] * width
+        cover = [0.0] * width
+        for event in events:
+            if event["end"] < start or event["start"] > start + per_col * width:
+                continue
+            c0 = max(int((event["start"] - start) / per_col), 0)
+            c1 = min(int((event["end"] - start) / per_col), width - 1)
+            for c in range(c0, c1 + 1):
+                lo = max(event["start"], start + c * per_col)
+                hi = min(event["end"], start + (c + 1) * per_col)
+                # A step shorter than a column still shows: its share is at least tiny.
+                share = max(hi - lo, 1e-15)
+                if share > cover[c]:
+                    cover[c], owners[c] = share, event
+        return owners
+
+    def _bars(self, text: Text, owners: list, selected: dict | None, styles: dict,
+              dark: bool, start: float, per_col: float, model, run: int) -> None:
+        # The idle gap before the selected step, when it waited on another stream.
+        gap = set()
+        if selected is not None and selected["step"] is not None and \
+                model.entry_of_step[selected["step"]]["waits"]:
+            lane = model.lanes(run)[selected["stream"]]
+            k = next(i for i, e in enumerate(lane) if e is selected)
+            idle_from = lane[k - 1]["end"] if k else model.span(run)[0]
+            for c in range(len(owners)):
+                t = start + (c + 0.5) * per_col
+                if idle_from <= t < selected["start"] and owners[c] is None:
+                    gap.add(c)
+        c = 0
+        width = len(owners)
+        while c < width:
+            owner = owners[c]
+            if owner is None:
+                text.append("┄" if c in gap else " ", styles["wait"] if c in gap else None)
+                c += 1
+                continue
+            end = c
+            while end + 1 < width and owners[end + 1] is owner:
+                end += 1
+            n = end - c + 1
+            color = bar_style = palette.bar_color(owner["op"], dark)
+            if owner is selected:
+                bar_style = styles["sel"]
+            label = owner["op"] if n >= len(owner["op"]) + 2 else ""
+            if label:
+                body = (" " + label).ljust(n)
+                ink = "black" if dark else "white"
+                text.append(body, styles["sel"] if owner is selected
+                            else f"bold {ink} on {color}")
+            else:
+                body = "█" * n
+                # The last cell of a bar followed by another bar: a half block, so
+                # neighbours of the same color stay two bars.
+                if n > 1 and end + 1 < width and owners[end + 1] is not None:
+                    body = body[:-1] + "▌"
+                text.append(body, bar_style)
+            c = end + 1
+
+    def on_click(self, event: Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        stream = self._lane_rows.get(offset.y)
+        if stream is None or offset.x < LABEL:
+            return
+        owners = self._cells.get(stream, [])
+        col = offset.x - LABEL
+        if 0 <= col < len(owners) and owners[col] is not None:
+            self.choose(owners[col])
