@@ -166,7 +166,8 @@ def print_table(rows: list[dict], title: str) -> None:
             else f"{value:.0f}"
         table.add_row(row["name"], shown, row["goal"],
                       f"[{style[row['met']]}]{row['met']}[/]", row["unit"], row["note"])
-    Console().print(table)
+    # Piped output (CI logs, `| tee`) gets room for the notes instead of 80 columns.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def json_safe(rows: list[dict]) -> list[dict]:
