@@ -478,8 +478,20 @@ _unary("relu", _relu_compute,
        lambda n, g: [g * cast(n.inputs[0] > 0.0, g.dtype)], "max(x, 0)")
 _unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation")
 _unary("abs", _ufunc_compute("absolute"), lambda n, g: [g * sign(n.inputs[0])], "|x|")
-register(OpDef("sign", _ufunc_compute("sign"), _infer_same, None, elementwise=True,
-               inplace=0, differentiable=False, doc="-1, 0 or 1"))
+
+
+def zero_gradient(node: Node, grad: Node) -> list[None]:
+    """The gradient of an op whose value stays put when its inputs' values move a
+    little (only their shapes or signs matter): None, i.e. zero, for every input.
+
+    Such an op still needs this gradient rather than none at all: gradients of
+    gradients pass through it (``ones_like`` seeds every backward pass).
+    """
+    return [None] * len(node.inputs)
+
+
+register(OpDef("sign", _ufunc_compute("sign"), _infer_same, zero_gradient, elementwise=True,
+               inplace=0, doc="-1, 0 or 1 (zero gradient, as TF)"))
 
 
 def _cast_compute(xp, x, out=None, dtype="float32"):
@@ -533,10 +545,12 @@ def _ones_like_compute(xp, x, out=None):
     return out
 
 
-register(OpDef("zeros_like", _zeros_like_compute, _infer_same, None, elementwise=True,
-               differentiable=False, doc="zeros of x's shape and dtype"))
-register(OpDef("ones_like", _ones_like_compute, _infer_same, None, elementwise=True,
-               differentiable=False, doc="ones of x's shape and dtype"))
+# Both appear in gradient graphs (the seed of `gradients`, the zeros of `where`'s
+# gradient), so a second derivative reaches them: they need their zero gradient.
+register(OpDef("zeros_like", _zeros_like_compute, _infer_same, zero_gradient,
+               elementwise=True, doc="zeros of x's shape and dtype"))
+register(OpDef("ones_like", _ones_like_compute, _infer_same, zero_gradient,
+               elementwise=True, doc="ones of x's shape and dtype"))
 
 
 # ----------------------------------------------------------------------------------
@@ -687,8 +701,8 @@ def _count_ratio_compute(xp, y, x, out=None):
     return xp.asarray(ratio, dtype=x.dtype)
 
 
-register(OpDef("count_ratio", _count_ratio_compute, lambda s, d, a: ((), d[1]), None,
-               differentiable=False, doc="size(a) / size(b), for gradients of means"))
+register(OpDef("count_ratio", _count_ratio_compute, lambda s, d, a: ((), d[1]),
+               zero_gradient, doc="size(a) / size(b), for gradients of means"))
 
 
 def count_ratio(y: Node, x: Node) -> Node:
