@@ -25,6 +25,7 @@ from tinyflow.ops import (
     normalize_axes,
     register,
     sum_to_like,
+    zeros_like,
 )
 
 
@@ -209,8 +210,18 @@ def _concat_part_compute(xp, g, *inputs, out=None, axis=0, part=0):
 
 register(OpDef("concat", _concat_compute, _concat_infer, _concat_grad,
                doc="join arrays along an axis"))
+
+
+def _concat_part_grad(n, g):
+    # The adjoint of taking a slice: g written into zeros at that slice, i.e. a concat
+    # of g with zeros shaped like the other parts. The parts only give shapes.
+    part, parts = n.attrs["part"], n.inputs[1:]
+    pieces = [g if i == part else zeros_like(x) for i, x in enumerate(parts)]
+    return [make("concat", *pieces, axis=n.attrs["axis"])] + [None] * len(parts)
+
+
 register(OpDef("concat_part", _concat_part_compute,
-               lambda s, d, a: (tuple(s[1 + a["part"]]), d[0]), None, differentiable=False,
+               lambda s, d, a: (tuple(s[1 + a["part"]]), d[0]), _concat_part_grad,
                doc="the slice of a concat's gradient that belongs to input `part`"))
 
 
