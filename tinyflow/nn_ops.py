@@ -27,6 +27,7 @@ from tinyflow.ops import (
     reduce_sum,
     register,
     sum_to_like,
+    zero_gradient,
 )
 
 # ----------------------------------------------------------------------------------
@@ -143,13 +144,30 @@ def _conv_grad(n, g):
             make("conv2d_grad_filter", g, x, w, **attrs)]
 
 
+# The two gradient kernels are linear in each of their first two inputs, so their
+# own gradients (needed for second derivatives) are convolutions again. With
+# conv2d(x, w) = A_w x = B_x w, the kernels are A_w^T g and B_x^T g, and
+#   <gg, A_w^T g> = <conv2d(gg, w), g>,   <gg, B_x^T g> = <conv2d(x, gg), g>.
+# The last input of each only gives a shape: no gradient flows into it.
+def _conv_grad_input_grad(n, gg):
+    g, w, x = n.inputs
+    return [make("conv2d", gg, w, **n.attrs), make("conv2d_grad_filter", g, gg, w, **n.attrs),
+            None]
+
+
+def _conv_grad_filter_grad(n, gg):
+    g, x, w = n.inputs
+    return [make("conv2d", x, gg, **n.attrs), make("conv2d_grad_input", g, gg, x, **n.attrs),
+            None]
+
+
 register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
                doc="2-D convolution, NCHW input, OIHW filters (im2col + matmul)"))
 register(OpDef("conv2d_grad_input", _conv_grad_input_compute,
-               lambda s, d, a: (tuple(s[2]), d[0]), None, differentiable=False,
+               lambda s, d, a: (tuple(s[2]), d[0]), _conv_grad_input_grad,
                doc="gradient of conv2d with respect to its input"))
 register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute,
-               lambda s, d, a: (tuple(s[2]), d[0]), None, differentiable=False,
+               lambda s, d, a: (tuple(s[2]), d[0]), _conv_grad_filter_grad,
                doc="gradient of conv2d with respect to its filters"))
 
 
@@ -176,20 +194,41 @@ def _pool_infer(shapes, dtypes, attrs):
             _out_size(x[3], kw, sw, padding)), dtypes[0]
 
 
+def _pool_infer_second(shapes, dtypes, attrs):
+    """Pooled shape of input 1 (x), dtype of input 0 (g)."""
+    shape, _ = _pool_infer(shapes[1:], dtypes[1:], attrs)
+    return shape, dtypes[0]
+
+
 def _max_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
     win = _windows(xp, x, *ksize, *stride, padding, fill=-np.inf)
     return _write(xp, win.max(axis=(4, 5)), out)
 
 
-def _max_pool_grad_compute(xp, g, x, y, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+def _first_max(xp, x, ksize, stride, padding):
+    """For each window of x, the position (0 .. kh*kw-1) of its first maximum."""
     win = _windows(xp, x, *ksize, *stride, padding, fill=-np.inf)
     n, c, oh, ow, kh, kw = win.shape
+    return win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)
+
+
+def _max_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
     # The gradient goes to the first max of each window (as cuDNN and PyTorch do).
-    flat = win.reshape(n, c, oh, ow, kh * kw)
-    first = flat.argmax(axis=-1)
+    kh, kw = ksize
+    first = _first_max(xp, x, ksize, stride, padding)
     onehot = (xp.arange(kh * kw) == first[..., None]).astype(g.dtype)
-    cols = (onehot * g[..., None]).reshape(n, c, oh, ow, kh, kw)
+    cols = (onehot * g[..., None]).reshape(g.shape + (kh, kw))
     return _write(xp, _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding), out)
+
+
+def _max_pool_pick_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+    # The adjoint of max_pool2d_grad: read g (shaped like x) where each window of x
+    # has its first max.
+    kh, kw = ksize
+    first = _first_max(xp, x, ksize, stride, padding)
+    win = _windows(xp, g, kh, kw, *stride, padding)
+    flat = win.reshape(win.shape[:4] + (kh * kw,))
+    return _write(xp, xp.take_along_axis(flat, first[..., None], axis=-1)[..., 0], out)
 
 
 def _avg_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
@@ -203,17 +242,26 @@ def _avg_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padd
     return _write(xp, _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding), out)
 
 
+# Which element of a window is its max does not move when x moves a little, so the
+# pooling gradients are linear in g with no gradient into x; their own gradients
+# (for second derivatives) are the adjoint linear maps: pick <-> scatter to the max,
+# avg_pool2d <-> avg_pool2d_grad.
 register(OpDef("max_pool2d", _max_pool_compute, _pool_infer,
-               lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], n, **n.attrs)],
+               lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], **n.attrs)],
                doc="max over each window"))
 register(OpDef("max_pool2d_grad", _max_pool_grad_compute,
-               lambda s, d, a: (tuple(s[1]), d[0]), None, differentiable=False,
-               doc="gradient of max_pool2d: to the first max of each window"))
+               lambda s, d, a: (tuple(s[1]), d[0]),
+               lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs), None],
+               doc="gradient of max_pool2d: g to the first max of each window of x"))
+register(OpDef("max_pool2d_pick", _max_pool_pick_compute, _pool_infer_second,
+               lambda n, gg: [make("max_pool2d_grad", gg, n.inputs[1], **n.attrs), None],
+               doc="g (shaped like x) read at the first max of each window of x"))
 register(OpDef("avg_pool2d", _avg_pool_compute, _pool_infer,
                lambda n, g: [make("avg_pool2d_grad", g, n.inputs[0], **n.attrs)],
                doc="mean over each window (padding counts as zeros)"))
 register(OpDef("avg_pool2d_grad", _avg_pool_grad_compute,
-               lambda s, d, a: (tuple(s[1]), d[0]), None, differentiable=False,
+               lambda s, d, a: (tuple(s[1]), d[0]),
+               lambda n, gg: [make("avg_pool2d", gg, **n.attrs), None],
                doc="gradient of avg_pool2d"))
 
 
@@ -305,8 +353,8 @@ def _xent_grad(n, g):
 register(OpDef("softmax_cross_entropy", _xent_compute, _xent_infer, _xent_grad,
                doc="-log softmax(logits)[label] per example; labels are class indices"))
 register(OpDef("one_hot_like", _one_hot_like_compute,
-               lambda s, d, a: (tuple(s[0]) + (s[1][-1] if s[1] else None,), d[1]), None,
-               differentiable=False, doc="one-hot rows, classes = last dim of input 1"))
+               lambda s, d, a: (tuple(s[0]) + (s[1][-1] if s[1] else None,), d[1]),
+               zero_gradient, doc="one-hot rows, classes = last dim of input 1"))
 
 
 def softmax(x) -> Node:
@@ -385,8 +433,10 @@ def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0):
     return _write(xp, mask, out)
 
 
-register(OpDef("dropout_mask", _dropout_mask_compute, _infer_same, None, pure=False,
-               differentiable=False, doc="random 0 or 1/(1-rate) of x's shape"))
+# The mask's values do not depend on x's values (only its shape): zero gradient.
+# It lies on the path from the weights to the loss (x * mask), so it needs one.
+register(OpDef("dropout_mask", _dropout_mask_compute, _infer_same, zero_gradient, pure=False,
+               doc="random 0 or 1/(1-rate) of x's shape"))
 
 
 def dropout(x, rate: float = 0.5, training: bool = True, seed: int | None = None) -> Node:
