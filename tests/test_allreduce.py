@@ -1,0 +1,407 @@
+"""Collectives: ring and naive allreduce, broadcast, over threads, processes and MPI.
+
+The thread tests check the algorithm in-process; the process and MPI tests run a
+small child script (below) as N real ranks through `launch`, and the script checks
+its own results against sums it computes locally, so a wrong answer is a non-zero
+exit code. Faults: a rank killed mid-allreduce, a silent rank, mismatched sizes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tinyflow.allreduce import (
+    CollectiveError,
+    ThreadTransport,
+    broadcast,
+    chunk_bounds,
+    find_mpiexec,
+    init_communicator,
+    launch,
+    naive_allreduce,
+    ring_allreduce,
+    ring_bytes_per_rank,
+    ring_timeline_events,
+    run_threads,
+    spawn_local,
+)
+
+DTYPES = ["float32", "float64", "int64"]
+
+
+def rank_data(rank: int, size: int, dtype: str) -> np.ndarray:
+    """Each rank's input: random floats (or ints) that depend on the rank."""
+    rng = np.random.default_rng(1000 + rank)
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-50, 50, size).astype(dtype)
+    return rng.standard_normal(size).astype(dtype)
+
+
+def sizes_for(n: int) -> list[int]:
+    return sorted({0, 1, max(n - 1, 0), 7, 2 * n + 1, 1001})
+
+
+@pytest.mark.parametrize("n, parts", [(10, 3), (2, 5), (0, 4), (7, 7), (1001, 4)])
+def test_chunk_bounds_cut_like_array_split(n, parts):
+    bounds = chunk_bounds(n, parts)
+    pieces = np.array_split(np.arange(n), parts)
+    assert [e - s for s, e in bounds] == [len(p) for p in pieces]
+    assert bounds[0][0] == 0 and bounds[-1][1] == n
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ring_and_naive_equal_the_sum_on_threads(n, dtype):
+    def rank(comm):
+        out = []
+        for size in sizes_for(n):
+            data = rank_data(comm.rank, size, dtype)
+            out.append((ring_allreduce(data.copy(), comm), naive_allreduce(data.copy(), comm)))
+        return out
+
+    results = run_threads(n, rank)
+    for i, size in enumerate(sizes_for(n)):
+        expected = sum(rank_data(r, size, dtype).astype(np.float64) for r in range(n))
+        first_ring = results[0][i][0]
+        for ring, naive in (per_rank[i] for per_rank in results):
+            assert ring.dtype == np.dtype(dtype) and ring.shape == (size,)
+            np.testing.assert_allclose(ring, expected, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(naive, ring, rtol=1e-5, atol=1e-5)
+            # Replicas must agree bit for bit, or data-parallel models drift apart.
+            assert ring.tobytes() == first_ring.tobytes()
+
+
+def test_in_place_shapes_ops_and_copies():
+    def rank(comm):
+        matrix = np.full((3, 5), comm.rank + 1.0)
+        same = ring_allreduce(matrix, comm, "mean")
+        peak = ring_allreduce(np.array([comm.rank, -comm.rank]), comm, "max")
+        base = np.arange(20.0) * (comm.rank + 1)
+        reduced = ring_allreduce(base[::2], comm)   # not contiguous: a reduced copy
+        return same is matrix, matrix, peak, reduced, base, comm.rank
+
+    for is_same, matrix, peak, reduced, base, rank_ in run_threads(3, rank):
+        assert is_same
+        np.testing.assert_allclose(matrix, np.full((3, 5), 2.0))
+        assert peak.tolist() == [2, 0]
+        np.testing.assert_allclose(reduced, np.arange(20.0)[::2] * 6)
+        np.testing.assert_allclose(base, np.arange(20.0) * (rank_ + 1))  # untouched
+
+
+def test_mean_of_integers_is_refused():
+    comm = init_communicator()
+    with pytest.raises(TypeError, match="mean"):
+        ring_allreduce(np.arange(4), comm, "mean")
+    with pytest.raises(ValueError, match="op must be"):
+        ring_allreduce(np.ones(4), comm, "product")
+
+
+@pytest.mark.parametrize("n, count", [(4, 4096), (3, 1001), (5, 3)])
+def test_bytes_sent_match_theory(n, count):
+    def rank(comm):
+        ring_allreduce(np.ones(count, np.float32), comm)
+        ring_bytes = comm.bytes_sent
+        naive_allreduce(np.ones(count, np.float32), comm)
+        return ring_bytes, comm.bytes_sent - ring_bytes
+
+    results = run_threads(n, rank)
+    nbytes = count * 4
+    ring = [r for r, _ in results]
+    # Each phase moves every chunk N-1 times, so all ranks together send 2(N-1) arrays;
+    # per rank, that is 2(N-1)/N of the array when the chunks are equal.
+    assert sum(ring) == 2 * (n - 1) * nbytes
+    if count % n == 0:
+        assert ring == [ring_bytes_per_rank(nbytes, n)] * n
+    assert [naive for _, naive in results] == [(n - 1) * nbytes] + [nbytes] * (n - 1)
+
+
+def test_record_shows_the_ring_turning():
+    def rank(comm):
+        record: list[dict] = []
+        ring_allreduce(np.ones(9), comm, record=record)
+        return record
+
+    n = 3
+    for r, record in enumerate(run_threads(n, rank)):
+        assert [s["phase"] for s in record] == ["reduce-scatter"] * 2 + ["all-gather"] * 2
+        assert all(s["src"] == r and s["dst"] == (r + 1) % n for s in record)
+        assert [s["chunk"] for s in record] == [r, (r - 1) % n, (r + 1) % n, r]
+        assert all(s["bytes"] == 24 and s["end"] >= s["start"] for s in record)
+        events = ring_timeline_events(record, t0=record[0]["start"], stream=2)
+        assert events[0]["start"] == 0.0 and events[0]["stream"] == 2
+        assert events[1]["args"] == {"chunk": (r - 1) % n, "src": r, "dst": (r + 1) % n,
+                                     "phase": "reduce-scatter"}
+
+
+def test_broadcast_copies_the_root():
+    def rank(comm):
+        return broadcast(np.full(5, float(comm.rank)), comm, root=2)
+
+    for value in run_threads(4, rank):
+        assert value.tolist() == [2.0] * 5
+
+
+def test_mismatched_sizes_raise_collective_error():
+    def rank(comm):
+        return ring_allreduce(np.ones(10 + 2 * comm.rank, np.float32), comm)
+
+    with pytest.raises(CollectiveError, match="disagree") as info:
+        run_threads(3, rank, timeout=10)
+    assert "allreduce of 1" in str(info.value) and info.value.operation == "allreduce"
+
+
+def test_mismatched_dtypes_raise_collective_error():
+    def rank(comm):
+        return ring_allreduce(np.ones(8, np.float32 if comm.rank else np.float64), comm)
+
+    with pytest.raises(CollectiveError, match="float64"):
+        run_threads(2, rank, timeout=10)
+
+
+def test_a_silent_rank_times_out_naming_it():
+    release = []
+
+    def rank(comm):
+        if comm.rank == 1:       # never joins; waits until the others gave up
+            while not release:
+                time.sleep(0.01)
+            return None
+        try:
+            return ring_allreduce(np.ones(6), comm)
+        finally:
+            release.append(True)
+
+    with pytest.raises(CollectiveError, match="rank 1") as info:
+        run_threads(2, rank, timeout=0.3)
+    assert info.value.peer == 1
+
+
+def test_a_failed_thread_rank_is_reported_to_the_others():
+    def rank(comm):
+        if comm.rank == 0:
+            raise ValueError("bad batch")
+        return ring_allreduce(np.ones(4), comm)
+
+    with pytest.raises(ValueError, match="bad batch") as info:
+        run_threads(3, rank, timeout=30)
+    assert "rank 0" in info.value.__notes__[0]
+
+
+def test_a_world_of_one_needs_no_peers():
+    comm = init_communicator()
+    assert (comm.rank, comm.size) == (0, 1)
+    x = np.arange(5.0)
+    assert ring_allreduce(x, comm, "mean") is x and x.tolist() == [0, 1, 2, 3, 4]
+    assert naive_allreduce(x, comm).tolist() == x.tolist() and comm.bytes_sent == 0
+
+
+def test_thread_group_needs_a_rank():
+    with pytest.raises(ValueError):
+        ThreadTransport.group_of(0)
+
+
+# ----------------------------------------------------------------------------------
+# Real ranks: processes (sockets) and MPI, through a child script
+# ----------------------------------------------------------------------------------
+
+CHILD = r'''
+import hashlib, json, os, sys, time
+import numpy as np
+from tinyflow.allreduce import (CollectiveError, broadcast, init_communicator,
+                                naive_allreduce, ring_allreduce)
+
+mode, out_dir = sys.argv[1], sys.argv[2]
+if mode == "fail":          # rank 1 fails at once; the others would linger
+    if os.environ.get("TINYFLOW_RANK") == "1":
+        sys.exit(3)
+    time.sleep(30)
+    open(os.path.join(out_dir, "survivor%s" % os.environ.get("TINYFLOW_RANK")), "w").close()
+    sys.exit(0)
+
+comm = init_communicator(timeout=float(sys.argv[3]))
+
+def report(**info):
+    info["transport"] = type(comm).__name__
+    with open(os.path.join(out_dir, "rank%d.json" % comm.rank), "w") as f:
+        json.dump(info, f)
+
+def data(rank, size, dtype):
+    rng = np.random.default_rng(1000 + rank)
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-50, 50, size).astype(dtype)
+    return rng.standard_normal(size).astype(dtype)
+
+if mode == "check":
+    n, digests = comm.size, []
+    for size in sorted({0, 1, max(n - 1, 0), 7, 2 * n + 1, 1001, 100000}):
+        for dtype in ("float32", "float64", "int64"):
+            expected = sum(data(r, size, dtype).astype(np.float64) for r in range(n))
+            before = comm.bytes_sent
+            ring = ring_allreduce(data(comm.rank, size, dtype), comm)
+            ring_bytes = comm.bytes_sent - before
+            naive = naive_allreduce(data(comm.rank, size, dtype), comm)
+            np.testing.assert_allclose(ring, expected, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(naive, ring, rtol=1e-5, atol=1e-5)
+            assert ring.dtype == np.dtype(dtype)
+            digests.append(hashlib.sha1(ring.tobytes()).hexdigest())
+            if size % n == 0:
+                nbytes = size * np.dtype(dtype).itemsize
+                assert ring_bytes == 2 * (n - 1) * nbytes // n, (ring_bytes, size, n)
+    root = broadcast(np.full(3, float(comm.rank)), comm, root=n - 1)
+    assert root.tolist() == [n - 1.0] * 3
+    report(digests=digests)
+elif mode == "mismatch":
+    try:
+        ring_allreduce(np.ones(10 + 2 * comm.rank, np.float32), comm)
+        report(error=None)
+    except CollectiveError as err:
+        report(error=str(err), peer=err.peer)
+elif mode == "die":         # the last rank dies in the middle of the second allreduce
+    x = np.ones(1 << 15)
+    ring_allreduce(x, comm)
+    if comm.rank == comm.size - 1:
+        real, calls = comm.sendrecv, []
+        def die_on_second_step(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                os._exit(7)
+            return real(*args, **kwargs)
+        comm.sendrecv = die_on_second_step
+    try:
+        ring_allreduce(x, comm)
+        report(error=None)
+    except CollectiveError as err:
+        report(error=str(err), peer=err.peer)
+'''
+
+
+@pytest.fixture
+def child(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    return script
+
+
+def reports(folder, n) -> list[dict]:
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def check_ranks(child, folder, n, use_mpi):
+    assert launch(n, str(child), ["check", str(folder), "30"], use_mpi=use_mpi) == 0
+    found = reports(folder, n)
+    assert {r["transport"] for r in found} == {
+        "MPITransport" if use_mpi else "ProcessTransport"}
+    assert all(r["digests"] == found[0]["digests"] for r in found)  # bitwise equal
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_ring_on_processes(child, tmp_path, n):
+    check_ranks(child, tmp_path, n, use_mpi=False)
+
+
+def test_mismatched_sizes_on_processes(child, tmp_path):
+    assert launch(3, str(child), ["mismatch", str(tmp_path), "20"], use_mpi=False) == 0
+    found = reports(tmp_path, 3)
+    assert all(r["error"] for r in found)       # every rank raised, none hung
+    assert any("disagree" in r["error"] for r in found)
+
+
+def test_a_rank_killed_mid_allreduce_makes_the_others_raise(child, tmp_path):
+    procs, addr = spawn_local(3, [sys.executable, str(child), "die", str(tmp_path), "20"])
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0, 0, 7]
+    survivors = reports(tmp_path, 2)
+    assert all(r["error"] for r in survivors)
+    # Rank 0 receives from rank 2, the one that died: its error names it.
+    assert survivors[0]["peer"] == 2 and "rank 2" in survivors[0]["error"]
+    assert survivors[1]["peer"] in (0, 2)
+
+
+def test_launch_stops_the_others_when_a_rank_fails(child, tmp_path):
+    assert launch(3, str(child), ["fail", str(tmp_path)], use_mpi=False) == 3
+    assert not list(tmp_path.glob("survivor*"))   # terminated, never finished
+
+
+def test_launch_reports_a_missing_script(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        launch(2, str(tmp_path / "nope.py"))
+
+
+needs_mpi = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None or find_mpiexec() is None,
+    reason="mpi4py or mpiexec not installed (pip install 'tinyflow[dist]')")
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_on_mpi(child, tmp_path, n):
+    check_ranks(child, tmp_path, n, use_mpi=True)
+
+
+@needs_mpi
+def test_mismatched_sizes_on_mpi(child, tmp_path):
+    assert launch(2, str(child), ["mismatch", str(tmp_path), "20"], use_mpi=True) == 0
+    found = reports(tmp_path, 2)
+    assert all(r["error"] for r in found)
+
+
+# ----------------------------------------------------------------------------------
+# NCCL: needs two GPUs (NCCL refuses two ranks on one device)
+# ----------------------------------------------------------------------------------
+
+def _gpu_count() -> int:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return 0
+
+
+NCCL_CHILD = r'''
+import sys
+import cupy as cp
+import numpy as np
+from tinyflow.allreduce import NCCLTransport, init_communicator, ring_allreduce
+bootstrap = init_communicator(timeout=60)
+comm = NCCLTransport(bootstrap)
+for size in (0, 1, 7, 1001, 1 << 20):
+    for dtype in ("float32", "float64"):
+        x = cp.arange(size, dtype=dtype) * (comm.rank + 1)
+        reference = comm.native_allreduce(x.copy())
+        ring = ring_allreduce(x, comm)
+        assert ring is x
+        cp.testing.assert_allclose(ring, reference, rtol=1e-6)
+        cp.testing.assert_allclose(ring, cp.arange(size, dtype=dtype) * 3, rtol=1e-6)
+'''
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="NCCL needs 2 GPUs (one rank per GPU); "
+                    "this machine has fewer, or no CuPy")
+def test_ring_on_nccl(tmp_path):
+    script = tmp_path / "nccl_child.py"
+    script.write_text(NCCL_CHILD)
+    assert launch(2, str(script), use_mpi=False) == 0
+
+
+def test_cli_style_launch_runs_a_script(tmp_path):
+    """`launch` as the CLI calls it: the ranks see their rank and size."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os, sys\nfrom tinyflow.allreduce import init_communicator\n"
+                      "c = init_communicator()\n"
+                      "open(os.path.join(sys.argv[1], f'r{c.rank}of{c.size}'), 'w').close()\n")
+    assert launch(2, str(script), [str(tmp_path)], use_mpi=False) == 0
+    assert sorted(p.name for p in tmp_path.glob("r*of*")) == ["r0of2", "r1of2"]
+    assert subprocess.run([sys.executable, str(script), str(tmp_path)]).returncode == 0
+    assert (tmp_path / "r0of1").exists()

@@ -1,0 +1,356 @@
+"""Collectives: ring allreduce, naive allreduce, broadcast, and starting N ranks.
+
+Data-parallel training needs every rank to end a step with the *sum* (or mean) of all
+ranks' gradients. The obvious way, everyone sends to rank 0, which adds and sends
+back, makes rank 0 move 2(N-1) whole arrays while the others idle. The ring
+(Patarasuk & Yuan 2009; Baidu's 2017 allreduce, then Horovod and NCCL) makes every
+rank move only 2(N-1)/N of the array, independent of N, in two phases over N chunks:
+
+    reduce-scatter: N-1 steps; in step s rank r sends chunk (r - s) to rank r+1 and
+                    adds the chunk it receives from rank r-1 into its own copy. After
+                    N-1 steps rank r holds the complete sum of chunk (r + 1).
+    all-gather:     N-1 steps; rank r passes the complete chunks around the ring,
+                    each received chunk overwriting the stale one.
+
+Every rank ends with bitwise identical results (each chunk was summed once, on one
+rank, then copied), which data parallelism needs: replicas that drift apart by
+rounding would train different models.
+
+The algorithms are written once against the transport interface of transports.py
+(`sendrecv` to the next rank while receiving from the previous one), so the same
+lines run over threads, processes, MPI and NCCL. `launch` starts N copies of a script
+(mpiexec when MPI is installed, local processes otherwise) and `init_communicator`
+gives each copy its transport.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tinyflow.graph import TinyFlowError
+from tinyflow.transports import (
+    ENV_ADDR,
+    ENV_RANK,
+    ENV_SIZE,
+    ENV_TIMEOUT,
+    CollectiveError,
+    MPITransport,
+    NCCLTransport,
+    ProcessTransport,
+    ThreadTransport,
+    Transport,
+    run_threads,
+)
+
+__all__ = ["ring_allreduce", "naive_allreduce", "broadcast", "chunk_bounds",
+           "ring_bytes_per_rank", "ring_timeline_events", "init_communicator", "launch",
+           "find_mpiexec", "CollectiveError", "Transport", "ThreadTransport",
+           "ProcessTransport", "MPITransport", "NCCLTransport", "run_threads"]
+
+# The reductions an allreduce can apply, as the name of the array module's ufunc.
+REDUCTIONS = {"sum": "add", "mean": "add", "max": "maximum", "min": "minimum"}
+
+
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """[start, end) of `parts` chunks covering n elements, as np.array_split cuts them:
+    the first n % parts chunks have one element more; chunks may be empty (n < parts)."""
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def ring_bytes_per_rank(nbytes: int, size: int) -> float:
+    """What theory says each rank sends in a ring allreduce: 2(N-1)/N of the array.
+    (Exact when the array splits into equal chunks; off by a chunk's rounding else.)"""
+    return 2.0 * (size - 1) / size * nbytes
+
+
+def _working_array(array: Any, xp: Any) -> Any:
+    """The array to reduce in place: `array` itself when it is a contiguous, writeable
+    array of the transport's module, else a contiguous copy."""
+    writeable = getattr(getattr(array, "flags", None), "writeable", True)
+    if isinstance(array, xp.ndarray) and array.flags.c_contiguous and writeable:
+        return array
+    return xp.array(array, copy=True, order="C")
+
+
+def _check_op(op: str, dtype: np.dtype) -> None:
+    if op not in REDUCTIONS:
+        raise ValueError(f"allreduce op must be one of {sorted(REDUCTIONS)}, got {op!r}")
+    if op == "mean" and dtype.kind not in "fc":
+        raise TypeError(f"allreduce op='mean' needs a float array, got {dtype}: the "
+                        "mean of integers is not an integer (reduce with 'sum' instead)")
+
+
+def _tag(operation: str, flat: Any) -> str:
+    return f"{operation} of {flat.size} {flat.dtype.name}"
+
+
+def ring_allreduce(array: Any, comm: Transport, op: str = "sum", *,
+                   record: list[dict] | None = None) -> Any:
+    """Reduce `array` across all ranks of `comm` with the ring; return the result.
+
+    The reduction happens in place when `array` is a contiguous writeable array of
+    `comm.xp` (numpy, or cupy for NCCL), and the same array is returned; otherwise a
+    reduced copy is returned. Any length works, also fewer elements than ranks (some
+    chunks are then empty); dtypes are whatever the array module can add. `op` is
+    "sum", "mean" (float arrays only), "max" or "min". Every rank must call it with
+    the same size, dtype and op (else CollectiveError).
+
+    `record` (or `comm.trace` when `record` is None), if a list, gets one entry per
+    step this rank takes: {"phase": "reduce-scatter" | "all-gather", "step", "chunk",
+    "src", "dst", "start", "end", "bytes"}: chunk `chunk` went from rank `src` (this
+    one) to `dst`, between perf_counter() times start and end.
+    """
+    xp = comm.xp
+    result = _working_array(array, xp)
+    _check_op(op, result.dtype)
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return result
+    flat = result.reshape(-1)  # a view: chunks of it are views of `result`
+    bounds = chunk_bounds(flat.size, size)
+    combine = getattr(xp, REDUCTIONS[op])
+    scratch = xp.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype)  # largest chunk
+    right, left = (rank + 1) % size, (rank - 1) % size
+    tag = _tag("allreduce", flat)
+    record = comm.trace if record is None else record
+
+    def chunk(i: int) -> Any:
+        start, end = bounds[i % size]
+        return flat[start:end]
+
+    for step in range(size - 1):  # reduce-scatter
+        send_index, recv_index = (rank - step) % size, (rank - step - 1) % size
+        incoming = scratch[:chunk(recv_index).size]
+        began = time.perf_counter()
+        comm.sendrecv(chunk(send_index), right, incoming, left, tag)
+        mine = chunk(recv_index)
+        combine(mine, incoming, out=mine)
+        if record is not None:
+            record.append(_step_record("reduce-scatter", step, send_index, rank, right,
+                                       began, chunk(send_index).nbytes))
+    for step in range(size - 1):  # all-gather: pass the finished chunks around
+        send_index, recv_index = (rank + 1 - step) % size, (rank - step) % size
+        began = time.perf_counter()
+        comm.sendrecv(chunk(send_index), right, chunk(recv_index), left, tag)
+        if record is not None:
+            record.append(_step_record("all-gather", step, send_index, rank, right,
+                                       began, chunk(send_index).nbytes))
+    if op == "mean":
+        xp.divide(flat, size, out=flat)
+    return result
+
+
+def _step_record(phase: str, step: int, chunk: int, src: int, dst: int, start: float,
+                 nbytes: int) -> dict:
+    return {"phase": phase, "step": step, "chunk": chunk, "src": src, "dst": dst,
+            "start": start, "end": time.perf_counter(), "bytes": int(nbytes)}
+
+
+def naive_allreduce(array: Any, comm: Transport, op: str = "sum") -> Any:
+    """Allreduce by gathering everything at rank 0, which reduces and sends the result
+    back to each rank: rank 0 sends (N-1) whole arrays, the ring only 2(N-1)/N of one.
+    Same contract as `ring_allreduce` (the results agree up to float rounding order)."""
+    xp = comm.xp
+    result = _working_array(array, xp)
+    _check_op(op, result.dtype)
+    size = comm.size
+    if size == 1:
+        return result
+    flat = result.reshape(-1)
+    tag = _tag("allreduce-naive", flat)
+    if comm.rank == 0:
+        combine = getattr(xp, REDUCTIONS[op])
+        incoming = xp.empty_like(flat)
+        for src in range(1, size):
+            comm.recv(src, incoming, tag)
+            combine(flat, incoming, out=flat)
+        if op == "mean":
+            xp.divide(flat, size, out=flat)
+        for dst in range(1, size):
+            comm.send(dst, flat, tag)
+    else:
+        comm.send(0, flat, tag)
+        comm.recv(0, flat, tag)
+    return result
+
+
+def broadcast(array: Any, comm: Transport, root: int = 0) -> Any:
+    """Every rank ends with `root`'s array: root sends it to each rank in turn.
+
+    In place on a contiguous writeable array (returned), else into a returned copy.
+    Used once at the start of data-parallel training, so the simple linear form is
+    enough (a ring or tree broadcast pays off only for repeated, large broadcasts).
+    """
+    result = _working_array(array, comm.xp)
+    flat = result.reshape(-1)
+    tag = _tag("broadcast", flat)
+    if comm.rank == root:
+        for dst in range(comm.size):
+            if dst != root:
+                comm.send(dst, flat, tag)
+    else:
+        comm.recv(root, flat, tag)
+    return result
+
+
+def ring_timeline_events(record: Sequence[dict], t0: float, stream: int,
+                         node: str = "allreduce") -> list[dict]:
+    """Ring step records (see `ring_allreduce`) as DebugRecord timeline events, times
+    made relative to `t0` (the run's start), so a debugger can show the ring turning
+    on the comm stream: one event per step, with chunk/src/dst/phase in "args"."""
+    return [{"step": None, "node": f"{node}/{r['phase']}[{r['step']}]", "op": "ring_step",
+             "stream": stream, "start": r["start"] - t0, "end": r["end"] - t0,
+             "bytes": r["bytes"], "summary": None,
+             "args": {"chunk": r["chunk"], "src": r["src"], "dst": r["dst"],
+                      "phase": r["phase"]}}
+            for r in record]
+
+
+# ----------------------------------------------------------------------------------
+# Starting ranks
+# ----------------------------------------------------------------------------------
+
+MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+
+
+def init_communicator(timeout: float | None = None) -> Transport:
+    """The transport of this process, found from its environment:
+
+    * started by `launch` without MPI (TINYFLOW_RANK is set): `ProcessTransport`;
+    * started by mpiexec (PMI_RANK / OMPI_COMM_WORLD_RANK is set): `MPITransport`;
+    * otherwise a world of one rank (the script runs alone; collectives are no-ops).
+
+    `timeout` (default: $TINYFLOW_TIMEOUT, else 60 s) bounds every wait on a peer.
+    """
+    if timeout is None and ENV_TIMEOUT in os.environ:
+        timeout = float(os.environ[ENV_TIMEOUT])
+    if ENV_RANK in os.environ:
+        return ProcessTransport.from_env(timeout)
+    if any(v in os.environ for v in MPI_RANK_VARIABLES):
+        return MPITransport(timeout=timeout)
+    return ThreadTransport.group_of(1, 60.0 if timeout is None else timeout)[0]
+
+
+def find_mpiexec() -> str | None:
+    """mpiexec next to this Python (the `mpich` wheel puts it in the venv's bin), else
+    the first on PATH; None when there is none."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+def _mpi_available() -> bool:
+    return importlib.util.find_spec("mpi4py") is not None and find_mpiexec() is not None
+
+
+def _mpiexec_command(mpiexec: str, n: int) -> list[str]:
+    command = [mpiexec]
+    try:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    if "Open MPI" in version or "OpenRTE" in version:
+        # Open MPI refuses root unless told, and refuses more ranks than cores.
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            command.append("--allow-run-as-root")
+        command.append("--oversubscribe")
+    return command + ["-n", str(n)]
+
+
+def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = "auto",
+           timeout: float | None = None, env: dict[str, str] | None = None) -> int:
+    """Run `python script args...` as `n` ranks; return 0 when all succeed.
+
+    use_mpi  "auto": mpiexec when mpi4py and an mpiexec are installed, else local
+             processes; True / False force one or the other.
+    timeout  seconds each rank waits on a peer (sets TINYFLOW_TIMEOUT for the ranks)
+    env      extra environment variables for the ranks
+
+    With local processes, each rank gets TINYFLOW_RANK / _SIZE / _ADDR (a fresh socket
+    directory) and builds its transport with `init_communicator()`. If a rank exits
+    with an error, the others are terminated and its exit code is returned (a rank
+    killed by a signal gives 128 + signal). mpiexec does the same for MPI jobs.
+    This is what ``tinyflow launch -n N script.py`` calls.
+    """
+    if n < 1:
+        raise ValueError(f"launch needs n >= 1 ranks, got {n}")
+    if not Path(script).exists():
+        raise FileNotFoundError(f"launch: no script {script!r}")
+    child_env = {**os.environ, **(env or {})}
+    if timeout is not None:
+        child_env[ENV_TIMEOUT] = str(timeout)
+    if use_mpi == "auto":
+        use_mpi = _mpi_available()
+    argv = [sys.executable, script, *map(str, args)]
+    if use_mpi:
+        mpiexec = find_mpiexec()
+        if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
+            raise TinyFlowError("launch(use_mpi=True) needs mpi4py and an mpiexec: "
+                                "pip install 'tinyflow[dist]'")
+        for variable in (ENV_RANK, ENV_SIZE, ENV_ADDR):
+            child_env.pop(variable, None)  # the ranks must pick MPI, not sockets
+        return subprocess.call(_mpiexec_command(mpiexec, n) + argv, env=child_env)
+    return _launch_local(n, argv, child_env)
+
+
+def spawn_local(n: int, argv: Sequence[str], env: dict[str, str] | None = None,
+                addr: str | None = None) -> tuple[list[subprocess.Popen], str]:
+    """Start `argv` as n local ranks wired for `ProcessTransport` (returns the processes
+    and the socket directory, which the caller removes). `launch` is built on it."""
+    addr = addr or tempfile.mkdtemp(prefix="tinyflow-ranks-")
+    base = {**os.environ, **(env or {})}
+    procs = [subprocess.Popen(list(argv), env={**base, ENV_RANK: str(rank), ENV_SIZE: str(n),
+                                               ENV_ADDR: addr})
+             for rank in range(n)]
+    return procs, addr
+
+
+def _launch_local(n: int, argv: Sequence[str], env: dict[str, str]) -> int:
+    procs, addr = spawn_local(n, argv, env)
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                return failed[0] if failed[0] > 0 else 128 - failed[0]
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(0.02)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        _stop(procs)
+        shutil.rmtree(addr, ignore_errors=True)
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace: float = 3.0) -> None:
+    """Terminate the ranks still running (SIGTERM, then SIGKILL after `grace` s)."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in running:
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -1,0 +1,230 @@
+"""Data-parallel training: every rank runs the same program on its shard of the batch,
+and gradients are averaged across ranks, in the graph, before the update.
+
+Horovod's design (Sergeev & Del Balso 2018), with PyTorch DDP's buckets (Li et al.
+2020):
+
+* `DistributedOptimizer(optimizer, comm)` wraps any tf.train optimizer. Between
+  computing the gradients and applying them it inserts **allreduce nodes** into the
+  graph: one per *bucket* of gradients, whose output is the bucket's gradients
+  flattened, concatenated and averaged over the ranks (ring_allreduce, op "mean").
+  Slices of it, reshaped, feed the wrapped optimizer's updates, so every rank applies
+  the same averaged gradient and the replicas stay identical.
+* Buckets are filled in the reverse order of the forward pass: the last layer's
+  gradients are computed first in backward, so its bucket is ready (and sent) while
+  the earlier layers' gradients are still being computed. Allreduce nodes carry
+  attrs["stream"] = "comm": the executor runs them on a separate comm stream, so
+  communication overlaps the rest of backward. Fewer, larger buckets cost less
+  per-message latency; smaller ones start communicating sooner (`bucket_bytes`).
+* `broadcast_variables(session, comm)` copies rank 0's initial parameters to every
+  rank, so all replicas start equal.
+
+Node attrs must be plain hashable values, so an allreduce node names its transport
+by an int key into `COMMUNICATORS` (`register_communicator`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tinyflow import api, ops
+from tinyflow.allreduce import broadcast, ring_allreduce
+from tinyflow.graph import Node, ShapeError, topological_order
+from tinyflow.ops import OpDef, make, register
+from tinyflow.transports import Transport
+
+__all__ = ["DistributedOptimizer", "broadcast_variables", "register_communicator",
+           "communicator", "COMMUNICATORS", "DEFAULT_BUCKET_BYTES"]
+
+# PyTorch DDP's default bucket cap is 25 MiB; our CPU models are small, so buckets of
+# 1 MiB let even a small MLP overlap its last layer's allreduce with backward.
+DEFAULT_BUCKET_BYTES = 1 << 20
+
+COMMUNICATORS: dict[int, Transport] = {}
+_keys = itertools.count(1)
+
+
+def register_communicator(comm: Transport) -> int:
+    """The int key under which allreduce nodes find `comm` (registered once)."""
+    for key, known in COMMUNICATORS.items():
+        if known is comm:
+            return key
+    key = next(_keys)
+    COMMUNICATORS[key] = comm
+    return key
+
+
+def communicator(key: int) -> Transport:
+    try:
+        return COMMUNICATORS[key]
+    except KeyError:
+        raise KeyError(f"no communicator registered under key {key}: allreduce nodes "
+                       "only run in the process that built them") from None
+
+
+# ----------------------------------------------------------------------------------
+# The allreduce op
+# ----------------------------------------------------------------------------------
+
+def _allreduce_infer(shapes, dtypes, attrs):
+    if any(d is None for s in shapes for d in s):
+        total = None
+    else:
+        total = sum(math.prod(s) for s in shapes)
+    kinds = {np.dtype(d).str for d in dtypes if d is not None}
+    if len(kinds) > 1:
+        raise ops._Mismatch("the gradients of one allreduce bucket must share a dtype")
+    return (total,), next((d for d in dtypes if d is not None), None)
+
+
+def _allreduce_compute(xp, *grads, out=None, comm=0, reduce="mean", stream="comm",
+                       bucket=0):
+    """Flatten and concatenate the bucket's gradients into `out`, then allreduce it
+    in place across the ranks of communicator `comm`."""
+    transport = communicator(comm)
+    total = sum(g.size for g in grads)
+    flat = out if out is not None else xp.empty(total, dtype=grads[0].dtype)
+    offset = 0
+    for g in grads:
+        flat[offset:offset + g.size] = g.reshape(-1)
+        offset += g.size
+    return ring_allreduce(flat, transport, reduce)
+
+
+register(OpDef("allreduce", _allreduce_compute, _allreduce_infer, None, pure=False,
+               differentiable=False,
+               doc="concatenate the inputs (one gradient bucket) flat and reduce them "
+                   "across ranks (attrs: comm key, reduce, stream='comm', bucket index)"))
+
+
+# ----------------------------------------------------------------------------------
+# Buckets and the optimizer wrapper
+# ----------------------------------------------------------------------------------
+
+def _nbytes(var: Node) -> int:
+    if var.shape is None or None in var.shape:
+        raise ShapeError(f"DistributedOptimizer needs the shape of {var.name} (created at "
+                         f"{var.where}) to bucket its gradient; call "
+                         "tf.infer_variable_shapes before minimize")
+    return math.prod(var.shape) * np.dtype(var.dtype or np.float32).itemsize
+
+
+def plan_buckets(grads_and_vars: Sequence[tuple[Node, Node]], loss: Node,
+                 bucket_bytes: int) -> list[list[tuple[Node, Node]]]:
+    """Group (gradient, variable) pairs into buckets, last-used variable first.
+
+    Variables are ordered by where the forward pass first reads them; walking that
+    order backwards follows the order backward produces their gradients. A bucket is
+    closed once it holds at least `bucket_bytes` (PyTorch DDP's rule) or when the
+    next gradient has another dtype (a bucket is one flat array).
+    """
+    first_use: dict[int, int] = {}
+    for position, node in enumerate(topological_order([loss])):
+        for inp in node.inputs:
+            first_use.setdefault(id(inp), position)
+    ordered = sorted(grads_and_vars, key=lambda gv: first_use.get(id(gv[1]), -1),
+                     reverse=True)
+    buckets: list[list[tuple[Node, Node]]] = []
+    current: list[tuple[Node, Node]] = []
+    filled = 0
+    dtype_of = lambda gv: np.dtype(gv[0].dtype or gv[1].dtype or np.float32)  # noqa: E731
+    for grad, var in ordered:
+        if current and dtype_of((grad, var)) != dtype_of(current[0]):
+            buckets.append(current)
+            current, filled = [], 0
+        current.append((grad, var))
+        filled += _nbytes(var)
+        if filled >= bucket_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class DistributedOptimizer:
+    """Wrap `optimizer` so its gradients are averaged across the ranks of `comm`.
+
+    compute_gradients(loss) returns [(averaged gradient, variable)], each averaged
+    gradient a slice of its bucket's allreduce node; apply_gradients and minimize
+    build the same training op as the wrapped optimizer, plus the allreduce nodes.
+    With one rank the allreduces are no-ops and training matches the plain optimizer.
+
+    bucket_bytes  close a bucket once it holds this many bytes of gradients
+    op            "mean" (Horovod's default: the step of the global batch when each
+                  rank's loss is a mean over its shard) or "sum"
+    """
+
+    def __init__(self, optimizer: Any, comm: Transport,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, op: str = "mean") -> None:
+        if op not in ("mean", "sum"):
+            raise ValueError(f"DistributedOptimizer op must be 'mean' or 'sum', got {op!r}")
+        self.optimizer = optimizer
+        self.comm = comm
+        self.comm_key = register_communicator(comm)
+        self.bucket_bytes = int(bucket_bytes)
+        self.op = op
+        self.allreduce_nodes: list[Node] = []   # in bucket order (last layer first)
+        self._bucket_of: dict[int, Node] = {}   # id(averaged grad) -> its allreduce
+
+    def compute_gradients(self, loss: Node, var_list: Sequence[Node] | None = None
+                          ) -> list[tuple[Node, Node]]:
+        local = self.optimizer.compute_gradients(loss, var_list)
+        averaged: list[tuple[Node, Node]] = []
+        for bucket in plan_buckets(local, loss, self.bucket_bytes):
+            reduced = make("allreduce", *[g for g, _ in bucket], comm=self.comm_key,
+                           reduce=self.op, stream="comm", bucket=len(self.allreduce_nodes),
+                           name=f"allreduce_bucket{len(self.allreduce_nodes)}")
+            reduced.phase = "backward"
+            self.allreduce_nodes.append(reduced)
+            offset = 0
+            for _, var in bucket:
+                count = math.prod(var.shape)
+                piece = ops.reshape(ops.getitem(reduced, slice(offset, offset + count)),
+                                    var.shape)
+                piece.phase = piece.inputs[0].phase = "backward"
+                self._bucket_of[id(piece)] = reduced
+                averaged.append((piece, var))
+                offset += count
+        return averaged
+
+    def apply_gradients(self, grads_and_vars: Sequence[tuple[Node, Node]]) -> Node:
+        """The wrapped optimizer's update, grouped *after* the allreduce nodes.
+
+        The executor runs nodes in the order a depth-first walk from the outputs
+        meets them. Listing the allreduces first makes that order "backward for
+        bucket 0, allreduce 0, backward for bucket 1, allreduce 1, ..., updates", so
+        each bucket is sent as soon as it is ready and no update (which waits for
+        its allreduce) blocks the compute stream before backward is done.
+        """
+        reduces: list[Node] = []
+        for grad, _ in grads_and_vars:
+            node = self._bucket_of.get(id(grad))
+            if node is not None and all(node is not r for r in reduces):
+                reduces.append(node)
+        return api.group(*reduces, self.optimizer.apply_gradients(grads_and_vars))
+
+    def minimize(self, loss: Node, var_list: Sequence[Node] | None = None) -> Node:
+        return self.apply_gradients(self.compute_gradients(loss, var_list))
+
+
+def broadcast_variables(session: Any, comm: Transport, root: int = 0,
+                        variables: Sequence[Node] | None = None) -> None:
+    """Overwrite every rank's variable values with rank `root`'s (after initializing).
+
+    `variables` defaults to every global variable the session holds, in creation
+    order, which is the same on every rank that built the same program. Values are
+    written in place, so compiled programs keep their buffers.
+    """
+    if variables is None:
+        variables = [v for v in api.global_variables() if v in session.variables]
+    for var in variables:
+        value = session.variables[var]
+        result = broadcast(value, comm, root)
+        if result is not value:
+            session.variables[var] = result

@@ -1,0 +1,651 @@
+"""Transports: how one rank's bytes reach another, for the collectives in allreduce.py.
+
+A collective algorithm (ring allreduce, broadcast) is written once against a tiny
+interface, the one MPI's point-to-point layer offers:
+
+    comm.rank, comm.size        who am I, how many of us
+    comm.sendrecv(array, dst, out, src, tag)
+                                send `array` to rank `dst` while receiving rank
+                                `src`'s message into `out` (either half may be None)
+    comm.send(dst, array, tag), comm.recv(src, out, tag)
+    comm.bytes_sent             payload bytes this rank has sent so far
+    comm.xp                     the array module the transport moves (numpy, cupy)
+
+`sendrecv` is the primitive, not `send` then `recv`: in a ring every rank sends to
+its right neighbour while its left neighbour sends to it. If every rank first sent a
+large message and only then received, a transport that cannot buffer the whole
+message (a socket, MPI's rendezvous protocol) would deadlock, each rank waiting for a
+receiver that is itself still sending.
+
+Every message carries a `tag` naming the collective and its array ("allreduce of 10
+float32"). Transports that frame messages compare tag, dtype and byte count with what
+the receiver expects, so ranks that disagree (one reduces 10 elements, another 12)
+get a `CollectiveError` that says so, rather than garbage or a hang. Every wait has a
+deadline (`timeout` seconds): a peer that died or stopped answering is named in the
+error instead of hanging the job.
+
+Four transports, from the lesson to the real engines:
+
+* `ThreadTransport`: N ranks as threads of one process, a queue per pair of ranks
+  (the lesson and test transport); `run_threads(n, fn)` runs fn(comm) on N threads.
+* `ProcessTransport`: ranks as processes on one machine, a full mesh of Unix-domain
+  stream sockets (the kernel copies at memory speed; a dead peer shows up at once as
+  a closed connection). `tinyflow launch` starts the processes.
+* `MPITransport`: mpi4py's nonblocking Isend/Irecv of numpy buffers, the engine for
+  many machines (Horovod's first transport was MPI too).
+* `NCCLTransport`: NVIDIA's NCCL point-to-point send/recv of CuPy arrays (GPUDirect
+  between GPUs), grouped so both halves of a ring step run at once.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import selectors
+import socket
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tinyflow.graph import TinyFlowError
+
+DEFAULT_TIMEOUT = 60.0
+ENV_RANK, ENV_SIZE, ENV_ADDR, ENV_TIMEOUT = (
+    "TINYFLOW_RANK", "TINYFLOW_SIZE", "TINYFLOW_ADDR", "TINYFLOW_TIMEOUT")
+
+
+class CollectiveError(TinyFlowError, RuntimeError):
+    """A collective failed: a peer died, stopped answering within the timeout, or the
+    ranks disagree on the operation, the array size or the dtype.
+
+    `peer` is the rank this rank was talking to, `operation` the collective (the
+    first word of the message tag, e.g. "allreduce").
+    """
+
+    def __init__(self, message: str, peer: int | None = None,
+                 operation: str | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+        self.operation = operation
+
+
+def _operation(tag: str) -> str:
+    return tag.split(" ", 1)[0] if tag else "message"
+
+
+def _describe(tag: str, dtype: str, nbytes: int) -> str:
+    return f"'{tag}' ({nbytes} bytes of {np.dtype(dtype).name})"
+
+
+class Transport:
+    """The interface every transport implements (see the module docstring).
+
+    Subclasses implement `sendrecv`; `send` and `recv` are its halves. After any
+    error the transport is broken (a message may be half sent) and refuses further
+    use, naming the first failure.
+    """
+
+    xp: Any = np
+
+    def __init__(self, rank: int, size: int, timeout: float | None = DEFAULT_TIMEOUT
+                 ) -> None:
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is not in 0..{size - 1}")
+        self.rank = rank
+        self.size = size
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        self.bytes_sent = 0
+        # When a list, ring_allreduce appends one record per ring step to it (the
+        # data-parallel allreduce op passes it on, so a training step can show the
+        # ring turning). None: record nothing.
+        self.trace: list[dict] | None = None
+        self._broken: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank {self.rank} of {self.size}>"
+
+    def sendrecv(self, array: Any | None, dst: int | None, out: Any | None,
+                 src: int | None, tag: str = "") -> None:
+        """Send `array` to `dst` and receive into `out` from `src`, concurrently.
+
+        Either half may be None. `out` must be contiguous with the dtype and size of
+        the message expected; `tag` names the collective, for checks and errors.
+        Raises CollectiveError on a timeout, a dead peer or a mismatch.
+        """
+        raise NotImplementedError
+
+    def send(self, dst: int, array: Any, tag: str = "") -> None:
+        self.sendrecv(array, dst, None, None, tag)
+
+    def recv(self, src: int, out: Any, tag: str = "") -> None:
+        self.sendrecv(None, None, out, src, tag)
+
+    def close(self) -> None:
+        """Release connections (a no-op for transports that hold none)."""
+
+    # -- helpers shared by the transports --------------------------------------------
+    def _check_usable(self, tag: str) -> None:
+        if self._broken is not None:
+            raise CollectiveError(f"{_operation(tag)} on rank {self.rank}: this transport "
+                                  f"failed earlier and cannot be used again ({self._broken})",
+                                  operation=_operation(tag))
+
+    def _fail(self, message: str, peer: int | None, tag: str) -> CollectiveError:
+        """Mark the transport broken; return the error for the caller to raise."""
+        self._broken = message
+        return CollectiveError(message, peer=peer, operation=_operation(tag))
+
+    def _check_header(self, src: int, got: tuple[str, str, int], out: Any,
+                      tag: str) -> None:
+        """Compare an incoming message's (tag, dtype, nbytes) with what `out` expects."""
+        their_tag, their_dtype, their_nbytes = got
+        if their_tag != tag or their_dtype != out.dtype.str or their_nbytes != out.nbytes:
+            mine = _describe(tag, out.dtype.str, out.nbytes)
+            theirs = _describe(their_tag, their_dtype, their_nbytes)
+            raise self._fail(
+                f"{_operation(tag)}: rank {src} sent {theirs} but rank {self.rank} expected "
+                f"{mine}: the ranks disagree on the operation, the array size or the dtype",
+                src, tag)
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.timeout
+
+
+def _contiguous(array: Any) -> Any:
+    if not array.flags.c_contiguous:
+        raise ValueError("transports move C-contiguous arrays only "
+                         f"(got strides {array.strides})")
+    return array
+
+
+# ----------------------------------------------------------------------------------
+# Threads: N ranks in one process
+# ----------------------------------------------------------------------------------
+
+class ThreadGroup:
+    """What the ranks of one thread group share: a mailbox (queue) per ordered pair of
+    ranks, and who has failed (so a peer's death is reported at once, not at the
+    timeout)."""
+
+    def __init__(self, size: int, timeout: float) -> None:
+        self.size = size
+        self.mailboxes = {(s, d): queue.Queue() for s in range(size) for d in range(size)}
+        self.failed: dict[int, str] = {}
+        self.comms = [ThreadTransport(self, rank, timeout) for rank in range(size)]
+
+    def fail(self, rank: int, why: str) -> None:
+        self.failed.setdefault(rank, why)
+
+
+class ThreadTransport(Transport):
+    """One rank of a group of threads. Make a group with `ThreadTransport.group(n)`.
+
+    A send copies the array into the receiver's mailbox (so the sender may reuse its
+    buffer at once, as with a real network); a receive takes the next message from
+    the sender's mailbox, waiting at most `timeout` seconds.
+    """
+
+    POLL = 0.02  # seconds between checks of the group's failures while waiting
+
+    def __init__(self, group: ThreadGroup, rank: int, timeout: float) -> None:
+        super().__init__(rank, group.size, timeout)
+        self.group = group
+
+    @staticmethod
+    def group_of(size: int, timeout: float = DEFAULT_TIMEOUT) -> list[ThreadTransport]:
+        """`size` connected ranks, one transport per rank (give each to one thread)."""
+        if size < 1:
+            raise ValueError(f"a group needs at least one rank, got {size}")
+        return ThreadGroup(size, timeout).comms
+
+    def sendrecv(self, array, dst, out, src, tag=""):
+        self._check_usable(tag)
+        if array is not None:
+            array = _contiguous(array)
+            message = (tag, array.dtype.str, array.nbytes, array.copy())
+            self.group.mailboxes[(self.rank, dst)].put(message)
+            self.bytes_sent += array.nbytes
+        if out is not None:
+            tag_in, dtype, nbytes, payload = self._take(src, tag)
+            self._check_header(src, (tag_in, dtype, nbytes), out, tag)
+            out.reshape(-1)[...] = payload.reshape(-1)
+
+    def _take(self, src: int, tag: str) -> tuple:
+        mailbox = self.group.mailboxes[(src, self.rank)]
+        deadline = self._deadline()
+        while True:
+            try:
+                return mailbox.get(timeout=self.POLL)
+            except queue.Empty:
+                pass
+            if src in self.group.failed:
+                raise self._fail(f"{_operation(tag)}: rank {src} failed while rank "
+                                 f"{self.rank} waited for its message "
+                                 f"({self.group.failed[src]})", src, tag)
+            if time.monotonic() > deadline:
+                raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
+                                 f"{self.timeout:g} s for rank {src}, which sent nothing "
+                                 f"(it stopped answering or never joined '{tag}')", src, tag)
+
+
+def run_threads(ranks: int | Sequence[ThreadTransport], fn: Callable[[ThreadTransport], Any],
+                timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
+    """Run fn(comm) on one thread per rank; return the results in rank order.
+
+    `ranks` is a number of ranks or a group made by `ThreadTransport.group_of` (to
+    build per-rank graphs before the threads start). If any rank raises, the others
+    are told (their waits on it end at once) and the first error raised, in time, is
+    re-raised here with a note naming its rank: it is the cause, the others followed.
+    """
+    comms = ThreadTransport.group_of(ranks, timeout) if isinstance(ranks, int) else list(ranks)
+    results: list[Any] = [None] * len(comms)
+    errors: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+
+    def body(comm: ThreadTransport) -> None:
+        try:
+            results[comm.rank] = fn(comm)
+        except BaseException as err:  # noqa: BLE001 - handed to the caller below
+            with lock:
+                errors.append((comm.rank, err))
+            comm.group.fail(comm.rank, f"{type(err).__name__}: {err}")
+
+    threads = [threading.Thread(target=body, args=(c,), name=f"tinyflow-rank{c.rank}",
+                                daemon=True) for c in comms]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        rank, err = errors[0]
+        err.add_note(f"(raised on rank {rank} of {len(comms)} threads)")
+        raise err
+    return results
+
+
+# ----------------------------------------------------------------------------------
+# Processes on one machine: Unix-domain sockets
+# ----------------------------------------------------------------------------------
+
+# Each message: a fixed header (tag, dtype, payload bytes), then the payload.
+HEADER = struct.Struct("!64s8sQ")
+HELLO = struct.Struct("!I")  # the first bytes on a new connection: the caller's rank
+SOCKET_BUFFER = 4 << 20      # bigger kernel buffers: fewer wake-ups per megabyte
+
+
+def _pack_header(tag: str, array: Any) -> bytes:
+    return HEADER.pack(tag.encode()[:64], array.dtype.str.encode(), array.nbytes)
+
+
+def _unpack_header(raw: bytes) -> tuple[str, str, int]:
+    tag, dtype, nbytes = HEADER.unpack(raw)
+    return tag.rstrip(b"\0").decode(errors="replace"), dtype.rstrip(b"\0").decode(), nbytes
+
+
+def _byte_view(array: np.ndarray) -> memoryview:
+    """The array's memory as a flat memoryview of bytes (what sockets read and write)."""
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+class _Outgoing:
+    """A message being written to a socket: header, then payload, as memoryviews."""
+
+    def __init__(self, header: bytes, array: Any) -> None:
+        self.parts = [memoryview(header), _byte_view(array)]
+        self.parts = [p for p in self.parts if len(p)]
+
+    def progress(self, sock: socket.socket) -> None:
+        sent = sock.send(self.parts[0])
+        self.parts[0] = self.parts[0][sent:]
+        if not len(self.parts[0]):
+            self.parts.pop(0)
+
+    @property
+    def done(self) -> bool:
+        return not self.parts
+
+
+class _Incoming:
+    """A message being read from a socket: the header first, checked, then the
+    payload straight into the caller's `out` (no intermediate copy)."""
+
+    def __init__(self, out: Any, check: Callable[[tuple], None]) -> None:
+        self.header = bytearray(HEADER.size)
+        self.view = memoryview(self.header)
+        self.out = out
+        self.check = check
+        self.in_header = True
+
+    def progress(self, sock: socket.socket) -> bool:
+        """Read what is there; False when the peer closed the connection."""
+        got = sock.recv_into(self.view) if len(self.view) else 0
+        if len(self.view) and got == 0:
+            return False
+        self.view = self.view[got:]
+        if self.in_header and not len(self.view):
+            self.in_header = False
+            self.check(_unpack_header(bytes(self.header)))
+            self.view = _byte_view(self.out)
+        return True
+
+    @property
+    def done(self) -> bool:
+        return not self.in_header and not len(self.view)
+
+
+class ProcessTransport(Transport):
+    """Ranks as processes on one machine, over a full mesh of Unix-domain sockets.
+
+    `addr` is a directory shared by the ranks (`tinyflow launch` makes a fresh one).
+    Each rank listens on ``addr/rank<r>.sock``, connects to every lower rank and
+    accepts every higher one. Sockets are nonblocking; `sendrecv` drives both
+    directions with a selector until both messages are done or the deadline passes.
+    A peer that dies closes its sockets, so the others fail at once, naming it.
+    """
+
+    def __init__(self, rank: int, size: int, addr: str,
+                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        super().__init__(rank, size, timeout)
+        self.addr = addr
+        self.peers: dict[int, socket.socket] = {}
+        self._connect()
+
+    @classmethod
+    def from_env(cls, timeout: float | None = None) -> ProcessTransport:
+        """The transport of a process started by `launch` (TINYFLOW_RANK, _SIZE, _ADDR
+        and, optionally, _TIMEOUT in the environment)."""
+        missing = [v for v in (ENV_RANK, ENV_SIZE, ENV_ADDR) if v not in os.environ]
+        if missing:
+            raise TinyFlowError(f"ProcessTransport.from_env: {', '.join(missing)} not set; "
+                                "start the script with `tinyflow launch -n N script.py`")
+        if timeout is None and ENV_TIMEOUT in os.environ:
+            timeout = float(os.environ[ENV_TIMEOUT])
+        return cls(int(os.environ[ENV_RANK]), int(os.environ[ENV_SIZE]),
+                   os.environ[ENV_ADDR], timeout)
+
+    def _path(self, rank: int) -> str:
+        return os.path.join(self.addr, f"rank{rank}.sock")
+
+    def _connect(self) -> None:
+        deadline = self._deadline()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self._path(self.rank))
+        listener.listen(self.size)
+        try:
+            # Connecting needs no accept on the other side (the listen backlog holds
+            # the connection), so "connect down, then accept up" cannot deadlock.
+            for peer in range(self.rank):
+                sock = self._dial(peer, deadline)
+                sock.sendall(HELLO.pack(self.rank))
+                self.peers[peer] = sock
+            while len(self.peers) < self.size - 1:
+                listener.settimeout(max(deadline - time.monotonic(), 0.001))
+                try:
+                    sock, _ = listener.accept()
+                except TimeoutError:
+                    missing = sorted(set(range(self.size)) - set(self.peers) - {self.rank})
+                    raise self._fail(f"connect: ranks {missing} did not connect to rank "
+                                     f"{self.rank} within {self.timeout:g} s",
+                                     missing[0], "connect") from None
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                (peer,) = HELLO.unpack(_recv_exactly(sock, HELLO.size))
+                self.peers[peer] = sock
+        finally:
+            listener.close()
+            os.unlink(self._path(self.rank))
+        for sock in self.peers.values():
+            sock.setblocking(False)
+            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+
+    def _dial(self, peer: int, deadline: float) -> socket.socket:
+        """Connect to `peer`'s socket, retrying until it exists (it may start later)."""
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self._path(peer))
+                return sock
+            except (FileNotFoundError, ConnectionRefusedError):
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise self._fail(f"connect: rank {peer} did not listen at "
+                                     f"{self._path(peer)} within {self.timeout:g} s",
+                                     peer, "connect") from None
+                time.sleep(0.01)
+
+    def sendrecv(self, array, dst, out, src, tag=""):
+        self._check_usable(tag)
+        jobs: dict[socket.socket, list] = {}   # socket -> [outgoing, incoming]
+        if array is not None:
+            sending = _Outgoing(_pack_header(tag, _contiguous(array)), array)
+            jobs.setdefault(self.peers[dst], [None, None])[0] = sending
+        if out is not None:
+            receiving = _Incoming(_contiguous(out),
+                                  lambda got: self._check_header(src, got, out, tag))
+            jobs.setdefault(self.peers[src], [None, None])[1] = receiving
+        peer_of = {sock: peer for peer, sock in self.peers.items()}
+        deadline = self._deadline()
+        with selectors.DefaultSelector() as selector:
+            for sock, (outgoing, incoming) in jobs.items():
+                selector.register(sock, _events(outgoing, incoming))
+            while jobs:
+                ready = selector.select(timeout=max(deadline - time.monotonic(), 0))
+                if not ready:
+                    waiting = sorted(peer_of[s] for s in jobs)
+                    raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
+                                     f"{self.timeout:g} s for rank(s) {waiting} in '{tag}' "
+                                     "(stopped answering?)", waiting[0], tag)
+                for key, mask in ready:
+                    sock = key.fileobj
+                    outgoing, incoming = jobs[sock]
+                    try:
+                        if mask & selectors.EVENT_WRITE and outgoing is not None:
+                            outgoing.progress(sock)
+                        if mask & selectors.EVENT_READ and incoming is not None:
+                            if not incoming.progress(sock):
+                                raise ConnectionResetError("connection closed by peer")
+                    except BlockingIOError:
+                        pass  # a spurious wake-up: nothing to move after all
+                    except OSError as err:
+                        peer = peer_of[sock]
+                        raise self._fail(f"{_operation(tag)}: lost the connection to rank "
+                                         f"{peer} during '{tag}' ({err}); rank {peer} has "
+                                         "probably died", peer, tag) from None
+                    outgoing = None if outgoing is None or outgoing.done else outgoing
+                    incoming = None if incoming is None or incoming.done else incoming
+                    if outgoing is None and incoming is None:
+                        selector.unregister(sock)
+                        del jobs[sock]
+                    else:
+                        jobs[sock] = [outgoing, incoming]
+                        if _events(outgoing, incoming) != key.events:
+                            selector.modify(sock, _events(outgoing, incoming))
+        if array is not None:
+            self.bytes_sent += array.nbytes
+
+    def close(self) -> None:
+        for sock in self.peers.values():
+            sock.close()
+        self.peers.clear()
+
+
+def _events(outgoing: Any, incoming: Any) -> int:
+    return ((selectors.EVENT_WRITE if outgoing is not None else 0)
+            | (selectors.EVENT_READ if incoming is not None else 0))
+
+
+def _recv_exactly(sock: socket.socket, nbytes: int) -> bytes:
+    data = b""
+    while len(data) < nbytes:
+        chunk = sock.recv(nbytes - len(data))
+        if not chunk:
+            raise ConnectionResetError("peer closed the connection during the handshake")
+        data += chunk
+    return data
+
+
+# ----------------------------------------------------------------------------------
+# MPI (mpi4py)
+# ----------------------------------------------------------------------------------
+
+def _tag_number(tag: str) -> int:
+    """MPI tags are small ints: a hash of the tag string (MPI guarantees < 32768)."""
+    return zlib.crc32(tag.encode()) % 32768
+
+
+def _as_bytes(array: Any) -> Any:
+    return _contiguous(array).reshape(-1).view(np.uint8)
+
+
+class MPITransport(Transport):
+    """Point-to-point over MPI: Isend/Irecv of the arrays' bytes, then a polling wait
+    with a deadline (a blocking MPI wait could hang forever on a silent peer).
+
+    MPI messages carry no dtype, so a mismatch shows as a different tag (the tag's
+    hash travels as the MPI tag) or a different byte count. Start ranks with
+    ``mpiexec -n N python script.py`` (or `tinyflow launch`, which uses mpiexec when
+    mpi4py is installed).
+    """
+
+    def __init__(self, comm: Any = None, timeout: float | None = None) -> None:
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        if timeout is None and ENV_TIMEOUT in os.environ:
+            timeout = float(os.environ[ENV_TIMEOUT])
+        super().__init__(self.comm.Get_rank(), self.comm.Get_size(), timeout)
+
+    def sendrecv(self, array, dst, out, src, tag=""):
+        self._check_usable(tag)
+        MPI = self.MPI
+        code = _tag_number(tag)
+        requests = []
+        if out is not None:
+            requests.append(self.comm.Irecv([_as_bytes(out), MPI.BYTE], src, MPI.ANY_TAG))
+        if array is not None:
+            requests.append(self.comm.Isend([_as_bytes(array), MPI.BYTE], dst, code))
+        statuses = [MPI.Status() for _ in requests]
+        deadline = self._deadline()
+        peer = src if out is not None else dst
+        try:
+            while not MPI.Request.Testall(requests, statuses):
+                # Give the core away between polls: with more ranks than cores, the
+                # peer we wait for may need this very core to make progress.
+                os.sched_yield()
+                if time.monotonic() > deadline:
+                    raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
+                                     f"{self.timeout:g} s for rank {peer} in '{tag}' "
+                                     "(stopped answering?)", peer, tag)
+        except MPI.Exception as err:  # e.g. MPI_ERR_TRUNCATE: the message was larger
+            raise self._fail(f"{_operation(tag)}: MPI failed receiving '{tag}' from rank "
+                             f"{src} ({err.Get_error_string()}); the ranks probably "
+                             "disagree on the array size", src, tag) from None
+        if out is not None:
+            status = statuses[0]
+            got = status.Get_count(MPI.BYTE)
+            if status.Get_tag() != code or got != out.nbytes:
+                raise self._fail(
+                    f"{_operation(tag)}: rank {src} sent {got} bytes with tag "
+                    f"#{status.Get_tag()}, rank {self.rank} expected "
+                    f"{_describe(tag, out.dtype.str, out.nbytes)} (tag #{code}): the ranks "
+                    "disagree on the operation, the array size or the dtype", src, tag)
+        if array is not None:
+            self.bytes_sent += array.nbytes
+
+    def native_allreduce(self, array: np.ndarray) -> np.ndarray:
+        """MPI's own Allreduce (sum, in place): the reference our ring is measured by."""
+        self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+        return array
+
+
+# ----------------------------------------------------------------------------------
+# NCCL (CuPy): GPUs
+# ----------------------------------------------------------------------------------
+
+class NCCLTransport(Transport):
+    """GPU ranks over NCCL's send/recv (NCCL >= 2.7), one GPU per rank.
+
+    NCCL needs a shared unique id to set up its own connections; rank 0 makes it and
+    sends it over `bootstrap` (any transport: processes, MPI). A ring step's send and
+    receive are issued inside one NCCL group so they progress together (a lone
+    blocking send would deadlock the ring). NCCL work is asynchronous on the current
+    CUDA stream; each step records an event and polls it until done or the deadline,
+    aborting the NCCL communicator on a timeout.
+    """
+
+    UID_BYTES = 128
+
+    def __init__(self, bootstrap: Transport, device: int | None = None,
+                 timeout: float | None = None) -> None:
+        import cupy
+        from cupy.cuda import nccl
+        self.xp = cupy
+        self.nccl = nccl
+        super().__init__(bootstrap.rank, bootstrap.size,
+                         bootstrap.timeout if timeout is None else timeout)
+        cupy.cuda.Device(bootstrap.rank % cupy.cuda.runtime.getDeviceCount()
+                         if device is None else device).use()
+        uid = np.zeros(self.UID_BYTES, dtype=np.uint8)
+        if self.rank == 0:
+            made = nccl.get_unique_id()  # bytes in new CuPy, a tuple of chars in old
+            uid[:] = np.frombuffer(made, np.uint8) if isinstance(made, bytes) else \
+                np.array(made, dtype=np.int8).view(np.uint8)
+            for peer in range(1, self.size):
+                bootstrap.send(peer, uid, "nccl-id")
+        else:
+            bootstrap.recv(0, uid, "nccl-id")
+        try:
+            self.comm = nccl.NcclCommunicator(self.size, uid.tobytes(), self.rank)
+        except TypeError:  # CuPy < 13 takes the id as a tuple of signed chars
+            self.comm = nccl.NcclCommunicator(self.size, tuple(uid.view(np.int8).tolist()),
+                                              self.rank)
+
+    def sendrecv(self, array, dst, out, src, tag=""):
+        self._check_usable(tag)
+        nccl = self.nccl
+        stream = self.xp.cuda.get_current_stream()
+        nccl.groupStart()
+        try:
+            if array is not None:
+                self.comm.send(_contiguous(array).data.ptr, array.nbytes, nccl.NCCL_UINT8,
+                               dst, stream.ptr)
+            if out is not None:
+                self.comm.recv(_contiguous(out).data.ptr, out.nbytes, nccl.NCCL_UINT8, src,
+                               stream.ptr)
+        finally:
+            nccl.groupEnd()
+        self._wait(stream, src if out is not None else dst, tag)
+        if array is not None:
+            self.bytes_sent += array.nbytes
+
+    def _wait(self, stream: Any, peer: int, tag: str) -> None:
+        done = self.xp.cuda.Event(disable_timing=True)
+        done.record(stream)
+        deadline = self._deadline()
+        while not done.done:
+            if time.monotonic() > deadline:
+                self.comm.abort()  # unblocks the GPU; the communicator is gone
+                raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
+                                 f"{self.timeout:g} s for rank {peer} over NCCL in '{tag}'",
+                                 peer, tag)
+            time.sleep(0)
+
+    def native_allreduce(self, array: Any) -> Any:
+        """NCCL's own allReduce (sum, in place), for comparison with the ring."""
+        nccl = self.nccl
+        codes = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
+                 "float64": nccl.NCCL_FLOAT64, "int32": nccl.NCCL_INT32,
+                 "int64": nccl.NCCL_INT64}
+        stream = self.xp.cuda.get_current_stream()
+        self.comm.allReduce(array.data.ptr, array.data.ptr, array.size,
+                            codes[array.dtype.name], nccl.NCCL_SUM, stream.ptr)
+        self._wait(stream, (self.rank + 1) % self.size, "allreduce (nccl)")
+        return array
+
+    def close(self) -> None:
+        self.comm.destroy()
