@@ -138,6 +138,13 @@ class TinyFlowStep:
     def weights(self) -> list[np.ndarray]:
         return [self.session.variables[v] for v in self.variables]
 
+    def describe(self) -> str:
+        """The options the Session compiled with (the defaults), for the note."""
+        options = getattr(self.session.last_program, "options", {})
+        memory = options.get("memory", "?")
+        passes = "default pipeline" if options.get("passes") is None else options["passes"]
+        return f"Session defaults (passes: {passes}, memory={memory!r})"
+
 
 class NumpyStep:
     """The same step by hand in numpy, as a careful numpy programmer writes it.
@@ -269,24 +276,28 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(numerator, denominator))
 
 
-def mlp_figures(config: MLPConfig, threads_note: str, threads: int) -> list[dict]:
+def mlp_figures(config: MLPConfig, threads_note: str, threads: int,
+                with_torch: bool = True) -> list[dict]:
+    """mlp_step_vs_numpy and (when `with_torch`) mlp_step_vs_torch, measured together."""
     x, labels, params = make_problem(config)
     impls: dict[str, Any] = {"tinyflow": TinyFlowStep(config, x, labels, params),
                              "numpy": NumpyStep(config, x, labels, params)}
-    torch_missing = None
-    try:
-        import torch
+    torch = None
+    if with_torch:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+    if torch is not None:
         torch_threads = torch.get_num_threads()
         torch.set_num_threads(threads)
         impls["torch"] = TorchStep(config, x, labels, params)
-    except ImportError:
-        torch_missing = "skipped: torch not installed"
     try:
         check_same_step(impls)
         times = time_interleaved({n: i.step for n, i in impls.items()},
                                  config.warmup, config.rounds)
     finally:
-        if not torch_missing:
+        if torch is not None:
             torch.set_num_threads(torch_threads)
     ms = {n: 1e3 * statistics.median(t) for n, t in times.items()}
     model = "-".join(map(str, config.sizes)) + f" MLP, batch {config.batch}, SGD, float32"
@@ -295,10 +306,12 @@ def mlp_figures(config: MLPConfig, threads_note: str, threads: int) -> list[dict
              "value": paired_ratio(times["tinyflow"], times["numpy"]),
              "note": f"{model}; tinyflow {ms['tinyflow']:.1f} ms, numpy {ms['numpy']:.1f} ms "
                      f"per step (medians of {config.rounds} interleaved rounds; per-round "
-                     f"ratio {spread}); {threads_note}"}]
-    if torch_missing:
+                     f"ratio {spread}); {impls['tinyflow'].describe()}; {threads_note}"}]
+    if not with_torch:
+        return rows
+    if torch is None:
         rows.append({"name": "mlp_step_vs_torch", "goal": "<= 1.3", "unit": "x",
-                     "value": float("nan"), "note": torch_missing})
+                     "value": float("nan"), "note": "skipped: torch not installed"})
     else:
         rows.append({"name": "mlp_step_vs_torch", "goal": "<= 1.3", "unit": "x",
                      "value": paired_ratio(times["tinyflow"], times["torch"]),
@@ -381,7 +394,9 @@ def figures(quick: bool = False, only: str | None = None) -> list[dict]:
         threads_note = limit_threads(stack, threads)
         if want("mlp_step_vs_numpy") or want("mlp_step_vs_torch"):
             config = QUICK_MLP if quick else FULL_MLP
-            rows += [r for r in mlp_figures(config, threads_note, threads) if want(r["name"])]
+            rows += [r for r in mlp_figures(config, threads_note, threads,
+                                            with_torch=want("mlp_step_vs_torch"))
+                     if want(r["name"])]
         if want("overhead_us_per_node"):
             length, runs = ((QUICK_CHAIN_NODES, QUICK_CHAIN_RUNS) if quick
                             else (CHAIN_NODES, CHAIN_RUNS))

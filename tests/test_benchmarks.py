@@ -100,3 +100,14 @@ def test_broken_module_is_an_error_row_and_others_still_run(tmp_path, monkeypatc
     assert [r["name"] for r in json.loads(out.read_text())["figures"]] == ["answer", "other"]
     assert run.main(["--only", "answ", "--json", str(out)]) == 1
     assert [r["name"] for r in json.loads(out.read_text())["figures"]] == ["broken", "answer"]
+
+
+def test_torch_figure_is_skipped_without_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    monkeypatch.setenv("TINYFLOW_BENCH_THREADS", "1")
+    core = run.load_module(BENCH_DIR / "core_bench.py")
+    rows = {r["name"]: r for r in core.figures(quick=True, only="mlp_step")}
+    assert set(rows) == {"mlp_step_vs_numpy", "mlp_step_vs_torch"}
+    assert rows["mlp_step_vs_torch"]["note"] == "skipped: torch not installed"
+    assert run.verdict(rows["mlp_step_vs_torch"]) == "skipped"
+    assert math.isfinite(rows["mlp_step_vs_numpy"]["value"])
