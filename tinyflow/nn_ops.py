@@ -326,20 +326,27 @@ def _xent_infer(shapes, dtypes, attrs):
     return tuple(logits[:-1]), dtypes[0]
 
 
-def _xent_compute(xp, logits, labels, out=None):
-    classes = logits.shape[-1]
+def _class_indices(labels, classes: int):
+    """Labels as int64 class indices; a label outside [0, classes) is an error (numpy
+    would wrap a negative index around, or give a silent all-zero one-hot row)."""
     idx = labels.astype(np.int64, copy=False)
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= classes):
         raise ValueError(f"labels must be in [0, {classes}); got values in "
                          f"[{int(idx.min())}, {int(idx.max())}]")
+    return idx
+
+
+def _xent_compute(xp, logits, labels, out=None):
+    idx = _class_indices(labels, logits.shape[-1])
     logp = _log_softmax_compute(xp, logits)
     picked = xp.take_along_axis(logp, idx[..., None], axis=-1)[..., 0]
     return xp.negative(picked, out=out)
 
 
 def _one_hot_like_compute(xp, labels, logits, out=None):
+    # The gradient of the loss may run without the loss kernel: check labels here too.
     classes = logits.shape[-1]
-    result = (labels.astype(np.int64, copy=False)[..., None] == xp.arange(classes))
+    result = (_class_indices(labels, classes)[..., None] == xp.arange(classes))
     return _write(xp, result.astype(logits.dtype), out)
 
 
