@@ -29,8 +29,13 @@ def record() -> dict:
 
 @pytest.fixture(scope="module")
 def fresh() -> dict:
-    """A record built now from the current tinyflow (not the committed file)."""
-    return make_record.mlp_record(nan_op="softmax")
+    """A record built now from the current tinyflow (not the committed file), with a
+    diverged loss and a non-finite value summary written in, as a NaN run has."""
+    record = make_record.mlp_record()
+    record["scalars"]["loss"].append([len(record["scalars"]["loss"]), float("nan")])
+    event = next(e for e in record["timelines"][0]["events"] if e["summary"])
+    event["summary"].update(min=float("-inf"), mean=float("nan"), nan=3, inf=1)
+    return record
 
 
 # -- building ---------------------------------------------------------------------------
@@ -62,7 +67,8 @@ def test_graph_to_dict_order_bytes_and_attrs():
 
 def test_fresh_record_from_current_tinyflow_is_valid(fresh):
     trace.validate(fresh)
-    assert fresh["graphs"][0]["pass"] == "infer_shapes"
+    assert fresh["graphs"][0]["pass"] == "input"   # the contract: graphs[0] is the input
+    assert len(fresh["timelines"]) == 3 and fresh["schedule"]
     ops = {n["op"] for n in fresh["graphs"][0]["nodes"]}
     assert {"matmul", "relu", "assign", "softmax_cross_entropy"} <= ops
     phases = {n["phase"] for n in fresh["graphs"][0]["nodes"]}
@@ -88,7 +94,8 @@ def test_save_load_round_trip(tmp_path, fresh, name):
     assert back["graphs"] == json.loads(json.dumps(fresh["graphs"]))
     assert back["schedule"] == fresh["schedule"]
     assert back["memory_plan"] == fresh["memory_plan"]
-    assert back["check"]["node"] == fresh["check"]["node"]
+    assert back["timelines"][1:] == fresh["timelines"][1:]
+    assert back["meta"] == fresh["meta"]
 
 
 def test_save_validates_first_and_writes_nothing(tmp_path, record):

@@ -160,7 +160,9 @@ class DebuggerApp(App):
     def _fit_layout(self, width: int) -> None:
         narrow = width < WIDE
         self.query_one("#body").set_class(narrow, "narrow")
-        self.query_one(GraphView).set_class(narrow, "narrow")
+        self.query_one(GraphView).set_class(width < 100, "tiny")
+        if self.model is not None:
+            self.sync()
 
     @property
     def dark(self) -> bool:

@@ -18,11 +18,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import ScrollableContainer, Vertical, VerticalScroll
-from textual.events import Click
+from textual.containers import Vertical, VerticalScroll
+from textual.events import Click, MouseScrollDown, MouseScrollUp
 from textual.geometry import Region
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -33,15 +36,82 @@ if TYPE_CHECKING:
     from viz.app import DebuggerApp
 
 
-def canvas_text(canvas: layout.Canvas, styles: dict[str, str]) -> Text:
-    """A Canvas as one Rich Text, style names mapped through `styles`."""
-    text = Text(no_wrap=True, overflow="ignore", end="")
-    for y in range(canvas.height):
-        for chunk, style in canvas.runs(y):
-            text.append(chunk, styles.get(style, "") if style else None)
-        if y + 1 < canvas.height:
-            text.append("\n")
-    return text
+class CanvasView(Widget):
+    """A character canvas drawn line by line (Textual's line API), so only the rows
+    on screen become strips. The view follows the cursor: the focus region (the
+    selected box) is centred whatever the widget's size; the mouse wheel pans
+    (shift+wheel sideways) until the focus moves again."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.canvas = layout.Canvas(1, 1)
+        self.styles_map: dict[str, str] = {}
+        self._rows: dict[int, Strip] = {}
+        self._parsed: dict[str, Style] = {}
+        self._focus: Region | None = None
+        self.pan = [0, 0]
+
+    def show(self, canvas: layout.Canvas, styles: dict[str, str],
+             focus: Region | None = None) -> None:
+        """Draw `canvas` with `focus` (canvas cells) in the middle of the view."""
+        self.canvas, self.styles_map = canvas, styles
+        self._rows.clear()
+        self._parsed.clear()
+        self._focus = focus
+        self.pan = [0, 0]
+        self.refresh()
+
+    def origin(self) -> tuple[int, int]:
+        """The canvas cell shown at the widget's top-left corner."""
+        width, height = self.size
+        fx, fy = (0, 0)
+        if self._focus is not None:
+            fx = self._focus.x + self._focus.width // 2 + 1 - width // 2
+            fy = self._focus.y + self._focus.height // 2 - height // 2
+        ox = min(max(fx + self.pan[0], 0), max(self.canvas.width + 2 - width, 0))
+        oy = min(max(fy + self.pan[1], 0), max(self.canvas.height - height, 0))
+        return ox, oy
+
+    def _style(self, name: str) -> Style:
+        if name not in self._parsed:
+            self._parsed[name] = Style.parse(self.styles_map.get(name, "")) if name \
+                else Style()
+        return self._parsed[name]
+
+    def render_line(self, y: int) -> Strip:
+        ox, oy = self.origin()
+        row = y + oy
+        width = self.size.width
+        if row >= self.canvas.height:
+            return Strip.blank(width, self.rich_style)
+        strip = self._rows.get(row)
+        if strip is None:
+            base = self.rich_style
+            segments = [Segment(" ", base)] + [
+                Segment(chunk, base + self._style(style))
+                for chunk, style in self.canvas.runs(row)]
+            strip = self._rows[row] = Strip(segments, self.canvas.width + 1)
+        return strip.crop_extend(ox, ox + width, self.rich_style)
+
+    def box_at(self, x: int, y: int) -> layout.Box | None:
+        """The box under cell (x, y) of this widget, if any."""
+        ox, oy = self.origin()
+        cx, cy = x + ox - 1, y + oy
+        for box in self.canvas.boxes.values():
+            if box.x <= cx < box.x + box.w and box.y <= cy < box.y + layout.BOX_H:
+                return box
+        return None
+
+    def _scroll(self, dx: int, dy: int) -> None:
+        self.pan[0] += dx
+        self.pan[1] += dy
+        self.refresh()
+
+    def on_mouse_scroll_down(self, event: MouseScrollDown) -> None:
+        self._scroll(*((4, 0) if event.shift else (0, 3)))
+
+    def on_mouse_scroll_up(self, event: MouseScrollUp) -> None:
+        self._scroll(*((-4, 0) if event.shift else (0, -3)))
 
 
 class GraphScene:
@@ -59,7 +129,15 @@ class GraphScene:
         self.node = lambda i: now.get(i) or before[i]
         users_now = model.consumers(index)
         users_before = model.consumers(index - 1) if index > 0 else {}
-        self.inputs = lambda i: self.node(i)["inputs"]
+        # Edges of the union: a surviving node also keeps its edges from the nodes
+        # this pass removed, so the drawing shows where they were.
+        def inputs(i: str) -> list[str]:
+            own = self.node(i)["inputs"]
+            if i in now and i in before and self.removed:
+                return own + [x for x in before[i]["inputs"]
+                              if x in self.removed and x not in own]
+            return own
+        self.inputs = inputs
         self.users = lambda i: users_now.get(i, []) + [
             u for u in users_before.get(i, []) if u in self.removed]
         events = model.events_of(run)
@@ -134,13 +212,13 @@ class GraphView(Widget):
     GraphView { layout: horizontal; }
     GraphView #passes-panel { width: 36; height: 1fr; border-right: vkey $foreground 20%;
                               scrollbar-size-vertical: 1; }
+    GraphView.tiny #passes-panel { width: 28; }
     GraphView #pass-list { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }
     GraphView #rewrites { height: auto; margin-top: 1; }
     GraphView #graph-side { width: 1fr; height: 1fr; }
     GraphView #graph-caption { height: 1; padding: 0 1; text-wrap: nowrap;
                                text-overflow: ellipsis; }
-    GraphView #graph-scroll { height: 1fr; scrollbar-size: 1 1; }
-    GraphView #graph-canvas { width: auto; height: auto; padding: 0 1; text-wrap: nowrap; }
+    GraphView #graph-canvas { height: 1fr; }
     """
 
     def __init__(self, **kwargs) -> None:
@@ -151,6 +229,7 @@ class GraphView(Widget):
         self._cache: OrderedDict[tuple, layout.Canvas] = OrderedDict()
         self.canvas: layout.Canvas | None = None
         self.last_error = ""
+        self._panel_key: tuple | None = None
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="passes-panel"):
@@ -158,8 +237,7 @@ class GraphView(Widget):
             yield Static(id="rewrites")
         with Vertical(id="graph-side"):
             yield Static(id="graph-caption")
-            with ScrollableContainer(id="graph-scroll"):
-                yield Static(id="graph-canvas")
+            yield CanvasView(id="graph-canvas")
 
     @property
     def tapp(self) -> DebuggerApp:
@@ -175,13 +253,16 @@ class GraphView(Widget):
         styles = palette.styles(app.dark)
         index = app.pass_index
         center = self.center(model, index, app.selected)
-        self.query_one("#pass-list", Static).update(self.pass_list(model, index, styles))
-        self.query_one("#rewrites", Static).update(self.rewrites(model, index, center, styles))
-        canvas_widget = self.query_one("#graph-canvas", Static)
+        panel_key = (id(model), index, self.show_all_passes, app.dark, self.has_class("tiny"))
+        if panel_key != self._panel_key:  # the pass panel changes with the pass only
+            self._panel_key = panel_key
+            self.query_one("#pass-list", Static).update(self.pass_list(model, index, styles))
+            self.query_one("#rewrites", Static).update(self.rewrites(model, index, styles))
+        view = self.query_one("#graph-canvas", CanvasView)
         caption = self.query_one("#graph-caption", Static)
         if center is None:
-            caption.update("")
-            canvas_widget.update(Text("(empty graph)", style=styles["dim"]))
+            caption.update(Text("(empty graph)", style=styles["dim"]))
+            view.show(layout.Canvas(1, 1), styles)
             return
         scene = GraphScene(model, index, center, self.hops, app.run_index)
         info = model.passes[index]
@@ -192,17 +273,19 @@ class GraphView(Widget):
         if info.added or info.removed:
             cap.append(f"  +{len(info.added)}", styles["added"])
             cap.append(f" −{len(info.removed)}", styles["removed"].replace("strike ", ""))
+        if self.last_error:
+            cap.append(f"  {self.last_error}", styles["warn"])
         caption.update(cap)
         if self.outline_mode:
-            self.canvas = None
-            text = Text(no_wrap=True, overflow="ignore", end="")
-            for k, (tree, desc, style) in enumerate(scene.outline()):
-                if k:
-                    text.append("\n")
-                text.append(tree, styles.get(style, "") if style else None)
-                if desc:
-                    text.append("  " + desc, styles["dim"])
-            canvas_widget.update(text)
+            rows = scene.outline()
+            canvas = layout.Canvas(max([len(t) + len(d) + 2 for t, d, _ in rows] + [1]),
+                                   max(len(rows), 1))
+            for y, (tree, desc, style) in enumerate(rows):
+                canvas.put(0, y, tree, style)
+                canvas.put(len(tree) + 2, y, desc, "dim")
+            self.canvas = canvas
+            y = next((k for k, (t, _, _) in enumerate(rows) if t == center), 0)
+            view.show(canvas, styles, Region(0, y, 1, 1))
             return
         key = (id(model), index, center, self.hops, app.run_index)
         canvas = self._cache.get(key)
@@ -218,13 +301,9 @@ class GraphView(Widget):
             if len(self._cache) > 32:
                 self._cache.popitem(last=False)
         self.canvas = canvas
-        canvas_widget.update(canvas_text(canvas, styles))
         box = canvas.boxes.get(center)
-        if box is not None:
-            region = Region(box.x, box.y, box.w + 2, layout.BOX_H)
-            scroll = self.query_one("#graph-scroll", ScrollableContainer)
-            self.call_after_refresh(scroll.scroll_to_region, region, animate=False,
-                                    force=True)
+        focus = Region(box.x, box.y, box.w, layout.BOX_H) if box is not None else None
+        view.show(canvas, styles, focus)
 
     @staticmethod
     def center(model: RecordModel, index: int, selected: str | None) -> str | None:
@@ -241,7 +320,9 @@ class GraphView(Widget):
 
     def pass_list(self, model: RecordModel, index: int, styles: dict) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis", end="")
-        text.append("   pass        nodes   Δ    time\n", styles["title"])
+        tiny = self.has_class("tiny")   # at 80 columns: no time column
+        text.append("   pass        nodes   Δ" + ("" if tiny else "    time") + "\n",
+                    styles["title"])
         folded: list[str] = []
 
         def flush() -> None:
@@ -257,16 +338,16 @@ class GraphView(Widget):
             mark = "▶" if p.index == index else " "
             delta = p.nodes_after - p.nodes_before
             delta_text = f"{delta:+d}" if delta else ("~" if p.changed and p.index else "")
-            line = f"{mark}{p.index:>2} {p.name[:11]:<11} {p.nodes_after:>4} {delta_text:>4}" \
-                   f" {fmt_time(p.seconds):>7}"
+            line = f"{mark}{p.index:>2} {p.name[:11]:<11} {p.nodes_after:>4} {delta_text:>4}"
+            if not tiny:
+                line += f" {fmt_time(p.seconds):>7}"
             style = styles["sel"] if p.index == index else (
                 styles["dim"] if p.index and not p.changed else None)
             text.append(line + "\n", style)
         flush()
         return text
 
-    def rewrites(self, model: RecordModel, index: int, center: str | None,
-                 styles: dict) -> Text:
+    def rewrites(self, model: RecordModel, index: int, styles: dict) -> Text:
         info = model.passes[index]
         text = Text(end="")
         if index == 0:
@@ -278,14 +359,11 @@ class GraphView(Widget):
             text.append("nothing changed" if not info.changed else "(no records)",
                         styles["dim"])
         for rw in info.rewrites[:200]:
-            mine = center in rw["removed"] or center in rw["added"]
-            removed = ", ".join(rw["removed"]) or "·"
-            added = ", ".join(rw["added"]) or "·"
-            text.append("● " if mine else "- ", styles["edge_sel"] if mine else styles["dim"])
-            text.append(removed, styles["removed"])
+            text.append("- ", styles["dim"])
+            text.append(", ".join(rw["removed"]) or "·", styles["removed"])
             text.append(" → ")
-            text.append(added, styles["added"])
-            text.append(f"\n  {rw['reason']}\n", styles["near"] if mine else styles["dim"])
+            text.append(", ".join(rw["added"]) or "·", styles["added"])
+            text.append(f"\n  {rw['reason']}\n", styles["dim"])
         if len(info.rewrites) > 200:
             text.append(f"... {len(info.rewrites) - 200} more\n", styles["dim"])
         return text
@@ -328,13 +406,10 @@ class GraphView(Widget):
         return None
 
     def on_click(self, event: Click) -> None:
-        canvas = self.canvas
-        widget = self.query_one("#graph-canvas", Static)
-        offset = event.get_content_offset(widget)
-        if canvas is None or offset is None:
+        view = self.query_one("#graph-canvas", CanvasView)
+        offset = event.get_content_offset(view)
+        if offset is None or self.outline_mode:
             return
-        for box in canvas.boxes.values():
-            if box.x <= offset.x < box.x + box.w and box.y <= offset.y < box.y + layout.BOX_H:
-                if not box.key.endswith("/"):
-                    self.tapp.select(box.key)
-                return
+        box = view.box_at(offset.x, offset.y)
+        if box is not None and not box.key.endswith("/"):
+            self.tapp.select(box.key)

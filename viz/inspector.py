@@ -75,6 +75,9 @@ class Inspector(Static):
         final = model.final_id(node["id"])
         if fate:
             text.append(fate + sep, styles["removed"].replace("strike ", ""))
+        origin = model.origin(node["id"])
+        if origin:
+            text.append(origin + sep, styles["added"])
         step = model.step_of.get(final) if final else None
         if step is not None:
             entry = model.entry_of_step[step]

@@ -147,22 +147,41 @@ class _EdgeView:
 def _layered(boxes: dict[str, Box], edges: list[tuple[str, str]]
              ) -> tuple[dict[str, tuple[int, float]], dict[tuple[str, str], list[float]]]:
     """Run grandalf: {key: (layer, x center)} and {edge: x of each dummy point}."""
-    from grandalf.graphs import Edge, Graph, Vertex
+    from grandalf.graphs import Edge, Vertex, graph_core
     from grandalf.layouts import SugiyamaLayout
 
     vertices = {k: Vertex(k) for k in boxes}
     for k, v in vertices.items():
         v.view = _VertexView(boxes[k].w, BOX_H)
-    gedges = []
+    # Connected components, found here in a fixed order: grandalf's own Graph
+    # collects edges in a set, and a set of objects iterates in a different order
+    # in every process, which would make the drawing change from run to run.
+    parent = {k: k for k in boxes}
+
+    def find(k: str) -> str:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
     for a, b in edges:
-        e = Edge(vertices[a], vertices[b])
-        e.view = _EdgeView()
-        gedges.append(e)
-    graph = Graph(list(vertices.values()), gedges)
+        parent[find(a)] = find(b)
+    groups: dict[str, list[str]] = {}
+    for k in boxes:
+        groups.setdefault(find(k), []).append(k)
+    components = []
+    for keys in groups.values():
+        inside = set(keys)
+        gedges = []
+        for a, b in edges:
+            if a in inside:
+                e = Edge(vertices[a], vertices[b])
+                e.view = _EdgeView()
+                gedges.append(e)
+        components.append(graph_core([vertices[k] for k in keys], gedges))
     place: dict[str, tuple[int, float]] = {}
     dummies: dict[tuple[str, str], list[float]] = {}
     offset = 0.0
-    for component in graph.C:
+    for component in components:
         sug = SugiyamaLayout(component)
         sug.xspace, sug.yspace = 2, BOX_H + GAP
         sug.dw, sug.dh = 1, BOX_H

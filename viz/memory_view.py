@@ -66,7 +66,7 @@ class MemoryView(Widget):
         if not blocks:
             return None
         current = self.selected_tensor()
-        if current is None or current["offset"] is None:
+        if current is None or not any(t is current for t in blocks):
             return blocks[0]
         if direction in ("up", "down"):
             step = current["first_step"]
@@ -115,8 +115,7 @@ class MemoryView(Widget):
 
         steps = max(model.steps, 1)
         width = max(self.size.width - LABEL, 8)
-        per_step = max(width // steps, 1)
-        cols = min(width, steps * per_step)
+        cols = width   # steps are spread over the whole width (to scale)
         # 3 rows above the map (sizes, strategies, axis), the curve and the info below.
         rows = max(self.size.height - 3 - 1 - (info.plain.count("\n") + 1), 3)
         arena = max(stats["arena"], 1)

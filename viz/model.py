@@ -185,6 +185,14 @@ class RecordModel:
                 return text
         return None
 
+    def origin(self, node_id: str) -> str | None:
+        """One line: which pass added `node_id` and why (None for input nodes)."""
+        for p in self.passes:
+            if node_id in p.added:
+                reasons = [rw["reason"] for rw in p.rewrites if node_id in rw["added"]]
+                return f"added by {p.name}" + (f": {reasons[0]}" if reasons else "")
+        return None
+
     # -- runs and the timeline -------------------------------------------------------
 
     def events_of(self, run: int) -> dict[str, dict]:
@@ -302,7 +310,8 @@ class RecordModel:
         return len(self.schedule)
 
     def arena_tensors(self) -> list[dict]:
-        return [t for t in self.tensors if t["offset"] is not None]
+        """The blocks of the arena map: tensors with an offset and at least a byte."""
+        return [t for t in self.tensors if t["offset"] is not None and t["nbytes"] > 0]
 
     def blame(self, node_id: str) -> Blame | None:
         """Why the tensor of `node_id` sits where it does: the freed tensor whose
@@ -312,11 +321,11 @@ class RecordModel:
         if tensor is None:
             return None
         inplace = self.tensor_of.get(tensor["inplace_of"]) if tensor["inplace_of"] else None
-        if tensor["offset"] is None:
+        if tensor["offset"] is None or tensor["nbytes"] == 0:
             return Blame(tensor, None, inplace, [])
-        lo, hi = tensor["offset"], tensor["offset"] + max(tensor["nbytes"], 1)
+        lo, hi = tensor["offset"], tensor["offset"] + tensor["nbytes"]
         sharers = [t for t in self.arena_tensors() if t is not tensor
-                   and t["offset"] < hi and lo < t["offset"] + max(t["nbytes"], 1)]
+                   and t["offset"] < hi and lo < t["offset"] + t["nbytes"]]
         earlier = [t for t in sharers if t["last_step"] < tensor["first_step"]]
         took = max(earlier, key=lambda t: (t["last_step"], t["nbytes"])) if earlier else None
         sharers.sort(key=lambda t: (t["first_step"], t["offset"]))

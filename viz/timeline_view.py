@@ -216,6 +216,29 @@ class TimelineView(Widget):
             if selected["step"] is not None:
                 for line in model.waits_of(selected["node"], run) or ["no cross-stream waits"]:
                     text.append(f"  {line}\n", styles["wait"])
+        # With room to spare (a tall terminal), the critical path and every wait.
+        room = self.size.height - text.plain.count("\n") - 1
+        if room >= 3:
+            chain = sorted((e for e in timeline["events"] if id(e) in critical),
+                           key=lambda e: e["start"])
+            text.append("\ncritical path: ", styles["crit"])
+            text.append(" → ".join(e["node"] for e in chain) + "\n", styles["dim"])
+            room -= 2
+        waits = [(e, w) for e in model.schedule for w in e["waits"]]
+        if room >= 3 and waits:
+            text.append(f"\ncross-stream waits ({len(waits)}):\n", styles["title"])
+            room -= 2
+            events = model.events_of(run)
+            chosen = selected["node"] if selected else None
+            for entry, wait in waits[:room]:
+                producer = model.entry_of_step[wait["step"]]["node"]
+                mine, done = events.get(entry["node"]), events.get(producer)
+                slack = f", ready {fmt_time(max(0.0, mine['start'] - done['end']))} before" \
+                    if mine and done else ""
+                text.append(f"  {entry['node']} ({model.streams.get(entry['stream'])}) "
+                            f"waits on event {wait['event']} ← {producer} "
+                            f"({model.streams.get(wait['stream'])}){slack}\n",
+                            styles["edge_sel"] if chosen == entry["node"] else styles["dim"])
         return text
 
     @staticmethod

@@ -1,0 +1,444 @@
+"""The terminal debugger: its record model, the graph drawing, every view and the
+interactions that link them (driven with Textual's Pilot), a few screen snapshots,
+and the exports."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tinyflow import trace
+from viz import export, layout
+from viz.app import DebuggerApp, HelpScreen
+from viz.graph_view import CanvasView, GraphView
+from viz.inspector import Inspector
+from viz.memory_view import MemoryView
+from viz.model import RecordModel
+from viz.timeline_view import LABEL, TimelineView
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+MLP = os.path.join(FIXTURES, "mlp.record.json")
+NAN = os.path.join(FIXTURES, "mlp_nan.record.json")
+
+
+@pytest.fixture(scope="module")
+def record() -> dict:
+    return trace.load(MLP)
+
+
+@pytest.fixture(scope="module")
+def model(record) -> RecordModel:
+    return RecordModel(record)
+
+
+def pilot_test(fn):
+    """Run an async Pilot test with asyncio (no pytest plugin needed)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        asyncio.run(fn(*args, **kwargs))
+    return run
+
+
+async def opened(pilot) -> None:
+    """Wait until the loading worker is done and the screen shows the record."""
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+# -- the model ---------------------------------------------------------------------------
+
+def test_pass_infos_match_the_graphs(model, record):
+    for info, graph in zip(model.passes, record["graphs"]):
+        assert info.nodes_after == len(graph["nodes"])
+        if info.index:
+            before = {n["id"] for n in record["graphs"][info.index - 1]["nodes"]}
+            after = {n["id"] for n in graph["nodes"]}
+            assert set(info.added) == after - before
+            assert set(info.removed) == before - after
+            assert all(rw["pass"] == info.name for rw in info.rewrites)
+    stops = model.changed_passes()
+    assert stops[0] == 0
+    folded = [p.index for p in model.passes if p.index and not p.changed]
+    assert folded and not set(folded) & set(stops)
+
+
+def test_critical_path_is_a_chain_that_ends_the_run(model):
+    for run in range(len(model.timelines)):
+        path = model.critical_path(run)
+        events = [e for e in model.timelines[run]["events"] if id(e) in path]
+        events.sort(key=lambda e: e["start"])
+        assert events[-1]["end"] == max(e["end"] for e in model.timelines[run]["events"])
+        for a, b in zip(events, events[1:]):
+            assert a["end"] <= b["start"] + 1e-9, "each link finishes before the next starts"
+
+
+def test_blame_names_the_freed_tensor_and_every_sharer(model):
+    blocks = model.arena_tensors()
+    checked = 0
+    for tensor in blocks:
+        blame = model.blame(tensor["node"])
+        lo, hi = tensor["offset"], tensor["offset"] + tensor["nbytes"]
+        expected = {t["node"] for t in blocks if t is not tensor
+                    and t["offset"] < hi and lo < t["offset"] + t["nbytes"]}
+        assert {t["node"] for t in blame.sharers} == expected
+        if blame.took_from is not None:
+            took = blame.took_from
+            assert took["last_step"] < tensor["first_step"]
+            assert took["node"] in expected
+            checked += 1
+    assert checked, "the fixture's plan reuses memory"
+
+
+def test_first_nonfinite_and_fate(model):
+    nan = RecordModel(trace.load(NAN))
+    assert nan.first_nonfinite(0) == nan.record["check"]["node"]
+    assert model.first_nonfinite(0) is None
+    removed = next(p for p in model.passes if p.removed)
+    gone = removed.removed[0]
+    assert model.fate(gone).startswith(f"removed by {removed.name}")
+    assert model.fate(model.schedule[0]["node"]) is None
+
+
+# -- the drawing -------------------------------------------------------------------------
+
+def _draw(model, center, hops=2):
+    nodes, users = model.nodes(), model.consumers()
+    ids = layout.neighbourhood(center, lambda i: nodes[i]["inputs"], lambda i: users[i], hops)
+    boxes = {i: layout.Box(i, nodes[i]["op"], i, "node",
+                           w=layout.box_width(nodes[i]["op"], i)) for i in ids}
+    edges = [(a, b) for b in ids for a in nodes[b]["inputs"] if a in boxes]
+    return layout.draw(boxes, edges), edges
+
+
+def test_drawing_boxes_do_not_overlap_and_arrows_enter_their_targets(model):
+    center = max(model.nodes(), key=lambda i: len(model.nodes()[i]["inputs"]))
+    canvas, edges = _draw(model, center)
+    boxes = list(canvas.boxes.values())
+    for a in boxes:
+        for b in boxes:
+            if a is not b and a.y == b.y:
+                assert a.x + a.w <= b.x or b.x + b.w <= a.x, (a.key, b.key)
+    for _, target in edges:
+        box = canvas.boxes[target]
+        above = canvas.chars[box.y - 1][box.x:box.x + box.w]
+        assert "▼" in above, f"no arrow into {target}"
+    again, _ = _draw(model, center)   # the same drawing every time (no set order)
+    assert again.chars == canvas.chars
+    for box in boxes:  # each label sits in its box
+        assert "".join(canvas.chars[box.y + 1][box.x + 1:box.x + box.w - 1]).strip()[:5] \
+            == box.label[:5]
+
+
+def test_neighbourhood_collapse_and_outline():
+    chain = {f"n{k}": [f"n{k - 1}"] if k else [] for k in range(10_000)}
+    users = {f"n{k}": [f"n{k + 1}"] if k < 9_999 else [] for k in range(10_000)}
+    near = layout.neighbourhood("n500", chain.__getitem__, users.__getitem__, hops=3)
+    assert sorted(near) == sorted(f"n{k}" for k in range(497, 504))
+    capped = layout.neighbourhood("n500", chain.__getitem__, users.__getitem__, 50, limit=9)
+    assert len(capped) == 9
+    # A 10,000-deep outline: no recursion limit, and every level indented once more.
+    rows = layout.outline("n9999", chain.__getitem__, lambda i: "", depth=10_000, limit=20_000)
+    assert len(rows) == 10_000 and rows[-1][0].strip().endswith("n0")
+    keys = layout.collapse(["a/b/x", "a/b/y", "a/c", "d", "e/f"], keep_scope="e")
+    assert keys == {"a/b/x": "a/b/", "a/b/y": "a/b/", "a/c": "a/c", "d": "d", "e/f": "e/f"}
+
+
+# -- the app: views and interactions -----------------------------------------------------
+
+@pilot_test
+async def test_graph_view_steps_through_passes(model):
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await opened(pilot)
+        graph = app.query_one(GraphView)
+        assert app.pass_index == model.last and app.view == "graph"
+        visited = [app.pass_index]
+        for _ in range(len(model.passes)):
+            await pilot.press("left_square_bracket")
+            visited.append(app.pass_index)
+        stops = sorted(set(visited))
+        assert stops == sorted(set(model.changed_passes()) | {model.last})
+        # A pass that removed nodes: they are drawn, struck through, where they were.
+        info = next(p for p in model.passes if p.removed and p.added)
+        app.pass_index = info.index
+        app.select(info.added[0])
+        await pilot.pause()
+        kinds = {b.key: b.kind for b in graph.canvas.boxes.values()}
+        assert kinds[info.added[0]] == "sel"
+        assert "removed" in kinds.values()
+        assert all(k in info.removed for k, kind in kinds.items() if kind == "removed")
+        caption = str(app.query_one("#graph-caption").render())
+        assert f"after {info.name}" in caption
+        rewrites = str(app.query_one("#rewrites").render())
+        assert info.rewrites[0]["reason"][:30] in rewrites.replace("\n", " ")
+        # Unfold the no-op passes: now they are stops too.
+        await pilot.press("f")
+        app.pass_index = 0
+        steps = [0]
+        for _ in range(len(model.passes)):
+            await pilot.press("right_square_bracket")
+            steps.append(app.pass_index)
+        assert sorted(set(steps)) == list(range(len(model.passes)))
+
+
+@pilot_test
+async def test_graph_cursor_keys_click_outline_and_hops(model):
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await opened(pilot)
+        graph = app.query_one(GraphView)
+        start = app.selected
+        await pilot.press("down")
+        assert app.selected == model.consumers()[start][0]
+        await pilot.press("up")
+        assert app.selected == model.nodes()[model.consumers()[start][0]]["inputs"][0]
+        before = len(graph.canvas.boxes)
+        await pilot.press("plus")
+        assert graph.hops == 3 and len(graph.canvas.boxes) >= before
+        # Click a box that is not the selected one: it becomes the selection.
+        view = app.query_one(CanvasView)
+        ox, oy = view.origin()
+        width, height = view.size
+        target = next(b for b in graph.canvas.boxes.values() if b.key != app.selected
+                      and 0 <= b.x + 2 - ox < width and 0 <= b.y + 1 - oy < height)
+        await pilot.click(CanvasView, offset=(target.x + 2 - ox, target.y + 1 - oy))
+        assert app.selected == target.key
+        await pilot.press("o")
+        assert graph.outline_mode
+        assert any(app.selected in "".join(row) for row in graph.canvas.chars)
+
+
+@pilot_test
+async def test_timeline_select_a_bar_and_see_its_node(model):
+    app = DebuggerApp(MLP, view="timeline")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await opened(pilot)
+        timeline = app.query_one(TimelineView)
+        first = timeline.current_event()
+        assert first["node"] == app.selected
+        lane = model.lanes(app.run_index)[first["stream"]]
+        await pilot.press("right")
+        assert app.selected == lane[1]["node"] and timeline.current_event() == lane[1]
+        assert app.selected in str(app.query_one(Inspector).render())
+        # Click the first bar of the other compute lane: its node is selected.
+        await pilot.press("0")
+        await pilot.pause()
+        other = next(s for s, events in model.lanes(app.run_index).items()
+                     if events and s != first["stream"])
+        row = next(r for r, s in timeline._lane_rows.items() if s == other)
+        col = next(c for c, e in enumerate(timeline._cells[other]) if e is not None)
+        owner = timeline._cells[other][col]
+        await pilot.click(TimelineView, offset=(LABEL + col + 1, row))
+        assert app.selected == owner["node"]
+        assert timeline.current_event() is owner
+        # A step that waited on another stream lists the event it waited on.
+        waiting = next(e for e in model.schedule if e["waits"])
+        app.select(waiting["node"])
+        await pilot.pause()
+        text = timeline.render().plain
+        assert f"waits on event {waiting['waits'][0]['event']}" in text
+        assert "critical path" in text
+        # Zoom, pan, fit; the run selector.
+        await pilot.press("plus", "plus")
+        assert timeline.zoom == 4
+        before = timeline.window()[0]
+        await pilot.press("full_stop")
+        assert timeline.window()[0] > before
+        await pilot.press("0")
+        assert timeline.zoom == 1
+        run = app.run_index
+        await pilot.press("r")
+        assert app.run_index == (run + 1) % len(model.timelines)
+        assert f"run {app.run_index + 1}/{len(model.timelines)}" in timeline.render().plain
+
+
+@pilot_test
+async def test_memory_select_a_block_and_see_its_sharers(model):
+    app = DebuggerApp(MLP, view="memory")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await opened(pilot)
+        memory = app.query_one(MemoryView)
+        target = max(model.arena_tensors(), key=lambda t: len(model.blame(t["node"]).sharers))
+        app.select(target["node"])
+        await pilot.pause()
+        text = memory.render().plain
+        sharers = model.blame(target["node"]).sharers
+        assert f"shared its bytes with {len(sharers)}" in text
+        assert sharers[0]["node"] in text and f"why: {target['reason']}" in text
+        # Right moves in time order, and the block is drawn where the plan put it.
+        order = sorted(model.arena_tensors(), key=lambda t: (t["first_step"], t["offset"]))
+        k = order.index(target)
+        await pilot.press("right")
+        if k + 1 < len(order):
+            assert app.selected == order[k + 1]["node"]
+        cell = next((r, c) for r, row in enumerate(memory._grid)
+                    for c, owner in enumerate(row) if owner is memory.selected_tensor())
+        # Clicking a cell of another block selects that block.
+        other = next((r, c, o) for r, row in enumerate(memory._grid)
+                     for c, o in enumerate(row) if o is not None and o is not
+                     memory.selected_tensor())
+        await pilot.click(MemoryView, offset=(other[1] + 9 + 1, other[0] + 3))
+        assert app.selected == other[2]["node"]
+        assert cell is not None
+
+
+@pilot_test
+async def test_one_cursor_links_the_three_views(model):
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await opened(pilot)
+        await pilot.press("down")            # graph: move to a consumer
+        chosen = app.selected
+        await pilot.press("2")
+        assert app.query_one(TimelineView).current_event()["node"] == chosen
+        await pilot.press("3")
+        assert app.query_one(MemoryView).selected_tensor()["node"] == chosen
+        await pilot.press("left")            # memory: another block ...
+        picked = app.selected
+        await pilot.press("1")               # ... is the node the graph centres on
+        graph = app.query_one(GraphView)
+        assert graph.canvas.boxes[picked].kind == "sel"
+        assert picked in str(app.query_one(Inspector).render())
+        # A node that fusion removed, selected at its pass, maps to what replaced it.
+        info = next(p for p in model.passes if p.removed and p.added and
+                    any(model.final_id(r) for r in p.removed))
+        gone = next(r for r in info.removed if model.final_id(r))
+        app.select(gone)
+        await pilot.press("2")
+        assert app.query_one(TimelineView).current_event()["node"] == model.final_id(gone)
+
+
+@pilot_test
+async def test_first_nan_key_help_and_theme():
+    nan_record = trace.load(NAN)
+    app = DebuggerApp(NAN, view="timeline")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot)
+        app.select(nan_record["graphs"][-1]["outputs"][0])
+        await pilot.press("N")
+        assert app.selected == nan_record["check"]["node"]
+        assert "check_numerics" in str(app.query_one(Inspector).render())
+        dark = app.dark
+        await pilot.press("d")
+        assert app.dark != dark
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("truncate", "the file is truncated"),
+    ("newer", "written by a newer TinyFlow (version 2 > 1)"),
+    ("garbage", "not a DebugRecord"),
+    ("schema", "malformed record: graphs[0].nodes[0].op"),
+])
+@pilot_test
+async def test_bad_records_give_a_message_not_a_traceback(tmp_path, record, damage, message):
+    path = tmp_path / "bad.json"
+    text = json.dumps(record)
+    if damage == "truncate":
+        path.write_text(text[: len(text) // 3])
+    elif damage == "newer":
+        path.write_text(json.dumps({**record, "version": 2}))
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\x01 not json at all")
+    else:
+        broken = copy.deepcopy(record)
+        broken["graphs"][0]["nodes"][0]["op"] = 7
+        path.write_text(json.dumps(broken))
+    app = DebuggerApp(str(path))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot)
+        assert app.model is None and message in app.error
+        assert message in str(app.query_one("#error").render())
+        await pilot.press("1", "down", "N")  # keys do nothing harmful
+        assert app.model is None
+
+
+@pilot_test
+async def test_a_2000_node_record_opens(tmp_path):
+    sys.path.insert(0, FIXTURES)
+    import make_record
+    record = make_record.big_record(layers=100)
+    assert len(record["graphs"][0]["nodes"]) >= 2000
+    path = tmp_path / "big.json.gz"
+    trace.save(record, path)
+    app = DebuggerApp(str(path))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await opened(pilot)
+        assert app.model is not None and app.load_seconds > 0
+        graph = app.query_one(GraphView)
+        assert 0 < len(graph.canvas.boxes) <= layout.MAX_LAYOUT
+        for key in ("down", "right", "2", "right", "3", "right", "1", "left_square_bracket"):
+            await pilot.press(key)
+        assert app.selected is not None
+
+
+# -- snapshots ---------------------------------------------------------------------------
+
+async def _ready(pilot) -> None:
+    await opened(pilot)
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("view,size,theme", [
+    ("graph", (80, 24), "dark"), ("graph", (160, 48), "dark"),
+    ("timeline", (80, 24), "dark"), ("timeline", (160, 48), "light"),
+    ("memory", (80, 24), "light"), ("memory", (160, 48), "dark"),
+])
+def test_snapshots(snap_compare, view, size, theme):
+    app = DebuggerApp(MLP, view=view, theme=theme)
+    assert snap_compare(app, terminal_size=size, run_before=_ready)
+
+
+# -- exports -----------------------------------------------------------------------------
+
+def test_to_dot_marks_what_a_pass_did(record):
+    info = RecordModel(record).passes
+    changed = next(p for p in info if p.removed and p.added)
+    source = export.to_dot(record, after_pass=changed.name)
+    for gone in changed.removed:
+        assert f'"{gone}"' in source or f"{gone} [" in source
+    assert "dashed" in source and "#2e7d32" in source
+    last = export.to_dot(record)
+    assert "dashed" not in last or info[-1].removed
+    with pytest.raises(export.ExportError, match="no pass 'nope'"):
+        export.to_dot(record, after_pass="nope")
+
+
+def test_export_command_line(tmp_path, monkeypatch):
+    out = tmp_path / "g.dot"
+    assert export.main([MLP, "--dot", str(out), "--after", "1"]) == 0
+    assert out.read_text().startswith("digraph")
+    perfetto = tmp_path / "t.json"
+    assert export.main([MLP, "--perfetto", str(perfetto), "--run", "0"]) == 0
+    events = json.loads(perfetto.read_text())["traceEvents"]
+    assert any(e["ph"] == "X" for e in events)
+    svg = tmp_path / "g.svg"
+    if export.find_dot():
+        assert export.main([MLP, "--dot", str(svg)]) == 0
+        assert "<svg" in svg.read_text()
+    monkeypatch.setattr(export, "find_dot", lambda: None)
+    monkeypatch.delenv("TINYFLOW_DOT", raising=False)
+    with pytest.raises(export.ExportError, match="pip install graphviz-pure"):
+        export.write_dot(trace.load(MLP), str(tmp_path / "x.svg"))
+
+
+def test_python_m_viz_errors_are_plain(tmp_path):
+    bad = tmp_path / "newer.json"
+    bad.write_text(json.dumps({"format": trace.FORMAT, "version": 9}))
+    done = subprocess.run([sys.executable, "-m", "viz", "export", str(bad), "--perfetto",
+                           str(tmp_path / "p.json")], capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "written by a newer TinyFlow (version 9 > 1)" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "viz", str(tmp_path / "missing.json")],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "no such file" in done.stderr
