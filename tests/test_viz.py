@@ -442,3 +442,24 @@ def test_python_m_viz_errors_are_plain(tmp_path):
     done = subprocess.run([sys.executable, "-m", "viz", str(tmp_path / "missing.json")],
                           capture_output=True, text=True)
     assert done.returncode == 1 and "no such file" in done.stderr
+
+
+@pilot_test
+async def test_sparse_records_open_in_every_view(record):
+    """A record with no graph at all, and one with graphs but no runs or plan
+    (compile(debug=...) before the first run), open without errors in every view."""
+    bare = trace.empty_record("empty")
+    graphs_only = {**trace.empty_record("graphs only"), "graphs": record["graphs"],
+                   "rewrites": record["rewrites"]}
+    for rec in (bare, graphs_only):
+        app = DebuggerApp(record=copy.deepcopy(rec))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await opened(pilot)
+            assert app.error is None and app.model is not None
+            for key in ("down", "left_square_bracket", "2", "right", "plus", "3", "left",
+                        "N", "r", "1", "o"):
+                await pilot.press(key)
+            await pilot.press("2")
+            assert "no timeline" in app.query_one(TimelineView).render().plain
+            await pilot.press("3")
+            assert "no memory plan" in app.query_one(MemoryView).render().plain

@@ -596,9 +596,10 @@ def last_graph_nodes(record: dict) -> dict[str, dict]:
 def live_bytes_per_step(record: dict) -> dict[int, int]:
     """{schedule step: arena bytes in use while it runs}, from the memory plan.
 
-    A tensor counts from its first to its last step; one that reuses another's
-    storage in place (``inplace_of``) adds nothing. Tensors outside the arena
-    (offset null) are not counted. Empty when there is no plan.
+    A tensor counts from its first to its last step. One written in place over its
+    input (``inplace_of``) shares that input's bytes at the step that writes it, so
+    it counts from the step after. Tensors outside the arena (offset null) are not
+    counted. Empty when there is no plan.
     """
     plan = record.get("memory_plan")
     steps = [e["step"] for e in record.get("schedule", [])]
@@ -606,9 +607,10 @@ def live_bytes_per_step(record: dict) -> dict[int, int]:
         return {}
     delta: dict[int, int] = {}
     for t in plan["tensors"]:
-        if t["offset"] is None or t["inplace_of"] is not None:
+        first = t["first_step"] + (1 if t["inplace_of"] is not None else 0)
+        if t["offset"] is None or first > t["last_step"]:
             continue
-        delta[t["first_step"]] = delta.get(t["first_step"], 0) + t["nbytes"]
+        delta[first] = delta.get(first, 0) + t["nbytes"]
         delta[t["last_step"] + 1] = delta.get(t["last_step"] + 1, 0) - t["nbytes"]
     live, result = 0, {}
     for step in range(min(steps), max(steps) + 1):

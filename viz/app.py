@@ -44,7 +44,7 @@ A node selected in one view is selected in the others.
 [b]Views[/b]
   1  graph     the graph after each pass; added nodes green, removed red
   2  timeline  one lane per stream, bars to scale, ━ marks the critical path
-  3  memory    the arena: offset down, step across; ▓ = shared the same bytes
+  3  memory    the arena, offset by step; ▓ = shared the selected bytes
 
 [b]Everywhere[/b]
   ↑ ↓ ← →   move the cursor (graph: ↑ input, ↓ consumer, ← → same row)
@@ -64,8 +64,9 @@ class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: auto; max-width: 90%; height: auto; max-height: 90%;
+    HelpScreen > Vertical { width: 80; max-width: 100%; height: auto; max-height: 100%;
                             border: round $accent; padding: 0 1; background: $surface; }
+    HelpScreen Static { width: 100%; }
     """
 
     def compose(self) -> ComposeResult:

@@ -35,6 +35,8 @@ from viz.model import RecordModel, fmt_shape, fmt_time
 if TYPE_CHECKING:
     from viz.app import DebuggerApp
 
+SHOWN_REWRITES = 40   # rewrite records listed per pass (a big graph has thousands)
+
 
 class CanvasView(Widget):
     """A character canvas drawn line by line (Textual's line API), so only the rows
@@ -248,9 +250,12 @@ class GraphView(Widget):
     def sync(self) -> None:
         app = self.tapp
         model = app.model
-        if model is None or not model.graphs:
-            return
         styles = palette.styles(app.dark)
+        if model is None or not model.graphs:
+            if model is not None:
+                self.query_one("#graph-caption", Static).update(
+                    Text("This record holds no graph.", style=styles["dim"]))
+            return
         index = app.pass_index
         center = self.center(model, index, app.selected)
         panel_key = (id(model), index, self.show_all_passes, app.dark, self.has_class("tiny"))
@@ -358,14 +363,15 @@ class GraphView(Widget):
         if not info.rewrites:
             text.append("nothing changed" if not info.changed else "(no records)",
                         styles["dim"])
-        for rw in info.rewrites[:200]:
+        for rw in info.rewrites[:SHOWN_REWRITES]:
             text.append("- ", styles["dim"])
             text.append(", ".join(rw["removed"]) or "·", styles["removed"])
             text.append(" → ")
             text.append(", ".join(rw["added"]) or "·", styles["added"])
             text.append(f"\n  {rw['reason']}\n", styles["dim"])
-        if len(info.rewrites) > 200:
-            text.append(f"... {len(info.rewrites) - 200} more\n", styles["dim"])
+        if len(info.rewrites) > SHOWN_REWRITES:
+            text.append(f"... {len(info.rewrites) - SHOWN_REWRITES} more (all of them: "
+                        "python -m viz export FILE --dot OUT.svg --after PASS)\n", styles["dim"])
         return text
 
     # -- the cursor ------------------------------------------------------------------
@@ -376,7 +382,7 @@ class GraphView(Widget):
         previous/next node in topological order)."""
         app = self.tapp
         model = app.model
-        if model is None:
+        if model is None or not model.graphs:
             return None
         index = app.pass_index
         center = self.center(model, index, app.selected)

@@ -205,7 +205,7 @@ class MemoryView(Widget):
         if blame is not None:
             if blame.inplace_of is not None:
                 text.append(f"  in place of {blame.inplace_of['node']}\n", styles["near"])
-            if blame.took_from is not None:
+            if blame.took_from is not None and blame.took_from["node"] not in tensor["reason"]:
                 text.append(f"  took the space of {blame.took_from['node']} (freed after "
                             f"step {blame.took_from['last_step']})\n", styles["near"])
             if blame.sharers:

@@ -139,6 +139,8 @@ class RecordModel:
         the node itself (also when pass `index` removed it: the drawing shows it
         struck through), the node that took it over (fused, rewritten), or, for a
         node that only exists later, the first of its provenance found here."""
+        if not 0 <= index < len(self.graphs):
+            return None
         if node_id in self.nodes(index) or node_id in self.passes[index].removed:
             return node_id
         found = self.find_in(node_id, index)

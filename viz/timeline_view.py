@@ -183,8 +183,9 @@ class TimelineView(Widget):
             self._lane_rows[row] = stream
             name = model.streams.get(stream, str(stream))
             text.append(f"{name[:LABEL - 1]:<{LABEL}}", styles["title"])
-            self._bars(text, owners, selected, styles, app.dark, start, per_col, model,
-                       run)
+            self._bars(text, owners, selected if selected is not None and
+                       selected["stream"] == stream else None, styles, app.dark, start,
+                       per_col, model, run)
             text.append("\n")
             text.append(" " * LABEL)
             for owner in owners:
@@ -262,6 +263,7 @@ class TimelineView(Widget):
 
     def _bars(self, text: Text, owners: list, selected: dict | None, styles: dict,
               dark: bool, start: float, per_col: float, model, run: int) -> None:
+        """One lane's bars; `selected` is the cursor's event if it is on this lane."""
         # The idle gap before the selected step, when it waited on another stream.
         gap = set()
         if selected is not None and selected["step"] is not None and \
