@@ -218,14 +218,14 @@ from tinyflow.allreduce import (CollectiveError, broadcast, init_communicator,
                                 naive_allreduce, ring_allreduce)
 
 mode, out_dir = sys.argv[1], sys.argv[2]
-if mode == "fail":          # rank 1 fails at once; the others would linger
-    if os.environ.get("TINYFLOW_RANK") == "1":
+comm = init_communicator(timeout=float(sys.argv[3]))
+
+if mode == "fail":          # rank 1 fails after starting; the others would linger
+    if comm.rank == 1:
         sys.exit(3)
     time.sleep(30)
-    open(os.path.join(out_dir, "survivor%s" % os.environ.get("TINYFLOW_RANK")), "w").close()
+    open(os.path.join(out_dir, "survivor%d" % comm.rank), "w").close()
     sys.exit(0)
-
-comm = init_communicator(timeout=float(sys.argv[3]))
 
 def report(**info):
     info["transport"] = type(comm).__name__
@@ -330,7 +330,7 @@ def test_a_rank_killed_mid_allreduce_makes_the_others_raise(child, tmp_path):
 
 
 def test_launch_stops_the_others_when_a_rank_fails(child, tmp_path):
-    assert launch(3, str(child), ["fail", str(tmp_path)], use_mpi=False) == 3
+    assert launch(3, str(child), ["fail", str(tmp_path), "30"], use_mpi=False) == 3
     assert not list(tmp_path.glob("survivor*"))   # terminated, never finished
 
 
@@ -348,6 +348,12 @@ needs_mpi = pytest.mark.skipif(
 @pytest.mark.parametrize("n", [2, 4])
 def test_ring_on_mpi(child, tmp_path, n):
     check_ranks(child, tmp_path, n, use_mpi=True)
+
+
+@needs_mpi
+def test_mpi_launch_stops_the_others_when_a_rank_fails(child, tmp_path):
+    assert launch(3, str(child), ["fail", str(tmp_path), "30"], use_mpi=True) != 0
+    assert not list(tmp_path.glob("survivor*"))
 
 
 @needs_mpi

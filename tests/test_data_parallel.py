@@ -18,6 +18,7 @@ from tinyflow.parallel import (
     DistributedOptimizer,
     broadcast_variables,
     plan_buckets,
+    timeline_with_ring_steps,
 )
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "tutorials" / "train_data_parallel.py"
@@ -148,13 +149,14 @@ def test_allreduce_runs_on_the_comm_stream_before_the_updates():
     def rank(comm):
         sess = tf.Session(trace=True)
         sess.run(init)
+        comm.trace = []          # the allreduce nodes record their ring steps here
         sess.run(train_ops[comm.rank], {x: data_x, y: data_y})
         program = sess.last_program
         names = program.schedule.names
         steps = [(s.node.op, names[s.stream]) for s in program.steps]
-        return steps, program.last_timeline, names
+        return steps, program.last_timeline, names, comm.trace
 
-    steps, timeline, names = run_threads(comms, rank)[0]
+    steps, timeline, names, records = run_threads(comms, rank)[0]
     assert {stream for op, stream in steps if op == "allreduce"} == {"comm"}
     assert all(stream != "comm" for op, stream in steps if op != "allreduce")
     ops = [op for op, _ in steps]
@@ -166,7 +168,18 @@ def test_allreduce_runs_on_the_comm_stream_before_the_updates():
     assert "matmul" in ops[first_allreduce:last_allreduce]
     assert ops.index("assign") > last_allreduce
     comm_index = names.index("comm")
-    assert [e["stream"] for e in timeline if e["op"] == "allreduce"] == [comm_index] * 3
+    reduces = [e for e in timeline if e["op"] == "allreduce"]
+    assert [e["stream"] for e in reduces] == [comm_index] * 3
+
+    # The ring inside each allreduce: 2 ranks -> 1 reduce-scatter + 1 all-gather step.
+    merged = timeline_with_ring_steps(timeline, records)
+    ring = [e for e in merged if e["op"] == "ring_step"]
+    assert len(ring) == 3 * 2 and len(merged) == len(timeline) + len(ring)
+    for event in reduces:
+        inside = [e for e in ring if e["node"].startswith(event["node"] + "/")]
+        assert [e["args"]["phase"] for e in inside] == ["reduce-scatter", "all-gather"]
+        assert all(event["start"] <= e["start"] <= e["end"] <= event["end"] for e in inside)
+        assert all(e["stream"] == comm_index and e["args"]["src"] == 0 for e in inside)
 
 
 def test_tutorial_under_launch_matches_threads(tmp_path):

@@ -8,7 +8,8 @@ rank move only 2(N-1)/N of the array, independent of N, in two phases over N chu
 
     reduce-scatter: N-1 steps; in step s rank r sends chunk (r - s) to rank r+1 and
                     adds the chunk it receives from rank r-1 into its own copy. After
-                    N-1 steps rank r holds the complete sum of chunk (r + 1).
+                    N-1 steps rank r holds the complete sum of chunk (r + 1) (for a
+                    mean it divides just that chunk by N: 1/N of the work).
     all-gather:     N-1 steps; rank r passes the complete chunks around the ring,
                     each received chunk overwriting the stale one.
 
@@ -145,6 +146,9 @@ def ring_allreduce(array: Any, comm: Transport, op: str = "sum", *,
         if record is not None:
             record.append(_step_record("reduce-scatter", step, send_index, rank, right,
                                        began, chunk(send_index).nbytes))
+    if op == "mean":  # divide the one chunk this rank finished; all-gather spreads it
+        owned = chunk(rank + 1)
+        xp.divide(owned, size, out=owned)
     for step in range(size - 1):  # all-gather: pass the finished chunks around
         send_index, recv_index = (rank + 1 - step) % size, (rank - step) % size
         began = time.perf_counter()
@@ -152,8 +156,6 @@ def ring_allreduce(array: Any, comm: Transport, op: str = "sum", *,
         if record is not None:
             record.append(_step_record("all-gather", step, send_index, rank, right,
                                        began, chunk(send_index).nbytes))
-    if op == "mean":
-        xp.divide(flat, size, out=flat)
     return result
 
 
@@ -227,6 +229,7 @@ def ring_timeline_events(record: Sequence[dict], t0: float, stream: int,
 # Starting ranks
 # ----------------------------------------------------------------------------------
 
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 
@@ -286,7 +289,8 @@ def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = 
     env      extra environment variables for the ranks
 
     With local processes, each rank gets TINYFLOW_RANK / _SIZE / _ADDR (a fresh socket
-    directory) and builds its transport with `init_communicator()`. If a rank exits
+    directory) and builds its transport with `init_communicator()`. Each rank's BLAS
+    gets cores/n threads unless OMP_NUM_THREADS & co. are already set. If a rank exits
     with an error, the others are terminated and its exit code is returned (a rank
     killed by a signal gives 128 + signal). mpiexec does the same for MPI jobs.
     This is what ``tinyflow launch -n N script.py`` calls.
@@ -296,6 +300,11 @@ def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = 
     if not Path(script).exists():
         raise FileNotFoundError(f"launch: no script {script!r}")
     child_env = {**os.environ, **(env or {})}
+    # N ranks share the machine's cores: give each rank's BLAS its share, unless the
+    # user chose (torchrun does the same). Oversubscribed BLAS threads spin and wait
+    # on each other, which made a small model's step 15x slower on a loaded 2 cores.
+    for variable in BLAS_THREAD_VARIABLES:
+        child_env.setdefault(variable, str(max(1, (os.cpu_count() or 1) // n)))
     if timeout is not None:
         child_env[ENV_TIMEOUT] = str(timeout)
     if use_mpi == "auto":
@@ -308,6 +317,10 @@ def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = 
                                 "pip install 'tinyflow[dist]'")
         for variable in (ENV_RANK, ENV_SIZE, ENV_ADDR):
             child_env.pop(variable, None)  # the ranks must pick MPI, not sockets
+        # `python -m mpi4py script` turns an uncaught exception or a non-zero exit
+        # into MPI_Abort, so mpiexec stops every rank at once (a plain exit would
+        # finalize MPI cleanly and leave the others waiting for their timeout).
+        argv = [sys.executable, "-m", "mpi4py", script, *map(str, args)]
         return subprocess.call(_mpiexec_command(mpiexec, n) + argv, env=child_env)
     return _launch_local(n, argv, child_env)
 

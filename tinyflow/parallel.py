@@ -27,19 +27,21 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tinyflow import api, ops
-from tinyflow.allreduce import broadcast, ring_allreduce
+from tinyflow.allreduce import broadcast, ring_allreduce, ring_timeline_events
 from tinyflow.graph import Node, ShapeError, topological_order
 from tinyflow.ops import OpDef, make, register
 from tinyflow.transports import Transport
 
 __all__ = ["DistributedOptimizer", "broadcast_variables", "register_communicator",
-           "communicator", "COMMUNICATORS", "DEFAULT_BUCKET_BYTES"]
+           "communicator", "plan_buckets", "timeline_with_ring_steps", "COMMUNICATORS",
+           "DEFAULT_BUCKET_BYTES"]
 
 # PyTorch DDP's default bucket cap is 25 MiB; our CPU models are small, so buckets of
 # 1 MiB let even a small MLP overlap its last layer's allreduce with backward.
@@ -86,6 +88,7 @@ def _allreduce_compute(xp, *grads, out=None, comm=0, reduce="mean", stream="comm
                        bucket=0):
     """Flatten and concatenate the bucket's gradients into `out`, then allreduce it
     in place across the ranks of communicator `comm`."""
+    called = time.perf_counter()  # lines ring steps up with the timeline's event
     transport = communicator(comm)
     total = sum(g.size for g in grads)
     flat = out if out is not None else xp.empty(total, dtype=grads[0].dtype)
@@ -93,7 +96,37 @@ def _allreduce_compute(xp, *grads, out=None, comm=0, reduce="mean", stream="comm
     for g in grads:
         flat[offset:offset + g.size] = g.reshape(-1)
         offset += g.size
-    return ring_allreduce(flat, transport, reduce)
+    if transport.trace is None:
+        return ring_allreduce(flat, transport, reduce)
+    steps: list[dict] = []
+    ring_allreduce(flat, transport, reduce, record=steps)
+    transport.trace.extend({**step, "bucket": bucket, "called": called} for step in steps)
+    return flat
+
+
+def timeline_with_ring_steps(timeline: list[dict], records: Sequence[dict]) -> list[dict]:
+    """The executor's timeline of one run plus one event per ring step, so a viewer
+    shows the ring turning inside each allreduce node, on the comm stream.
+
+    `records` is a transport's `trace` list, filled by the allreduce ops while the
+    run was traced (set ``comm.trace = []`` before it). Calls run one after another
+    on the comm stream, so the k-th allreduce event of the timeline is the k-th call
+    among the last ones recorded; its "called" time (perf_counter) lines the steps
+    up with the event's start (seconds from the run's start).
+    """
+    calls: list[list[dict]] = []
+    for record in records:
+        if "called" not in record:
+            continue  # a direct ring_allreduce call, not an allreduce node
+        if not calls or record["called"] != calls[-1][0]["called"]:
+            calls.append([])
+        calls[-1].append(record)
+    events = [e for e in timeline if e["op"] == "allreduce"]
+    merged = list(timeline)
+    for event, call in zip(events, calls[-len(events):] if events else []):
+        t0 = call[0]["called"] - event["start"]
+        merged += ring_timeline_events(call, t0, event["stream"], node=event["node"])
+    return sorted(merged, key=lambda e: e["start"])
 
 
 register(OpDef("allreduce", _allreduce_compute, _allreduce_infer, None, pure=False,
@@ -185,9 +218,11 @@ class DistributedOptimizer:
             offset = 0
             for _, var in bucket:
                 count = math.prod(var.shape)
-                piece = ops.reshape(ops.getitem(reduced, slice(offset, offset + count)),
-                                    var.shape)
-                piece.phase = piece.inputs[0].phase = "backward"
+                piece = ops.getitem(reduced, slice(offset, offset + count))
+                piece.phase = "backward"
+                if len(var.shape) != 1:  # a slice is already the shape of a vector
+                    piece = ops.reshape(piece, var.shape)
+                    piece.phase = "backward"
                 self._bucket_of[id(piece)] = reduced
                 averaged.append((piece, var))
                 offset += count

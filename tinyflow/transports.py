@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import queue
-import selectors
+import select
 import socket
 import struct
 import threading
@@ -296,14 +296,15 @@ class _Outgoing:
     """A message being written to a socket: header, then payload, as memoryviews."""
 
     def __init__(self, header: bytes, array: Any) -> None:
-        self.parts = [memoryview(header), _byte_view(array)]
-        self.parts = [p for p in self.parts if len(p)]
+        self.parts = [p for p in (memoryview(header), _byte_view(array)) if len(p)]
 
     def progress(self, sock: socket.socket) -> None:
-        sent = sock.send(self.parts[0])
-        self.parts[0] = self.parts[0][sent:]
-        if not len(self.parts[0]):
-            self.parts.pop(0)
+        """Write as much as the socket takes now (raises BlockingIOError when full)."""
+        while self.parts:
+            sent = sock.send(self.parts[0])
+            self.parts[0] = self.parts[0][sent:]
+            if not len(self.parts[0]):
+                self.parts.pop(0)
 
     @property
     def done(self) -> bool:
@@ -321,17 +322,18 @@ class _Incoming:
         self.check = check
         self.in_header = True
 
-    def progress(self, sock: socket.socket) -> bool:
-        """Read what is there; False when the peer closed the connection."""
-        got = sock.recv_into(self.view) if len(self.view) else 0
-        if len(self.view) and got == 0:
-            return False
-        self.view = self.view[got:]
-        if self.in_header and not len(self.view):
-            self.in_header = False
-            self.check(_unpack_header(bytes(self.header)))
-            self.view = _byte_view(self.out)
-        return True
+    def progress(self, sock: socket.socket) -> None:
+        """Read what has arrived (raises BlockingIOError when nothing more has, and
+        ConnectionResetError when the peer closed the connection)."""
+        while not self.done:
+            got = sock.recv_into(self.view)
+            if got == 0:
+                raise ConnectionResetError("the connection was closed by the peer")
+            self.view = self.view[got:]
+            if self.in_header and not len(self.view):
+                self.in_header = False
+                self.check(_unpack_header(bytes(self.header)))
+                self.view = _byte_view(self.out)
 
     @property
     def done(self) -> bool:
@@ -343,8 +345,9 @@ class ProcessTransport(Transport):
 
     `addr` is a directory shared by the ranks (`tinyflow launch` makes a fresh one).
     Each rank listens on ``addr/rank<r>.sock``, connects to every lower rank and
-    accepts every higher one. Sockets are nonblocking; `sendrecv` drives both
-    directions with a selector until both messages are done or the deadline passes.
+    accepts every higher one. Sockets are nonblocking; `sendrecv` moves both
+    messages as far as the sockets allow, then waits in `select` until one can move
+    again, until both are done or the deadline passes.
     A peer that dies closes its sockets, so the others fail at once, naming it.
     """
 
@@ -420,51 +423,37 @@ class ProcessTransport(Transport):
 
     def sendrecv(self, array, dst, out, src, tag=""):
         self._check_usable(tag)
-        jobs: dict[socket.socket, list] = {}   # socket -> [outgoing, incoming]
+        # (socket, message, peer) for each half; with two ranks both use one socket.
+        jobs = []
         if array is not None:
-            sending = _Outgoing(_pack_header(tag, _contiguous(array)), array)
-            jobs.setdefault(self.peers[dst], [None, None])[0] = sending
+            jobs.append((self.peers[dst], _Outgoing(_pack_header(tag, _contiguous(array)),
+                                                    array), dst))
         if out is not None:
-            receiving = _Incoming(_contiguous(out),
-                                  lambda got: self._check_header(src, got, out, tag))
-            jobs.setdefault(self.peers[src], [None, None])[1] = receiving
-        peer_of = {sock: peer for peer, sock in self.peers.items()}
+            check = lambda got: self._check_header(src, got, out, tag)  # noqa: E731
+            jobs.append((self.peers[src], _Incoming(_contiguous(out), check), src))
         deadline = self._deadline()
-        with selectors.DefaultSelector() as selector:
-            for sock, (outgoing, incoming) in jobs.items():
-                selector.register(sock, _events(outgoing, incoming))
-            while jobs:
-                ready = selector.select(timeout=max(deadline - time.monotonic(), 0))
-                if not ready:
-                    waiting = sorted(peer_of[s] for s in jobs)
-                    raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
-                                     f"{self.timeout:g} s for rank(s) {waiting} in '{tag}' "
-                                     "(stopped answering?)", waiting[0], tag)
-                for key, mask in ready:
-                    sock = key.fileobj
-                    outgoing, incoming = jobs[sock]
-                    try:
-                        if mask & selectors.EVENT_WRITE and outgoing is not None:
-                            outgoing.progress(sock)
-                        if mask & selectors.EVENT_READ and incoming is not None:
-                            if not incoming.progress(sock):
-                                raise ConnectionResetError("connection closed by peer")
-                    except BlockingIOError:
-                        pass  # a spurious wake-up: nothing to move after all
-                    except OSError as err:
-                        peer = peer_of[sock]
-                        raise self._fail(f"{_operation(tag)}: lost the connection to rank "
-                                         f"{peer} during '{tag}' ({err}); rank {peer} has "
-                                         "probably died", peer, tag) from None
-                    outgoing = None if outgoing is None or outgoing.done else outgoing
-                    incoming = None if incoming is None or incoming.done else incoming
-                    if outgoing is None and incoming is None:
-                        selector.unregister(sock)
-                        del jobs[sock]
-                    else:
-                        jobs[sock] = [outgoing, incoming]
-                        if _events(outgoing, incoming) != key.events:
-                            selector.modify(sock, _events(outgoing, incoming))
+        while True:
+            # Move what can move without waiting; small messages finish right here.
+            for sock, message, peer in jobs:
+                try:
+                    message.progress(sock)
+                except BlockingIOError:
+                    pass  # the socket is full (sending) or empty (receiving) for now
+                except OSError as err:
+                    raise self._fail(f"{_operation(tag)}: lost the connection to rank "
+                                     f"{peer} during '{tag}' ({err}); rank {peer} has "
+                                     "probably died", peer, tag) from None
+            jobs = [job for job in jobs if not job[1].done]
+            if not jobs:
+                break
+            readers = [sock for sock, message, _ in jobs if isinstance(message, _Incoming)]
+            writers = [sock for sock, message, _ in jobs if isinstance(message, _Outgoing)]
+            ready = select.select(readers, writers, [], max(deadline - time.monotonic(), 0))
+            if not any(ready):
+                waiting = sorted({peer for _, _, peer in jobs})
+                raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
+                                 f"{self.timeout:g} s for rank(s) {waiting} in '{tag}' "
+                                 "(stopped answering?)", waiting[0], tag)
         if array is not None:
             self.bytes_sent += array.nbytes
 
@@ -472,11 +461,6 @@ class ProcessTransport(Transport):
         for sock in self.peers.values():
             sock.close()
         self.peers.clear()
-
-
-def _events(outgoing: Any, incoming: Any) -> int:
-    return ((selectors.EVENT_WRITE if outgoing is not None else 0)
-            | (selectors.EVENT_READ if incoming is not None else 0))
 
 
 def _recv_exactly(sock: socket.socket, nbytes: int) -> bytes:
@@ -512,6 +496,9 @@ class MPITransport(Transport):
     mpi4py is installed).
     """
 
+    SPIN = 1e-4   # seconds of busy polling before napping between polls
+    NAP = 5e-5    # seconds per nap
+
     def __init__(self, comm: Any = None, timeout: float | None = None) -> None:
         from mpi4py import MPI
         self.MPI = MPI
@@ -533,11 +520,16 @@ class MPITransport(Transport):
         deadline = self._deadline()
         peer = src if out is not None else dst
         try:
+            started = time.monotonic()
             while not MPI.Request.Testall(requests, statuses):
-                # Give the core away between polls: with more ranks than cores, the
-                # peer we wait for may need this very core to make progress.
-                os.sched_yield()
-                if time.monotonic() > deadline:
+                # MPI moves data only while some call polls it, so poll hard at
+                # first; after SPIN seconds the peer is probably busy elsewhere
+                # (computing, or waiting for a core when ranks outnumber cores):
+                # sleep between polls and leave it the core.
+                now = time.monotonic()
+                if now - started > self.SPIN:
+                    time.sleep(self.NAP)
+                if now > deadline:
                     raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
                                      f"{self.timeout:g} s for rank {peer} in '{tag}' "
                                      "(stopped answering?)", peer, tag)
@@ -610,11 +602,11 @@ class NCCLTransport(Transport):
         nccl = self.nccl
         stream = self.xp.cuda.get_current_stream()
         nccl.groupStart()
-        try:
-            if array is not None:
+        try:  # (empty chunks send nothing: both sides agree on the sizes)
+            if array is not None and array.nbytes:
                 self.comm.send(_contiguous(array).data.ptr, array.nbytes, nccl.NCCL_UINT8,
                                dst, stream.ptr)
-            if out is not None:
+            if out is not None and out.nbytes:
                 self.comm.recv(_contiguous(out).data.ptr, out.nbytes, nccl.NCCL_UINT8, src,
                                stream.ptr)
         finally:

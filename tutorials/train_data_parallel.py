@@ -32,6 +32,12 @@ import os
 import sys
 import time
 
+# One BLAS thread per rank (set before numpy loads BLAS): N ranks already keep N
+# cores busy, and extra BLAS threads on top fight over them (a step got 15x slower
+# on a loaded 2-core machine). `tinyflow launch` sets these too; yours win.
+for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+
 import numpy as np
 
 import tinyflow as tf
