@@ -30,7 +30,7 @@ LABEL = 9    # columns for the offset labels
 SPARK = "▁▂▃▄▅▆▇█"
 
 
-class MemoryView(Widget):
+class MemoryView(palette.TextLines, Widget):
     DEFAULT_CSS = """
     MemoryView { height: 1fr; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     """

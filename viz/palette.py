@@ -41,3 +41,31 @@ def bar_color(key: str, dark: bool) -> str:
     """A stable color for `key` (an op name, a tensor id): the same on every run."""
     colors = BARS_DARK if dark else BARS_LIGHT
     return colors[sum(key.encode()) * 2654435761 % 2**32 % len(colors)]
+
+
+class TextLines:
+    """Mixin for a view that draws one Rich Text (from `render`) but paints it with
+    Textual's line API: the Text is cut into rows and turned into strips once per
+    refresh, skipping Textual's text wrapping and formatting, which is most of the
+    cost of redrawing a full-screen view on every cursor move."""
+
+    _strips: list | None = None
+
+    def refresh(self, *args, **kwargs):  # type: ignore[override]
+        self._strips = None
+        return super().refresh(*args, **kwargs)  # type: ignore[misc]
+
+    def render_line(self, y: int):
+        from textual.strip import Strip
+
+        width = self.size.width  # type: ignore[attr-defined]
+        base = self.rich_style  # type: ignore[attr-defined]
+        if self._strips is None or (self._strips and self._strips[0].cell_length != width):
+            console = self.app.console  # type: ignore[attr-defined]
+            rows = self.render().split("\n", allow_blank=True)  # type: ignore[attr-defined]
+            self._strips = [
+                Strip(list(row.render(console, end=""))).apply_style(base)
+                .crop_extend(0, width, base) for row in rows]
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(width, base)

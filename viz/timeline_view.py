@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 LABEL = 10   # columns for the lane names
 
 
-class TimelineView(Widget):
+class TimelineView(palette.TextLines, Widget):
     """Lanes of bars; the bar under the shared cursor is highlighted."""
 
     DEFAULT_CSS = """
