@@ -99,9 +99,15 @@ def _allreduce_compute(xp, *grads, out=None, comm=0, reduce="mean", stream="comm
     if transport.trace is None:
         return ring_allreduce(flat, transport, reduce)
     steps: list[dict] = []
-    ring_allreduce(flat, transport, reduce, record=steps)
+    result = ring_allreduce(flat, transport, reduce, record=steps)
     transport.trace.extend({**step, "bucket": bucket, "called": called} for step in steps)
-    return flat
+    return result
+
+
+register(OpDef("allreduce", _allreduce_compute, _allreduce_infer, None, pure=False,
+               differentiable=False,
+               doc="concatenate the inputs (one gradient bucket) flat and reduce them "
+                   "across ranks (attrs: comm key, reduce, stream='comm', bucket index)"))
 
 
 def timeline_with_ring_steps(timeline: list[dict], records: Sequence[dict]) -> list[dict]:
@@ -127,12 +133,6 @@ def timeline_with_ring_steps(timeline: list[dict], records: Sequence[dict]) -> l
         t0 = call[0]["called"] - event["start"]
         merged += ring_timeline_events(call, t0, event["stream"], node=event["node"])
     return sorted(merged, key=lambda e: e["start"])
-
-
-register(OpDef("allreduce", _allreduce_compute, _allreduce_infer, None, pure=False,
-               differentiable=False,
-               doc="concatenate the inputs (one gradient bucket) flat and reduce them "
-                   "across ranks (attrs: comm key, reduce, stream='comm', bucket index)"))
 
 
 # ----------------------------------------------------------------------------------
