@@ -1,0 +1,1194 @@
+"""Static memory planning: liveness, in-place reuse, one arena, a proof of safety;
+and gradient checkpointing, which trades recomputation for memory.
+
+A static graph says, before anything runs, how big every tensor is and which steps
+write and read it. So memory can be planned the way a compiler allocates registers:
+
+1. **liveness**: a tensor is alive from the step that writes it to the last step
+   that reads it. Fetched outputs live to the end of the run; feeds and variables
+   live outside the arena (in the caller's arrays and the Session's store).
+2. **in place**: an op whose registry entry names an `inplace` input may write its
+   output over that input when the input dies at this very step (``relu(x)`` where
+   nothing reads ``x`` afterwards needs no new memory).
+3. **arena assignment**: every other tensor gets an offset in one buffer, so that
+   two tensors alive at once never share a byte. The smallest arena is NP-hard to
+   find (it is strip packing with each rectangle's time span fixed), so we run the
+   greedy heuristics real systems use and keep the smallest result:
+
+   ``naive``             every tensor its own bytes; the baseline, no reuse at all.
+   ``refcount``          NNVM/MXNet's planner (Chen et al. 2015): walk the schedule;
+                         when a tensor's last reader has run, its block goes back to a
+                         free list keyed by size, and the next request of a similar
+                         size (within 16x) takes it, growing it if needed.
+   ``greedy_by_size``    TensorFlow Lite's arena planner (Pisarchyk & Lee 2020):
+                         largest tensor first, each into the best-fitting gap among
+                         the tensors it overlaps in time.
+   ``greedy_by_breadth`` Pisarchyk & Lee's other order: the steps with the most bytes
+                         alive first, and each step's tensors largest first.
+   ``greedy_by_conflicts`` hardest first: the tensors that overlap the most bytes
+                         over their lifetime, each at its best fit (our variant).
+
+   No single order wins on every graph (in benchmarks/memory_bench.py only
+   greedy_by_breadth reaches the lower bound on the transformer, only
+   greedy_by_conflicts on the conv net), which is why "auto" tries them all.
+
+4. **validation**: `validate_plan` recomputes liveness from the steps and checks
+   every pair of tensors that share bytes: they are never alive at once, or they
+   are a declared, legal in-place pair. The executor runs it on every plan.
+5. **a memory-aware order** (`memory_order`): the lifetimes come from the schedule,
+   and the graph's depth-first order keeps a training step's activations alive to
+   the very end. Like XLA's memory scheduler, we try a few topological orders and
+   keep the one with the lowest peak.
+
+The lower bound reported with each plan is the most bytes alive at any one step: no
+arena can be smaller, so arena / lower bound is what a heuristic wastes.
+
+Concurrency: with several streams, "step 3 is before step 7 in the list" no longer
+means step 3 has finished when step 7 starts. The planner then takes a
+``happens_before(a, b)`` function (the schedule's vector clocks, streams.py) and lets
+two tensors share bytes only if every use of one happens-before the other is
+written. (NNVM colours the graph for the same reason.)
+
+Gradient checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+Cost") is at the end of this file: a graph pass that keeps only some forward values
+(segment boundaries) for the backward pass and recomputes the others there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from tinyflow.graph import Graph, Node, TinyFlowError, ordering_dependencies
+from tinyflow.ops import REGISTRY, OpDef, _infer_same, make, register
+
+ALIGNMENT = 64       # bytes; every offset is a multiple (cache lines, SIMD loads)
+MATCH_RANGE = 16     # NNVM: a free block is reused for requests within 16x its size
+ARENA_KINDS = ("intermediate", "output")   # the kinds that live in the arena
+
+HappensBefore = Callable[[int, int], bool]
+
+
+class PlanError(TinyFlowError):
+    """A memory plan that is unsafe or does not fit its steps (names the tensors)."""
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB': sizes as a person reads them."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _align(nbytes: int, alignment: int) -> int:
+    return -(-nbytes // alignment) * alignment
+
+
+# ----------------------------------------------------------------------------------
+# The planner's input and output
+# ----------------------------------------------------------------------------------
+
+@dataclass
+class PlanStep:
+    """One scheduled step, as the planner sees it.
+
+    The step writes the tensor `name` (`nbytes` bytes) and reads the tensors in
+    `inputs`. `inplace_input` is the index in `inputs` that the op may overwrite
+    (its OpDef.inplace, already checked by the caller for same shape and dtype);
+    the planner decides whether that input really dies here. `stream` is the
+    stream the step runs on; with a happens_before function, steps on one stream
+    must run in list order (what a stream is).
+    """
+
+    name: str
+    inputs: list[str]
+    nbytes: int
+    inplace_input: int | None = None
+    stream: int = 0
+
+
+@dataclass
+class TensorSpec:
+    """One tensor: its lifetime (from `liveness`) and, once planned, its place.
+
+    first_step, last_step  alive over these steps, both included (list positions)
+    kind         "intermediate", "output" (fetched: alive to the end), or "feed" /
+                 "variable" (outside the arena: offset stays None)
+    inplace_of   the input whose bytes this tensor overwrites, if any
+    defined_at   the step that writes it (None for a feed that no step writes)
+    uses         the steps that read it
+    offset       byte offset in the arena (set by plan_memory)
+    reason       one line on why it sits there (set by plan_memory)
+    """
+
+    name: str
+    nbytes: int
+    first_step: int
+    last_step: int
+    kind: str = "intermediate"
+    inplace_of: str | None = None
+    defined_at: int | None = None
+    uses: tuple[int, ...] = ()
+    offset: int | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        """The DebugRecord's memory_plan.tensors entry."""
+        return {"node": self.name, "offset": self.offset, "nbytes": self.nbytes,
+                "first_step": self.first_step, "last_step": self.last_step,
+                "inplace_of": self.inplace_of, "kind": self.kind, "reason": self.reason}
+
+
+@dataclass
+class MemoryPlan:
+    """Where every tensor lives: one arena, an offset per tensor.
+
+    tensors            every tensor the steps name, in order of first appearance
+    arena_bytes        size of the arena (what the executor allocates once)
+    naive_bytes        sum of all arena tensors: the memory without any reuse
+    lower_bound_bytes  the most bytes alive at any one step: no plan beats it
+    strategy           the strategy that made this plan
+    strategies         arena bytes of every strategy tried (all of them for "auto")
+    external, keep     the liveness inputs, kept so the plan can be re-validated
+    """
+
+    tensors: list[TensorSpec]
+    arena_bytes: int
+    naive_bytes: int
+    lower_bound_bytes: int
+    strategy: str
+    strategies: dict[str, int]
+    alignment: int = ALIGNMENT
+    external: dict[str, str] = field(default_factory=dict)
+    keep: frozenset[str] = frozenset()
+
+    @property
+    def by_name(self) -> dict[str, TensorSpec]:
+        return {t.name: t for t in self.tensors}
+
+    def to_dict(self) -> dict:
+        """The DebugRecord's "memory_plan" section (contracts.md)."""
+        return {"strategy": self.strategy, "arena_bytes": self.arena_bytes,
+                "naive_bytes": self.naive_bytes, "lower_bound_bytes": self.lower_bound_bytes,
+                "alignment": self.alignment, "strategies": dict(self.strategies),
+                "tensors": [t.to_dict() for t in self.tensors]}
+
+    def describe(self, limit: int = 40) -> str:
+        """A table for people: steps alive, offset, size, name, reason."""
+        lines = [f"arena {format_bytes(self.arena_bytes)} ({self.strategy}); "
+                 f"lower bound {format_bytes(self.lower_bound_bytes)}; "
+                 f"no reuse {format_bytes(self.naive_bytes)}"]
+        for t in self.tensors[:limit]:
+            where = "-" if t.offset is None else str(t.offset)
+            lines.append(f"  steps {t.first_step:>4}..{t.last_step:<4} @ {where:>10}  "
+                         f"{format_bytes(t.nbytes):>10}  {t.name}: {t.reason}")
+        if len(self.tensors) > limit:
+            lines.append(f"  ... {len(self.tensors) - limit} more")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------
+# 1-2. Liveness and in-place decisions
+# ----------------------------------------------------------------------------------
+
+def liveness(steps: Sequence[PlanStep],
+             external: Iterable[str] | Mapping[str, str] = frozenset(),
+             keep: Iterable[str] = frozenset(),
+             happens_before: HappensBefore | None = None) -> dict[str, TensorSpec]:
+    """Each tensor's lifetime and in-place parent, from the steps in schedule order.
+
+    external  names that live outside the arena (feeds, variables); a dict
+              {name: "feed" | "variable"} also gives their kind (a set means "feed").
+              They may be written by a step or by nobody (fed before the run).
+    keep      names fetched by the caller: alive to the last step.
+    happens_before  with several streams, the ordering to trust (default: list order).
+
+    An in-place request (PlanStep.inplace_input) is granted when the input is an
+    intermediate of the same size, not fetched, and every other use of it happens
+    before this step (so nothing reads it after it is overwritten). Raises PlanError
+    for duplicate step names and for inputs nobody wrote earlier.
+    """
+    kinds = dict(external) if isinstance(external, Mapping) else \
+        dict.fromkeys(external, "feed")
+    keep = set(keep)
+    hb = happens_before or (lambda a, b: a < b)
+    last = len(steps) - 1
+    index: dict[str, int] = {}
+    uses: dict[str, list[int]] = {}
+    for k, step in enumerate(steps):
+        if step.name in index:
+            raise PlanError(f"steps {index[step.name]} and {k} both write {step.name!r}; "
+                            "tensor names must be unique")
+        for name in dict.fromkeys(step.inputs):   # reading x twice is one use
+            if name not in index and name not in kinds:
+                raise PlanError(f"step {k} ({step.name}) reads {name!r}, which no earlier "
+                                "step writes and which is not external")
+            uses.setdefault(name, []).append(k)
+        index[step.name] = k
+
+    specs: dict[str, TensorSpec] = {}
+
+    def add_external(name: str) -> None:
+        kind = kinds[name]
+        read = uses.get(name, [])
+        end = last if kind == "variable" else max(read, default=index.get(name, 0))
+        nbytes = steps[index[name]].nbytes if name in index else 0
+        specs[name] = TensorSpec(name, nbytes, 0, end, kind, defined_at=index.get(name),
+                                 uses=tuple(read), reason=f"{kind}: lives outside the arena")
+
+    for k, step in enumerate(steps):
+        for name in step.inputs:
+            if name not in specs:
+                add_external(name)
+        if step.name in kinds:
+            add_external(step.name)
+            continue
+        read = uses.get(step.name, [])
+        if step.name in keep:
+            specs[step.name] = TensorSpec(step.name, step.nbytes, k, last, "output",
+                                          defined_at=k, uses=tuple(read))
+        else:
+            specs[step.name] = TensorSpec(step.name, step.nbytes, k, max(read, default=k),
+                                          defined_at=k, uses=tuple(read))
+
+    overwritten: set[str] = set()
+    for k, step in enumerate(steps):
+        i = step.inplace_input
+        if i is None or step.name in kinds:
+            continue
+        if not 0 <= i < len(step.inputs):
+            raise PlanError(f"step {k} ({step.name}) asks to run in place over input {i}, "
+                            f"but it has {len(step.inputs)} inputs")
+        parent = specs[step.inputs[i]]
+        if (parent.kind == "intermediate" and parent.nbytes == step.nbytes > 0
+                and parent.name not in overwritten
+                and all(u == k or hb(u, k) for u in parent.uses)):
+            specs[step.name].inplace_of = parent.name
+            overwritten.add(parent.name)
+    return specs
+
+
+# ----------------------------------------------------------------------------------
+# 3. Arena assignment. In-place chains are merged into blocks first; a strategy is
+#    a function (blocks, conflicts) -> offsets, registered in STRATEGIES.
+# ----------------------------------------------------------------------------------
+
+@dataclass
+class Block:
+    """Bytes that one or more tensors use in turn: a tensor plus the tensors written
+    in place over it (a chain). The strategies place blocks, not tensors."""
+
+    names: list[str]          # the chain; names[0] gets fresh bytes
+    size: int                 # aligned bytes
+    first: int                # first step alive (list order)
+    last: int                 # last step alive (list order)
+    define: int               # the step that writes names[0]
+    touches: set[int]         # every step that writes or reads a tensor of the chain
+    to_end: bool = False      # holds a fetched output: alive until the run ends
+
+
+def make_blocks(specs: Iterable[TensorSpec], alignment: int, inplace: bool = True
+                ) -> list[Block]:
+    """Blocks for the arena tensors of `specs` (in-place chains merged if `inplace`)."""
+    blocks: list[Block] = []
+    block_of: dict[str, Block] = {}
+    for spec in specs:
+        if spec.kind not in ARENA_KINDS:
+            continue
+        touches = set(spec.uses) | {spec.defined_at}
+        parent = block_of.get(spec.inplace_of) if inplace and spec.inplace_of else None
+        if parent is not None:
+            parent.names.append(spec.name)
+            parent.last = max(parent.last, spec.last_step)
+            parent.touches |= touches
+            parent.to_end |= spec.kind == "output"
+            block_of[spec.name] = parent
+            continue
+        block = Block([spec.name], _align(spec.nbytes, alignment), spec.first_step,
+                      spec.last_step, spec.defined_at, touches, spec.kind == "output")
+        blocks.append(block)
+        block_of[spec.name] = block
+    return blocks
+
+
+def _safe_from(touches: set[int], stream_of: Sequence[int],
+               on_stream: Sequence[Sequence[int]], happens_before: HappensBefore
+               ) -> list[float]:
+    """For each stream, the first step on it that every step in `touches`
+    happens-before (inf if none): a block may take these bytes from there on.
+
+    A stream runs its steps in order, so once one of its steps is ordered after the
+    touches, every later step on it is too: a binary search finds the first. And of
+    the touches on one stream only the last needs asking about.
+    """
+    last_touch: dict[int, int] = {}
+    for t in touches:
+        last_touch[stream_of[t]] = max(t, last_touch.get(stream_of[t], t))
+    safe: list[float] = []
+    for steps in on_stream:
+        lo, hi = 0, len(steps)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if all(happens_before(t, steps[mid]) for t in last_touch.values()):
+                hi = mid
+            else:
+                lo = mid + 1
+        safe.append(steps[lo] if lo < len(steps) else math.inf)
+    return safe
+
+
+class Conflicts:
+    """Which blocks may not share bytes with a block: those alive at the same time.
+
+    Serial order: two blocks conflict when their [first, last] step ranges meet.
+    With happens_before: block a is safely before block b only when every step
+    touching a happens-before the step that writes b (`stream_of` says which stream
+    each step runs on; steps on one stream must happen in list order).
+    Queries are numpy comparisons against every block at once.
+    """
+
+    def __init__(self, blocks: Sequence[Block], happens_before: HappensBefore | None = None,
+                 stream_of: Sequence[int] | None = None) -> None:
+        self.first = np.array([b.first for b in blocks], dtype=np.int64)
+        self.last = np.array([b.last for b in blocks], dtype=np.int64)
+        self.size = np.array([b.size for b in blocks], dtype=np.int64)
+        self.define = np.array([b.define for b in blocks], dtype=np.int64)
+        self.serial = happens_before is None
+        if self.serial:
+            return
+        if stream_of is None:
+            raise ValueError("happens_before needs the stream of every step")
+        streams = max(stream_of, default=0) + 1
+        on_stream: list[list[int]] = [[] for _ in range(streams)]
+        for step, s in enumerate(stream_of):
+            on_stream[s].append(step)
+        self.define_stream = np.array([stream_of[b.define] for b in blocks], dtype=np.int64)
+        # safe[i, s]: the first step on stream s that may write over block i.
+        self.safe = np.array([[math.inf] * streams if b.to_end else
+                              _safe_from(b.touches, stream_of, on_stream, happens_before)
+                              for b in blocks], dtype=float).reshape(len(blocks), streams)
+
+    def of(self, i: int) -> np.ndarray:
+        """Indices of the (non-empty) blocks that conflict with block i."""
+        if self.serial:
+            clash = (self.first <= self.last[i]) & (self.last >= self.first[i])
+        else:
+            after = self.define >= self.safe[i, self.define_stream]        # j after i
+            before = self.define[i] >= self.safe[:, self.define_stream[i]]  # j before i
+            clash = ~after & ~before
+        clash &= self.size > 0
+        clash[i] = False
+        return np.flatnonzero(clash)
+
+    def clash(self, i: int, j: int) -> bool:
+        """Whether blocks i and j conflict."""
+        if self.serial:
+            return bool(self.first[i] <= self.last[j] and self.first[j] <= self.last[i])
+        return not (self.define[j] >= self.safe[i, self.define_stream[j]] or
+                    self.define[i] >= self.safe[j, self.define_stream[i]])
+
+
+def _best_fit(size: int, starts: np.ndarray, ends: np.ndarray) -> int:
+    """The offset of the smallest gap between the byte ranges [starts, ends) (the
+    blocks alive at the same time) that holds `size` bytes; above them all if none
+    does. (The loop "for each range by start: gap = start - top; top = max(top, end)",
+    written as numpy operations.)"""
+    if len(starts) == 0:
+        return 0
+    by_start = np.argsort(starts, kind="stable")
+    starts, ends = starts[by_start], ends[by_start]
+    top_after = np.maximum.accumulate(ends)           # highest byte used so far
+    top_before = np.concatenate([[0], top_after[:-1]])
+    gaps = starts - top_before
+    fits = np.flatnonzero(gaps >= size)
+    if len(fits) == 0:
+        return int(top_after[-1])
+    return int(top_before[fits[np.argmin(gaps[fits])]])
+
+
+def _place_in_order(order: Iterable[int], blocks: Sequence[Block],
+                    conflicts: Conflicts) -> list[int]:
+    """Place blocks one by one in `order`, each at its best fit among the already
+    placed blocks it conflicts with (the common core of the two greedy orders)."""
+    offsets = np.full(len(blocks), -1, dtype=np.int64)
+    for i in order:
+        if blocks[i].size == 0:
+            offsets[i] = 0
+            continue
+        others = conflicts.of(i)
+        others = others[offsets[others] >= 0]
+        offsets[i] = _best_fit(blocks[i].size, offsets[others],
+                               offsets[others] + conflicts.size[others])
+    return [int(o) for o in offsets]
+
+
+def naive(blocks: Sequence[Block], conflicts: Conflicts) -> list[int]:
+    """Every block its own bytes, one after the other: no reuse at all."""
+    offsets, top = [], 0
+    for block in blocks:
+        offsets.append(top)
+        top += block.size
+    return offsets
+
+
+def _free_candidates(free: list[tuple[int, int]], size: int) -> Iterable[int]:
+    """Indices into the size-sorted free list in NNVM's order of preference: the
+    smallest storage block of at least `size` bytes and upwards, then the smaller
+    ones from the largest down; all within MATCH_RANGE of `size`."""
+    start = bisect.bisect_left(free, (size, -1))
+    for k in range(start, len(free)):
+        if free[k][0] > size * MATCH_RANGE:
+            break
+        yield k
+    for k in range(start - 1, -1, -1):
+        if free[k][0] < size // MATCH_RANGE:
+            break
+        yield k
+
+
+def refcount(blocks: Sequence[Block], conflicts: Conflicts) -> list[int]:
+    """NNVM/MXNet: walk the schedule with a free list of storage blocks.
+
+    At each block's first step, take a free storage block: the smallest one at
+    least as big, else the biggest smaller one (which grows), but only among
+    blocks within MATCH_RANGE of the size (a scalar should not pin a megabyte).
+    When a block's last reader has run, its storage returns to the free list
+    (kept sorted by size, NNVM's multimap). Storage blocks are laid end to end, so
+    the arena is the sum of their sizes. With streams, storage whose last user may
+    still be running elsewhere is passed over.
+    """
+    by_define = sorted(range(len(blocks)), key=lambda i: (blocks[i].define, i))
+    by_last = sorted(range(len(blocks)), key=lambda i: (blocks[i].last, i))
+    storage_size: list[int] = []
+    last_user: list[int] = []          # the latest block in each storage block
+    storage_of = [-1] * len(blocks)
+    free: list[tuple[int, int]] = []   # (size, storage), sorted
+    released = 0
+    for i in by_define:
+        size = blocks[i].size
+        while released < len(by_last) and blocks[by_last[released]].last < blocks[i].define:
+            j = by_last[released]
+            if storage_of[j] >= 0 and last_user[storage_of[j]] == j:
+                bisect.insort(free, (storage_size[storage_of[j]], storage_of[j]))
+            released += 1
+        if size == 0:
+            continue
+        k = next((k for k in _free_candidates(free, size)
+                  if not conflicts.clash(i, last_user[free[k][1]])), None)
+        if k is None:
+            s = len(storage_size)
+            storage_size.append(size)
+            last_user.append(i)
+        else:
+            s = free.pop(k)[1]
+            storage_size[s] = max(storage_size[s], size)    # grow a smaller one
+            last_user[s] = i
+        storage_of[i] = s
+    starts = np.concatenate([[0], np.cumsum(storage_size, dtype=np.int64)])
+    return [int(starts[s]) if s >= 0 else 0 for s in storage_of]
+
+
+def greedy_by_size(blocks: Sequence[Block], conflicts: Conflicts) -> list[int]:
+    """TFLite / Pisarchyk & Lee: largest first (earlier first among equals), each at
+    the best-fitting gap among the already placed blocks alive at the same time."""
+    order = sorted(range(len(blocks)), key=lambda i: (-blocks[i].size, blocks[i].first))
+    return _place_in_order(order, blocks, conflicts)
+
+
+def greedy_by_breadth(blocks: Sequence[Block], conflicts: Conflicts) -> list[int]:
+    """Pisarchyk & Lee's greedy by breadth: visit steps from the most bytes alive
+    to the least; at each, place its still unplaced blocks largest first. (A block
+    is placed at the first visited step it is alive at: we sort by that.)"""
+    if not blocks:
+        return []
+    alive = _bytes_alive(blocks)
+    visit = np.empty(len(alive), dtype=np.int64)
+    visit[np.argsort(-alive, kind="stable")] = np.arange(len(alive))
+    first_visit = [int(visit[b.first:b.last + 1].min()) for b in blocks]
+    order = sorted(range(len(blocks)),
+                   key=lambda i: (first_visit[i], -blocks[i].size, blocks[i].first))
+    return _place_in_order(order, blocks, conflicts)
+
+
+def greedy_by_conflicts(blocks: Sequence[Block], conflicts: Conflicts) -> list[int]:
+    """Hardest first: order blocks by the bytes of every block they overlap in time
+    (plus their own), so the blocks that live through the busiest stretches are
+    placed while the arena is still empty; each at its best fit. (Our variant of
+    Pisarchyk & Lee's breadth idea, keyed per tensor instead of per step.)"""
+    crowd = [int(conflicts.size[conflicts.of(i)].sum()) + b.size
+             for i, b in enumerate(blocks)]
+    order = sorted(range(len(blocks)),
+                   key=lambda i: (-crowd[i], -blocks[i].size, blocks[i].first))
+    return _place_in_order(order, blocks, conflicts)
+
+
+Strategy = Callable[[Sequence[Block], Conflicts], list[int]]
+STRATEGIES: dict[str, Strategy] = {
+    "naive": naive,
+    "refcount": refcount,
+    "greedy_by_size": greedy_by_size,
+    "greedy_by_breadth": greedy_by_breadth,
+    "greedy_by_conflicts": greedy_by_conflicts,
+}
+
+
+def _bytes_alive(blocks: Sequence[Block]) -> np.ndarray:
+    """Bytes alive at each step (in-place chains counted once)."""
+    delta = np.zeros(max(b.last for b in blocks) + 2, dtype=np.int64)
+    for b in blocks:
+        delta[b.first] += b.size
+        delta[b.last + 1] -= b.size
+    return np.cumsum(delta)[:-1]
+
+
+def lower_bound(blocks: Sequence[Block]) -> int:
+    """The most bytes alive at one step: no arena can be smaller."""
+    return int(_bytes_alive(blocks).max()) if blocks else 0
+
+
+def _reasons(blocks: Sequence[Block], offsets: Sequence[int], specs: dict[str, TensorSpec]
+             ) -> dict[str, str]:
+    """Explain each placement: the most recently dead block whose bytes it took, or
+    "fresh" when no earlier block ever used those bytes."""
+    start = np.array(offsets, dtype=np.int64)
+    end = start + np.array([b.size for b in blocks], dtype=np.int64)
+    define = np.array([b.define for b in blocks], dtype=np.int64)
+    last = np.array([b.last for b in blocks], dtype=np.int64)
+    reasons: dict[str, str] = {}
+    for i, block in enumerate(blocks):
+        head = block.names[0]
+        for parent, child in zip(block.names, block.names[1:]):
+            reasons[child] = f"in place over {parent}"
+        if block.size == 0:
+            reasons[head] = "empty: needs no bytes"
+            continue
+        earlier = (start < end[i]) & (end > start[i]) & (define < block.define)
+        if earlier.any():
+            j = int(np.flatnonzero(earlier)[np.argmax(last[earlier])])
+            died = next(n for n in reversed(blocks[j].names)
+                        if specs[n].last_step == blocks[j].last)
+            reasons[head] = f"took the space of {died}, dead after step {blocks[j].last}"
+        else:
+            reasons[head] = f"fresh: no free gap of {format_bytes(block.size)}"
+        if block.to_end:
+            reasons[head] += "; fetched, so alive to the end"
+    return reasons
+
+
+def plan_memory(steps: Sequence[PlanStep],
+                external: Iterable[str] | Mapping[str, str] = frozenset(),
+                keep: Iterable[str] = frozenset(), strategy: str = "auto",
+                happens_before: HappensBefore | None = None,
+                alignment: int = ALIGNMENT) -> MemoryPlan:
+    """Plan one arena for `steps` (in schedule order).
+
+    external, keep, happens_before  as in `liveness` (with happens_before, steps on
+               one stream, PlanStep.stream, must happen in list order)
+    strategy   a name in STRATEGIES, or "auto": try them all, keep the smallest arena
+    alignment  every offset (and every tensor's footprint) is a multiple of it
+
+    Tensors of 0 bytes get offset 0. External tensors get offset None.
+    """
+    if strategy != "auto" and strategy not in STRATEGIES:
+        raise ValueError(f"unknown memory strategy {strategy!r}; choose 'auto' or one of "
+                         f"{sorted(STRATEGIES)}")
+    specs = liveness(steps, external, keep, happens_before)
+    arena_specs = [s for s in specs.values() if s.kind in ARENA_KINDS]
+    shared = make_blocks(arena_specs, alignment, inplace=True)
+    separate = make_blocks(arena_specs, alignment, inplace=False)
+    conflicts = Conflicts(shared, happens_before, [s.stream for s in steps])
+
+    tried: dict[str, tuple[int, list[int]]] = {}
+    for name in (list(STRATEGIES) if strategy == "auto" else [strategy]):
+        blocks = separate if name == "naive" else shared
+        offsets = STRATEGIES[name](blocks, conflicts)
+        arena = max((o + b.size for o, b in zip(offsets, blocks)), default=0)
+        tried[name] = (arena, offsets)
+    # The smallest arena wins; on a tie, anything that shares beats "naive".
+    best = min(tried, key=lambda name: (tried[name][0], name == "naive"))
+    blocks = separate if best == "naive" else shared
+    offsets = tried[best][1]
+
+    reasons = _reasons(blocks, offsets, specs)
+    offset_of = {name: off for block, off in zip(blocks, offsets) for name in block.names}
+    tensors = []
+    for spec in specs.values():
+        if spec.kind not in ARENA_KINDS:
+            tensors.append(replace(spec))
+            continue
+        reason = "naive: its own bytes, no reuse" if best == "naive" else reasons[spec.name]
+        tensors.append(replace(spec, offset=offset_of[spec.name], reason=reason,
+                               inplace_of=None if best == "naive" else spec.inplace_of))
+    kinds = {s.name: s.kind for s in specs.values() if s.kind not in ARENA_KINDS}
+    return MemoryPlan(tensors, tried[best][0], sum(b.size for b in separate),
+                      lower_bound(shared), best, {n: a for n, (a, _) in tried.items()},
+                      alignment, kinds, frozenset(s.name for s in specs.values()
+                                                  if s.kind == "output"))
+
+
+# ----------------------------------------------------------------------------------
+# 4. The validator: a plan is safe when tensors that share bytes are never alive
+#    at the same time (in-place pairs aside). It trusts nothing the plan says about
+#    lifetimes: it recomputes them from the steps.
+# ----------------------------------------------------------------------------------
+
+def validate_plan(plan: MemoryPlan, steps: Sequence[PlanStep],
+                  happens_before: HappensBefore | None = None,
+                  keep: Iterable[str] | None = None) -> None:
+    """Prove `plan` safe for `steps`, or raise PlanError naming the two tensors.
+
+    Checks: every arena tensor has an aligned offset inside the arena and the size
+    its step says; its recorded lifetime is the true one; an in-place tensor
+    overwrites exactly the input liveness allows, at the same offset; and any two
+    tensors sharing a byte are ordered in time (serially: disjoint step ranges;
+    with happens_before: every step touching one happens-before the step writing
+    the other). `keep` defaults to the plan's fetched outputs.
+    """
+    specs = liveness(steps, plan.external, plan.keep if keep is None else keep,
+                     happens_before)
+    placed = plan.by_name
+    arena: list[TensorSpec] = []      # the true specs, with the plan's offsets
+    for spec in specs.values():
+        mine = placed.get(spec.name)
+        if mine is None:
+            raise PlanError(f"the plan has no entry for {spec.name} (step {spec.defined_at})")
+        if spec.kind not in ARENA_KINDS:
+            if mine.offset is not None:
+                raise PlanError(f"{spec.name} is a {spec.kind} (outside the arena) but the "
+                                f"plan puts it at offset {mine.offset}")
+            continue
+        if mine.offset is None:
+            raise PlanError(f"{spec.name} (step {spec.defined_at}) has no offset in the arena")
+        if mine.nbytes != spec.nbytes:
+            raise PlanError(f"the plan gives {spec.name} {mine.nbytes} bytes, its step "
+                            f"writes {spec.nbytes}")
+        if mine.offset < 0 or mine.offset % plan.alignment:
+            raise PlanError(f"{spec.name} has offset {mine.offset}, not a non-negative "
+                            f"multiple of the alignment {plan.alignment}")
+        if mine.offset + mine.nbytes > plan.arena_bytes:
+            raise PlanError(f"{spec.name} at [{mine.offset}, {mine.offset + mine.nbytes}) "
+                            f"runs past the end of the {plan.arena_bytes}-byte arena")
+        if (mine.first_step, mine.last_step) != (spec.first_step, spec.last_step):
+            raise PlanError(f"the plan says {spec.name} is alive over steps "
+                            f"{mine.first_step}..{mine.last_step}, but the steps say "
+                            f"{spec.first_step}..{spec.last_step}")
+        if mine.inplace_of is not None:
+            if mine.inplace_of != spec.inplace_of:
+                why = ("its step declares no such in-place input, or the input is still "
+                       "read afterwards, fetched, or of another size")
+                raise PlanError(f"{spec.name} is planned in place over {mine.inplace_of}, "
+                                f"which is not legal: {why}")
+            if placed[mine.inplace_of].offset != mine.offset:
+                raise PlanError(f"{spec.name} is in place over {mine.inplace_of} but at "
+                                f"another offset ({mine.offset} vs "
+                                f"{placed[mine.inplace_of].offset})")
+        if spec.nbytes:
+            arena.append(replace(spec, offset=mine.offset, inplace_of=mine.inplace_of))
+
+    # Every pair sharing a byte, found with one numpy comparison per tensor.
+    start = np.array([t.offset for t in arena], dtype=np.int64)
+    end = start + np.array([t.nbytes for t in arena], dtype=np.int64)
+    first = np.array([t.first_step for t in arena], dtype=np.int64)
+    last = np.array([t.last_step for t in arena], dtype=np.int64)
+    index = {t.name: k for k, t in enumerate(arena)}
+    for i, b in enumerate(arena):
+        share = (start < end[i]) & (end > start[i]) & (first <= first[i])
+        share[i:] &= first[i:] < first[i]     # each pair once: a is born first
+        if happens_before is None:            # serially, only a live pair is wrong
+            share &= last >= first[i]
+        if b.inplace_of in index:
+            share[index[b.inplace_of]] = False
+        for j in np.flatnonzero(share):
+            _check_pair(arena[int(j)], b, int(last[j]), happens_before, steps)
+
+
+def _check_pair(a: TensorSpec, b: TensorSpec, a_last: int,
+                happens_before: HappensBefore | None, steps: Sequence[PlanStep]) -> None:
+    """a (born first) and b share bytes: a must be dead before b is written."""
+    lo, hi = max(a.offset, b.offset), min(a.offset + a.nbytes, b.offset + b.nbytes)
+    where = (f"{a.name} (bytes [{a.offset}, {a.offset + a.nbytes}), steps "
+             f"{a.first_step}..{a.last_step}) and {b.name} (bytes [{b.offset}, "
+             f"{b.offset + b.nbytes}), steps {b.first_step}..{b.last_step}) share bytes "
+             f"[{lo}, {hi})")
+    if a_last >= b.first_step:
+        raise PlanError(f"unsafe plan: {where} while both are alive at step {b.first_step}")
+    if happens_before is None:
+        return
+    if a.kind == "output":
+        raise PlanError(f"unsafe plan: {where}, but {a.name} is fetched and must survive "
+                        "to the end of the run")
+    last_on_stream: dict[int, int] = {}      # a stream runs in order: its last touch
+    for t in set(a.uses) | {a.defined_at}:
+        s = steps[t].stream
+        last_on_stream[s] = max(t, last_on_stream.get(s, t))
+    late = [t for t in sorted(last_on_stream.values())
+            if not happens_before(t, b.defined_at)]
+    if late:
+        verb = "writes" if late[-1] == a.defined_at else "reads"
+        raise PlanError(f"unsafe plan: {where}, but step {late[-1]} (which {verb} "
+                        f"{a.name}) does not happen before step {b.defined_at} "
+                        f"(which writes {b.name})")
+
+
+# ----------------------------------------------------------------------------------
+# Planner input from a graph (used by tests, benchmarks and the debugger)
+# ----------------------------------------------------------------------------------
+
+EXTERNAL_OPS = {"placeholder": "feed", "variable": "variable"}
+NO_ARENA_OPS = {"assign"}   # an assign's value is the variable's own buffer
+
+
+def node_nbytes(node: Node) -> int:
+    """Bytes of a node's value (its shape and dtype must be known)."""
+    if node.shape is None or node.dtype is None or None in node.shape:
+        raise PlanError(f"{node.name} ({node.op}, created at {node.where}) has no concrete "
+                        "shape; plan a specialized graph (compile does that)")
+    return math.prod(node.shape) * node.dtype.itemsize
+
+
+def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
+                     ) -> tuple[list[PlanStep], dict[str, str], set[str]]:
+    """(steps, external, keep) for plan_memory, from a specialized graph.
+
+    The steps follow `order` (default: the graph's topological order); placeholders
+    and variables are external; an assign's value is the variable's buffer, so it
+    needs 0 arena bytes. An op's in-place input is offered when it has the output's
+    shape and dtype and is not read twice by the op.
+    """
+    order = graph.nodes if order is None else order
+    external: dict[str, str] = {}
+    steps: list[PlanStep] = []
+    for node in order:
+        if node.op in EXTERNAL_OPS:
+            external[node.name] = EXTERNAL_OPS[node.op]
+            continue
+        inplace = REGISTRY[node.op].inplace
+        if inplace is not None:
+            source = node.inputs[inplace] if inplace < len(node.inputs) else None
+            if (source is None or source.op in EXTERNAL_OPS or source.op in NO_ARENA_OPS
+                    or source.shape != node.shape or source.dtype != node.dtype
+                    or node.inputs.count(source) > 1):
+                inplace = None
+        nbytes = 0 if node.op in NO_ARENA_OPS else node_nbytes(node)
+        steps.append(PlanStep(node.name, [i.name for i in node.inputs], nbytes, inplace))
+    keep = {o.name for o in graph.outputs if o.op not in EXTERNAL_OPS}
+    return steps, external, keep
+
+
+# ----------------------------------------------------------------------------------
+# A memory-aware schedule. The planner packs whatever lifetimes the schedule gives
+# it; the schedule decides those lifetimes. The graph's depth-first order, for a
+# training step, runs the whole chain of activation gradients before any weight
+# gradient, so every activation stays alive to the end and checkpointing cannot
+# help. XLA's answer (its DefaultMemoryScheduler) is to try a few orders and keep
+# the one with the smallest peak; we do the same with three.
+# ----------------------------------------------------------------------------------
+
+def _dependencies(graph: Graph) -> dict[int, list[Node]]:
+    """Each node's inputs plus the variable reader-before-writer edges."""
+    nodes = graph.nodes
+    extra = ordering_dependencies(nodes)
+    return {id(n): list(dict.fromkeys(list(n.inputs) + extra.get(n, []))) for n in nodes}
+
+
+def reversed_dfs_order(graph: Graph) -> list[Node]:
+    """Depth-first post-order that visits outputs and inputs right to left. For a
+    training step the optimizer's updates then run from the last layer down, each
+    as soon as its gradient exists, which is when the activations it read can go."""
+    deps = _dependencies(graph)
+    order: list[Node] = []
+    seen: set[int] = set()
+    for root in reversed(graph.outputs):
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        stack = [(root, deps[id(root)][::-1], 0)]
+        while stack:       # an explicit stack: a 10,000-deep chain must not recurse
+            node, inputs, i = stack[-1]
+            if i < len(inputs):
+                stack[-1] = (node, inputs, i + 1)
+                if id(inputs[i]) not in seen:
+                    seen.add(id(inputs[i]))
+                    stack.append((inputs[i], deps[id(inputs[i])][::-1], 0))
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
+def list_order(graph: Graph) -> list[Node]:
+    """Greedy list scheduling: of the nodes whose inputs are ready, run the one that
+    frees the most bytes net of what it allocates (earliest in depth-first order
+    among equals). Sources (no inputs: feeds, variables, constants) run just before
+    their first reader, as they would in any sensible order.
+
+    A heap keeps the choice O(log n): a node's gain only rises, when it becomes the
+    last reader of an input, and it is pushed again then (stale entries are skipped).
+    """
+    nodes = graph.nodes
+    deps = _dependencies(graph)
+    by_id = {id(n): n for n in nodes}
+    position = {id(n): k for k, n in enumerate(nodes)}
+    size = {id(n): 0 if n.op in EXTERNAL_OPS or n.op in NO_ARENA_OPS else node_nbytes(n)
+            for n in nodes}
+    fetched = {id(o) for o in graph.outputs}
+    source = {id(n) for n in nodes if not deps[id(n)]}
+    readers: dict[int, list[Node]] = {id(n): [] for n in nodes}
+    successors: dict[int, list[Node]] = {id(n): [] for n in nodes}
+    waiting: dict[int, int] = {}
+    for node in nodes:
+        for i in set(node.inputs):
+            readers[id(i)].append(node)
+        for d in deps[id(node)]:
+            successors[id(d)].append(node)
+        waiting[id(node)] = sum(id(d) not in source for d in deps[id(node)])
+    readers_left = {key: len(r) for key, r in readers.items()}
+    done: set[int] = set()
+    order: list[Node] = []
+    heap: list[tuple[int, int, int]] = []
+
+    def push(node: Node) -> None:
+        freed = sum(size[id(i)] for i in set(node.inputs)
+                    if readers_left[id(i)] == 1 and id(i) not in fetched)
+        heapq.heappush(heap, (size[id(node)] - freed, position[id(node)], id(node)))
+
+    def emit(node: Node) -> None:
+        done.add(id(node))
+        order.append(node)
+        for i in set(node.inputs):
+            readers_left[id(i)] -= 1
+            if readers_left[id(i)] == 1:     # its last reader would now free it
+                last = next(r for r in readers[id(i)] if id(r) not in done)
+                if waiting[id(last)] == 0:
+                    push(last)
+        if id(node) not in source:
+            for s in successors[id(node)]:
+                waiting[id(s)] -= 1
+                if waiting[id(s)] == 0:
+                    push(s)
+
+    for node in nodes:
+        if id(node) not in source and waiting[id(node)] == 0:
+            push(node)
+    while heap:
+        key = heapq.heappop(heap)[2]
+        if key in done:
+            continue
+        for d in deps[key]:
+            if id(d) in source and id(d) not in done:
+                emit(d)
+        emit(by_id[key])
+    for node in nodes:       # sources nobody reads (a fetched constant)
+        if id(node) not in done:
+            emit(node)
+    return order
+
+
+def peak_bytes(graph: Graph, order: Sequence[Node]) -> int:
+    """The most arena bytes alive at one step if `graph` runs in `order`."""
+    steps, external, keep = steps_from_graph(graph, order)
+    specs = liveness(steps, external, keep)
+    return lower_bound(make_blocks(specs.values(), ALIGNMENT))
+
+
+ORDERS: dict[str, Callable[[Graph], list[Node]]] = {
+    "dfs": lambda graph: graph.nodes,
+    "dfs_reversed": reversed_dfs_order,
+    "list": list_order,
+}
+
+
+def memory_order(graph: Graph) -> list[Node]:
+    """A topological order of `graph` (variable readers still before writers) with
+    a small peak: each order in ORDERS is tried and the lowest peak kept (the
+    graph's own depth-first order on a tie)."""
+    best, best_peak = graph.nodes, None
+    for make_order in ORDERS.values():
+        order = make_order(graph)
+        peak = peak_bytes(graph, order)
+        if best_peak is None or peak < best_peak:
+            best, best_peak = order, peak
+    return list(best)
+
+
+# ----------------------------------------------------------------------------------
+# Gradient checkpointing (Chen et al. 2016)
+#
+# Training keeps every forward value the backward pass reads ("activations") from
+# the moment it is computed until its gradient is done: memory grows with depth.
+# Chen et al. keep only the values at some segment boundaries; in the backward
+# pass, each segment's forward is recomputed from its boundary just before its
+# gradient needs it. With N equal layers in sqrt(N) segments, memory is O(sqrt(N))
+# for one extra forward pass. As a graph pass this is a rewrite: for every forward
+# value a backward node reads, and that is not a kept boundary, the backward node
+# reads a clone instead, computed from the kept values.
+# ----------------------------------------------------------------------------------
+
+SOURCE_OPS = {"placeholder", "variable", "constant"}
+
+
+def _identity_compute(xp: Any, x: Any, out: Any = None) -> Any:
+    # Planned and in place, this copies nothing; unplanned, it returns a copy, never
+    # an alias of x (x may be a variable that a later assign overwrites).
+    if out is None:
+        return xp.array(x, copy=True)
+    out[...] = x
+    return out
+
+
+# Not flagged elementwise, although it is: elementwise fusion would swallow the
+# marker, and with it the user's choice of boundary.
+register(OpDef("checkpoint", _identity_compute, _infer_same, lambda node, g: [g],
+               inplace=0,
+               doc="identity; marks its value as a kept boundary for gradient checkpointing"))
+
+
+def checkpoint(x: Node, name: str | None = None) -> Node:
+    """Mark `x` as a checkpoint (tf.checkpoint): the backward pass keeps this value
+    and recomputes the forward values after it, up to the next checkpoint, instead
+    of storing them. The value is `x` itself (an identity, free when run in place)."""
+    return make("checkpoint", x, name=name)
+
+
+def _forward_region(nodes: Sequence[Node]) -> set[int]:
+    """ids of forward nodes that depend on no backward node (not the updates that
+    optimizers build after the gradients, although those are "forward" too)."""
+    region: set[int] = set()
+    for node in nodes:
+        if node.phase == "forward" and all(id(i) in region for i in node.inputs):
+            region.add(id(node))
+    return region
+
+
+def _recomputable(nodes: Sequence[Node]) -> list[Node]:
+    """Forward nodes the backward pass may recompute, in topological order: computed
+    (not a source) and pure (recomputing a random mask would change the gradient)."""
+    region = _forward_region(nodes)
+    return [n for n in nodes if id(n) in region and n.op not in SOURCE_OPS
+            and REGISTRY[n.op].pure]
+
+
+def _cut_points(forward: Sequence[Node]) -> set[int]:
+    """ids of the nodes in `forward` (topological order) that no edge jumps over:
+    every path from before such a node to after it goes through it, so keeping it
+    is enough to recompute everything after it (Chen et al.'s articulation points)."""
+    position = {id(n): k for k, n in enumerate(forward)}
+    reach = [-1] * len(forward)        # furthest consumer of node k
+    for k, node in enumerate(forward):
+        for i in node.inputs:
+            if id(i) in position:
+                reach[position[id(i)]] = max(reach[position[id(i)]], k)
+    cuts, furthest = set(), -1
+    for k, node in enumerate(forward):
+        if furthest <= k:
+            cuts.add(id(node))
+        furthest = max(furthest, reach[k])
+    return cuts
+
+
+def _backward_reads(nodes: Sequence[Node]) -> set[int]:
+    """ids of the nodes that some backward node reads."""
+    return {id(i) for n in nodes if n.phase == "backward" for i in n.inputs}
+
+
+def activation_bytes(graph: Graph) -> int:
+    """Bytes of forward values that the backward pass reads: what training keeps
+    alive between the forward and the backward (sources, fed or stored across runs,
+    are not counted)."""
+    read = _backward_reads(graph.nodes)
+    region = _forward_region(graph.nodes)
+    return sum(node_nbytes(n) for n in graph.nodes
+               if id(n) in read and id(n) in region and n.op not in SOURCE_OPS)
+
+
+def _segments(forward: Sequence[Node], boundaries: set[int], stored: set[int],
+              sizes: dict[int, int]) -> tuple[int, int]:
+    """(stored bytes, largest segment's recomputed bytes) for a choice of boundaries:
+    Chen et al.'s memory estimate is their sum."""
+    kept = sum(sizes.get(id(n), 0) for n in forward if id(n) in stored)
+    segment = worst = 0
+    for node in forward:
+        if id(node) in boundaries:
+            worst, segment = max(worst, segment), 0
+        elif id(node) not in stored:
+            segment += sizes.get(id(node), 0)
+    return kept, max(worst, segment)
+
+
+def _boundaries_for(forward: Sequence[Node], cuts: set[int], sizes: dict[int, int],
+                    budget: float) -> set[int]:
+    """Chen et al.'s greedy: walk forward, summing activation bytes; at the first cut
+    point past `budget` bytes, keep it as a boundary and start a new segment.
+
+    A boundary that lands after a run of cheap elementwise ops moves back onto the
+    output of the expensive op before them (relu(z + b) -> z): recomputing the cheap
+    ops is nearly free, while keeping relu(...) means recomputing the matmul too.
+    """
+    position = {id(n): k for k, n in enumerate(forward)}
+    chosen, running, previous = set(), 0, -1
+    for node in forward:
+        running += sizes.get(id(node), 0)
+        if id(node) not in cuts or running <= budget:
+            continue
+        back = node
+        while REGISTRY[back.op].elementwise:
+            inner = [i for i in back.inputs if id(i) in position]
+            if len(inner) != 1 or id(inner[0]) not in cuts or position[id(inner[0])] <= previous:
+                break
+            back = inner[0]
+        if not REGISTRY[back.op].elementwise:
+            node = back
+        chosen.add(id(node))
+        running, previous = 0, position[id(node)]
+    return chosen
+
+
+def _keep_for(forward: Sequence[Node], boundaries: set[int], always: set[int]) -> set[int]:
+    """What the backward pass reads without recomputing: the boundaries, the nodes
+    that must be kept anyway, and everything after the last boundary (the last
+    segment is still alive when the backward pass starts: recomputing it would cost
+    time and save nothing)."""
+    last = max((k for k, n in enumerate(forward) if id(n) in boundaries), default=-1)
+    return boundaries | always | {id(n) for n in forward[last + 1:]}
+
+
+def choose_checkpoints(graph: Graph, mode: str | int | None
+                       ) -> tuple[set[int] | None, str]:
+    """The forward nodes the backward pass keeps (ids; None: keep them all, nothing
+    to rewrite) and a one-line summary.
+
+    mode None:   the tf.checkpoint markers are the boundaries.
+    mode "sqrt": segments of about sqrt(N) layers: the per-segment budget is
+      sqrt(total activation bytes * mean boundary bytes), which minimises
+      stored + one segment when all N layers are alike.
+    mode int:  a byte budget for activations (stored plus the largest recomputed
+      segment): the choice that keeps the most and fits; the smallest if none fits.
+    Markers are always boundaries; fetched outputs are always kept.
+    """
+    nodes = graph.nodes
+    forward = _recomputable(nodes)
+    read = _backward_reads(nodes)
+    sizes = {id(n): node_nbytes(n) for n in forward if id(n) in read}
+    total = sum(sizes.values())
+    markers = {id(n) for n in forward if n.op == "checkpoint"}
+    outputs = {id(o) for o in graph.outputs}
+    cuts = _cut_points(forward)
+    if mode is None:
+        boundaries, label = markers, "manual checkpoints"
+    elif mode == "sqrt":
+        cut_sizes = [node_nbytes(n) for n in forward if id(n) in cuts]
+        budget = math.sqrt(total * sum(cut_sizes) / max(len(cut_sizes), 1))
+        boundaries = _boundaries_for(forward, cuts, sizes, budget) | markers
+        label = f"sqrt rule (segments of {format_bytes(int(budget))})"
+    elif isinstance(mode, int) and not isinstance(mode, bool) and mode > 0:
+        if total <= mode:
+            return None, (f"budget {format_bytes(mode)}: the activations "
+                          f"({format_bytes(total)}) fit; nothing to do")
+        options = []
+        for k in range(40):   # per-segment budgets from everything down to ~nothing
+            chosen = _boundaries_for(forward, cuts, sizes, total / 1.5 ** k) | markers
+            kept, worst = _segments(forward, chosen, _keep_for(forward, chosen, outputs),
+                                    sizes)
+            options.append((kept + worst, kept, chosen))
+        fitting = [o for o in options if o[0] <= mode]
+        estimate, _, boundaries = max(fitting, key=lambda o: o[1]) if fitting else min(
+            options, key=lambda o: o[0])
+        label = (f"budget {format_bytes(mode)} "
+                 f"({'fits' if fitting else 'cannot fit; smallest found'})")
+    else:
+        raise ValueError(f"checkpoint must be None, 'sqrt' or a positive byte budget, "
+                         f"got {mode!r}")
+    keep = _keep_for(forward, boundaries, outputs)
+    if all(id(n) in keep for n in forward if id(n) in read):
+        return None, f"{label}: too few layers to split; nothing to recompute"
+    kept, worst = _segments(forward, boundaries, keep, sizes)
+    return keep, (f"{label}: {len(boundaries)} boundaries; keep {format_bytes(kept)} of "
+                  f"{format_bytes(total)} activations, recompute at most "
+                  f"{format_bytes(worst)} at a time")
+
+
+def recompute(graph: Graph, keep: set[int], ctx: Any = None) -> Graph:
+    """Rewrite `graph` so that backward nodes read recomputed clones of every
+    recomputable forward value not in `keep` (ids). Clones are named
+    ``<node>/recompute``, have phase "backward", and read kept values or clones.
+    A RewriteRecord per recomputed segment goes to `ctx` when given."""
+    nodes = graph.nodes
+    forward = _recomputable(nodes)
+    movable = {id(n) for n in forward} - keep
+    # Which clones are needed: the movable values backward nodes read, and,
+    # transitively, the movable values those read.
+    needed = {id(i) for n in nodes if n.phase == "backward" for i in n.inputs
+              if id(i) in movable}
+    for node in reversed(forward):          # consumers come after their inputs
+        if id(node) in needed:
+            needed.update(id(i) for i in node.inputs if id(i) in movable)
+    if not needed:
+        return graph
+
+    clone_of: dict[int, Node] = {}
+    segment: list[Node] = []     # clones since the last kept boundary, for the records
+    anchor = "the inputs"
+    for node in forward:
+        if id(node) in keep:
+            if segment and ctx is not None:
+                _record_segment(ctx, segment, anchor)
+            segment, anchor = [], node.name
+        if id(node) not in needed:
+            continue
+        clone = Node(node.op, [clone_of.get(id(i), i) for i in node.inputs], node.attrs,
+                     name=f"{node.name}/recompute", shape=node.shape, dtype=node.dtype,
+                     where=node.where, provenance=node.provenance, phase="backward")
+        clone_of[id(node)] = clone
+        segment.append(clone)
+    if segment and ctx is not None:
+        _record_segment(ctx, segment, anchor)
+
+    # Rebuild the nodes downstream of a changed input (nodes are shared between
+    # graphs, so the original graph, and every earlier snapshot, stays as it was).
+    rebuilt: dict[int, Node] = {}
+    for node in nodes:
+        swap = clone_of if node.phase == "backward" else {}
+        inputs = [rebuilt.get(id(i), swap.get(id(i), i)) for i in node.inputs]
+        if any(a is not b for a, b in zip(inputs, node.inputs)):
+            rebuilt[id(node)] = Node(node.op, inputs, node.attrs, name=node.name,
+                                     shape=node.shape, dtype=node.dtype, where=node.where,
+                                     provenance=node.provenance, phase=node.phase)
+    return Graph([rebuilt.get(id(o), o) for o in graph.outputs])
+
+
+def _record_segment(ctx: Any, clones: list[Node], anchor: str) -> None:
+    size = sum(node_nbytes(c) for c in clones)
+    first, last = clones[0].name, clones[-1].name
+    span = first if len(clones) == 1 else f"{first} .. {last}"
+    ctx.record([], clones, f"recompute {len(clones)} forward nodes ({span}, "
+                           f"{format_bytes(size)}) from {anchor} in the backward pass "
+                           "instead of keeping them")
+
+
+def checkpoint_pass(graph: Graph, ctx: Any) -> Graph:
+    """The gradient-checkpointing pass (register it last, as "checkpoint": CSE would
+    merge the recomputed clones back into the forward values).
+
+    Reads ``ctx.options.get("checkpoint")``: None (only tf.checkpoint markers, if
+    any, are honoured), "sqrt" (Chen et al.'s sqrt(N) segments) or an int byte budget
+    (see `choose_checkpoints`). Graphs without backward nodes are left alone.
+    """
+    mode = ctx.options.get("checkpoint") if ctx.options else None
+    nodes = graph.nodes
+    has_markers = any(n.op == "checkpoint" for n in nodes)
+    if (mode is None and not has_markers) or not any(n.phase == "backward" for n in nodes):
+        return graph
+    if not getattr(ctx, "current_pass", ""):
+        ctx.current_pass = "checkpoint"
+    keep, summary = choose_checkpoints(graph, mode)
+    ctx.record([], [], summary)
+    return graph if keep is None else recompute(graph, keep, ctx)
