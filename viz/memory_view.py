@@ -14,6 +14,7 @@ tensor that shared its bytes over the run (drawn ``▓``).
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -209,10 +210,12 @@ class MemoryView(palette.TextLines, Widget):
                 text.append(f"  took the space of {blame.took_from['node']} (freed after "
                             f"step {blame.took_from['last_step']})\n", styles["near"])
             if blame.sharers:
-                names = ", ".join(t["node"] for t in blame.sharers[:12])
-                more = f" +{len(blame.sharers) - 12}" if len(blame.sharers) > 12 else ""
-                text.append(f"  ▓ shared its bytes with {len(blame.sharers)}: {names}{more}",
-                            styles["edge_sel"])
+                names = ", ".join(t["node"] for t in blame.sharers[:40])
+                more = f" +{len(blame.sharers) - 40}" if len(blame.sharers) > 40 else ""
+                lines = textwrap.wrap(f"▓ shared its bytes with {len(blame.sharers)}: "
+                                      f"{names}{more}", max(self.size.width - 4, 20),
+                                      subsequent_indent="  ", max_lines=3)
+                text.append("  " + "\n  ".join(lines), styles["edge_sel"])
             elif tensor["offset"] is not None:
                 text.append("  no other tensor used these bytes", styles["dim"])
         return text
