@@ -24,6 +24,7 @@ from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float
                           ones, placeholder, random_normal, random_uniform, reduce_max,
                           reduce_mean, reduce_sum, trainable_variables, zeros)
 from tinyflow.executor import Program, Session, compile
+from tinyflow.passes import explain as explain  # tf.explain(program): what the passes did
 from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
 from tinyflow.ops import (abs, broadcast_to, cast, concat, constant, exp, expand_dims, gather,
                           greater, greater_equal, less, less_equal, log, matmul, maximum,

@@ -1,25 +1,64 @@
 """Graph passes: rewrites that explain themselves.
 
-A pass is a plain function ``(graph, ctx) -> Graph`` that returns a new graph and
-appends a `RewriteRecord` to ``ctx.records`` for every rewrite it makes. The pipeline
-runs the registered passes in order and keeps a snapshot of the graph after each one,
-so the debugger can step through them. This follows NNVM's pass manager: each pass
-says what it needs and what it provides, and the pipeline documents its own order.
+The compiler half of TinyFlow: the optimizations a course teaches (pattern-matching
+simplification, common subexpression elimination, constant folding, dead code
+elimination, operator fusion, shape inference), each one short function a student
+can read, switch off, and watch in the debugger.
 
-The first pass, `infer_shapes`, is special: it *specializes* the user's graph to the
-shapes that were fed, cloning every node with concrete shapes and dtypes. Every later
-pass (and the planner, and the executor) can then trust ``node.shape``.
+A pass is a plain function ``(graph, ctx) -> Graph``. It returns a new graph (nodes
+that did not change are shared, never mutated: the pipeline keeps a snapshot after
+every pass, so the debugger can step through them) and appends a `RewriteRecord` to
+``ctx.records`` for every rewrite: the nodes it removed, the nodes it added, and one
+line a person understands ("mul(x, 1) -> x", "same op, inputs and attrs as
+matmul_12"). This follows NNVM's pass manager (the IR under the original TinyFlow):
+each pass states what it needs and what it provides, and `PIPELINE` lists them in
+order; `compile(..., passes=[...], disable=[...])` chooses among them by name.
+
+Every pass is a sweep in topological order built on `_rewrite`: a node's inputs are
+first pointed at their replacements, then the pass may replace the node itself. As
+inputs are final before their consumers are visited, one sweep reaches the pass's
+fixed point (a second run rewrites nothing; the tests check it).
+
+Two invariants every pass keeps:
+
+* a node that replaces another keeps that node's `phase` and merges its
+  `provenance`, so checkpointing and the debugger still know what it stands for;
+* variables and their updates keep TF1's meaning: `graph.topological_order` runs
+  every direct reader of a variable before the `assign` that writes it. No rewrite
+  may make a node read a variable directly while it also depends on an assign to
+  that variable (that would be a cycle, or a read of the wrong value), so rules,
+  merges and fusions that would do so are skipped (see `_AfterAssign`). Impure ops
+  (variables, random draws, assign, group) are never merged or folded, and DCE
+  keeps everything with an effect.
 """
 
 from __future__ import annotations
 
+import gc
+import math
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyflow.graph import FeedError, Graph, Node, topological_order
-from tinyflow.ops import infer_node
+import numpy as np
+
+from tinyflow import fusion
+from tinyflow.graph import (
+    VARIABLE_WRITERS,
+    FeedError,
+    Graph,
+    Node,
+    TinyFlowError,
+    next_node_id,
+    topological_order,
+)
+from tinyflow.ops import REGISTRY, ConstValue, infer_node
+
+# ----------------------------------------------------------------------------------
+# Records and context
+# ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -38,7 +77,11 @@ class RewriteRecord:
 
 @dataclass
 class PassContext:
-    """What passes share: the records they append, and per-pass timing/snapshots."""
+    """What passes share: the records they append, and per-pass timing/snapshots.
+
+    snapshots  (pass name, graph after it, seconds); the first is ("input", the
+               specialized graph, 0.0)
+    """
 
     records: list[RewriteRecord] = field(default_factory=list)
     snapshots: list[tuple[str, Graph, float]] = field(default_factory=list)
@@ -53,13 +96,16 @@ class PassContext:
 
 def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]]
                ) -> tuple[Graph, dict[Node, Node]]:
-    """Clone the graph under `fetches` with concrete shapes (the infer_shapes pass).
+    """Clone the graph under `fetches` with concrete shapes (shape inference).
 
     `sources` maps each fed node and each variable to its (shape, dtype) for this
     run. Fed nodes become placeholders in the clone (feeding an intermediate tensor
     cuts the graph there, as in TF1). Returns the specialized graph and a map from
     each user node to its clone. Raises FeedError for a placeholder that is needed
     but not fed, and ShapeError (op, shapes, user's line) for shapes that disagree.
+
+    The passes below never clone a placeholder or variable of this graph again: the
+    executor binds feeds and variables to exactly these nodes.
     """
     leaves = frozenset(id(n) for n in sources)
     clones: dict[Node, Node] = {}
@@ -87,17 +133,851 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]]
     return Graph([clones[f] for f in fetches]), clones
 
 
-# A pass: (graph, ctx) -> graph. The pipeline is a list of (name, function), in order.
+# ----------------------------------------------------------------------------------
+# The machinery every pass shares
+# ----------------------------------------------------------------------------------
+
+SOURCES = ("placeholder", "variable")  # bound by the executor by identity: never cloned
+
+
+def _merged_phase(*nodes: Node) -> str:
+    """A value needed in the forward pass is a forward value (an activation)."""
+    return "forward" if any(n.phase == "forward" for n in nodes) else nodes[0].phase
+
+
+def _merged_provenance(*nodes: Node) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p for n in nodes for p in n.provenance))
+
+
+def _clone(node: Node, inputs: tuple[Node, ...] | None = None,
+           provenance: tuple[str, ...] | None = None, phase: str | None = None) -> Node:
+    """A copy of `node` (same name, op, attrs, shape) with new inputs or provenance."""
+    return Node(node.op, node.inputs if inputs is None else inputs, node.attrs,
+                name=node.name, shape=node.shape, dtype=node.dtype, where=node.where,
+                provenance=node.provenance if provenance is None else provenance,
+                phase=node.phase if phase is None else phase)
+
+
+def _new_node(op: str, inputs: list[Node] | tuple[Node, ...], attrs: dict, replaces: Node,
+              absorbed: tuple[Node, ...] = (), name: str | None = None,
+              same_value: bool = False) -> Node:
+    """A node built by a pass to stand for `replaces` (and the `absorbed` nodes):
+    it keeps their phase, merges their provenance, and its shape comes from the op's
+    rule (the one source of truth). A fused node computes exactly the value of the
+    node it replaces (`same_value`): it takes that shape, and the infer_shapes pass
+    checks it against the rule once, at the end."""
+    node = Node(op, inputs, attrs, name=name, where=replaces.where,
+                provenance=_merged_provenance(replaces, *absorbed),
+                phase=_merged_phase(replaces, *absorbed) if absorbed else replaces.phase)
+    if same_value:
+        node.shape, node.dtype = replaces.shape, replaces.dtype
+    else:
+        node.shape, node.dtype = infer_node(op, node.inputs, node.attrs, node.where)
+    return node
+
+
+Rewrite = Callable[[Node, Node], Node]
+
+
+def _rewrite(graph: Graph, rewrite: Rewrite) -> Graph:
+    """The sweep under every pass: visit the nodes in topological order; point each
+    node's inputs at their replacements (cloning it when one changed), then let
+    ``rewrite(old, current)`` return the node's own replacement (`current` when it
+    keeps it). Returns `graph` itself when nothing changed."""
+    replaced: dict[int, Node] = {}
+    changed = False
+    for node in graph.nodes:
+        current = node
+        if node.inputs:
+            inputs = tuple([replaced[id(i)] for i in node.inputs])
+            for a, b in zip(inputs, node.inputs):
+                if a is not b:
+                    current = _clone(node, inputs)
+                    break
+        result = rewrite(node, current)
+        replaced[id(node)] = result
+        if result is not node:
+            changed = True
+    if not changed:
+        return graph
+    return Graph([replaced[id(o)] for o in graph.outputs])
+
+
+class _Adoptions:
+    """Provenance (and phase) a surviving node takes over from nodes merged into it.
+
+    A node built during this pass is updated at once: no snapshot holds it yet. A
+    node shared with the previous graph must not change (that graph is a snapshot),
+    so it is copied by a second sweep, `finish`, which only runs when needed.
+    """
+
+    def __init__(self) -> None:
+        self.first_new_id = next_node_id()
+        self.pending: dict[int, list[Node]] = {}
+
+    def add(self, target: Node, merged: list[Node]) -> None:
+        if target.op in SOURCES:
+            return  # the executor binds placeholders and variables by identity
+        if target.id >= self.first_new_id:
+            target.provenance = _merged_provenance(target, *merged)
+            target.phase = _merged_phase(target, *merged)
+        else:
+            self.pending.setdefault(id(target), []).extend(merged)
+
+    def finish(self, graph: Graph) -> Graph:
+        return _add_provenance(graph, self.pending)
+
+
+def _add_provenance(graph: Graph, extra: dict[int, list[Node]]) -> Graph:
+    """Let the nodes with ids in `extra` also stand for the nodes listed there (their
+    provenance and phase merge). Done as a second sweep, so that every consumer of a
+    node sees the same, merged copy. Sources keep theirs (they are never cloned)."""
+    if not extra:
+        return graph
+
+    def merge(old: Node, node: Node) -> Node:
+        others = extra.get(id(old))
+        if not others or node.op in SOURCES:
+            return node
+        return _clone(node, node.inputs, _merged_provenance(node, *others),
+                      _merged_phase(node, *others))
+    return _rewrite(graph, merge)
+
+
+def _finish(before: Graph, after: Graph, ctx: PassContext, first_record: int) -> Graph:
+    """Close a pass: every node that disappeared is named in some record. Nodes the
+    pass's own records do not name (an input only the rewritten node used) are
+    listed in one last record, so the debugger can explain every change."""
+    if after is before:
+        return after
+    kept = {n.name for n in after.nodes}
+    told = {name for r in ctx.records[first_record:] for name in r.removed}
+    silent = [n.name for n in before.nodes if n.name not in kept and n.name not in told]
+    if silent:
+        ctx.records.append(RewriteRecord(ctx.current_pass, silent, [],
+                                         "no longer used after the rewrites above"))
+    return after
+
+
+class _AfterAssign:
+    """Which nodes depend on a variable update (an assign among their ancestors).
+
+    The executor runs every direct reader of a variable before the assigns that
+    write it. A rewrite that makes a node read a variable directly, where before
+    only one of the nodes it replaces did, moves that read later: to the time the
+    new node runs. That is only safe when the new node waits on no assign at all:
+    then no update can be ordered before it, so the read cannot see a new value nor
+    close a cycle (a path from any assign into the node would have to enter through
+    one of its inputs, which then depends on an assign). `fresh_read_is_safe` asks
+    exactly that; the rewrites that fail it are skipped.
+    """
+
+    def __init__(self) -> None:
+        self.memo: dict[int, bool] = {}
+
+    def __call__(self, node: Node) -> bool:
+        """True when an assign is among `node`'s ancestors (itself included)."""
+        memo = self.memo
+        stack = [node]
+        while stack:  # iterative post-order: deep graphs must not recurse
+            top = stack[-1]
+            if id(top) in memo:
+                stack.pop()
+                continue
+            missing = [i for i in top.inputs if id(i) not in memo]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            memo[id(top)] = top.op in VARIABLE_WRITERS or any(memo[id(i)] for i in top.inputs)
+        return memo[id(node)]
+
+    def fresh_read_is_safe(self, new_inputs: Sequence[Node], old_readers: Sequence[Node],
+                           root: Node) -> bool:
+        """May a node with `new_inputs`, replacing `old_readers` (whose result `root`
+        is), read the variables among its inputs?"""
+        already = {id(i) for n in old_readers for i in n.inputs if i.op == "variable"}
+        fresh = [i for i in new_inputs if i.op == "variable" and id(i) not in already]
+        return not fresh or not self(root)
+
+
+# ----------------------------------------------------------------------------------
+# simplify: algebraic identities, a table of pattern rules
+# ----------------------------------------------------------------------------------
+
+def _const_value(node: Node) -> float | None:
+    """The one value of a constant-like node (every element equal), else None."""
+    if node.op == "constant":
+        array = node.attrs["value"].array
+        if array.size == 0 or array.dtype.kind not in "biuf":
+            return None
+        first = array.flat[0]
+        if array.size == 1 or (array == first).all():
+            return float(first)
+        return None
+    return {"zeros": 0.0, "ones": 1.0}.get(node.op)
+
+
+def _is(node: Node, value: float) -> bool:
+    return _const_value(node) == value
+
+
+def _same_type(node: Node, x: Node) -> bool:
+    """`x` can stand in for `node`: same shape and dtype (no broadcast, no promotion)."""
+    return x.shape == node.shape and x.dtype == node.dtype
+
+
+def _keep(node: Node, x: Node) -> Node | None:
+    """`x` replaces `node` when it has node's shape and dtype. Never a variable: a
+    consumer of `node` that also depends on an assign to that variable would then
+    read it directly (see `_AfterAssign`); a reader node in between is cheap."""
+    return x if _same_type(node, x) and x.op != "variable" else None
+
+
+def _other_operand(node: Node, value: float) -> Node | None:
+    """For a binary `node` with the constant `value` as one operand: the other one."""
+    a, b = node.inputs
+    if _is(b, value):
+        return a
+    if REGISTRY[node.op].commutative and _is(a, value):
+        return b
+    return None
+
+
+# Ops whose value is never negative, so log() then exp() gives the value back.
+NON_NEGATIVE_OPS = ("exp", "sigmoid", "softmax", "sqrt", "relu", "abs", "ones")
+
+
+def _non_negative(node: Node) -> bool:
+    if node.op in NON_NEGATIVE_OPS:
+        return True
+    if node.op == "constant":
+        array = node.attrs["value"].array
+        return array.dtype.kind in "biuf" and bool(np.all(array >= 0))
+    return False
+
+
+def _rule_identity(value: float) -> Callable[[Node], Node | None]:
+    """op(x, value) -> x, e.g. mul(x, 1)."""
+    def rule(node: Node) -> Node | None:
+        x = _other_operand(node, value)
+        return None if x is None else _keep(node, x)
+    return rule
+
+
+def _rule_zero_minus(node: Node) -> Node | None:
+    a, x = node.inputs
+    if _is(a, 0.0) and _same_type(node, x):
+        return _new_node("neg", [x], {}, node)
+    return None
+
+
+def _rule_times_minus_one(node: Node) -> Node | None:
+    x = _other_operand(node, -1.0)
+    if x is not None and _same_type(node, x):
+        return _new_node("neg", [x], {}, node)
+    return None
+
+
+def _rule_pow(exponent: float, op: str | None) -> Callable[[Node], Node | None]:
+    """pow(x, exponent) -> x (op None), mul(x, x) or sqrt(x)."""
+    def rule(node: Node) -> Node | None:
+        x, p = node.inputs
+        if not _is(p, exponent) or not _same_type(node, x):
+            return None
+        if op is None:
+            return _keep(node, x)
+        return _new_node(op, [x, x] if op == "mul" else [x], {}, node, (p,))
+    return rule
+
+
+def _rule_inverse(inner_op: str) -> Callable[[Node], Node | None]:
+    """f(g(x)) -> x where g undoes f: neg(neg x), log(exp x)."""
+    def rule(node: Node) -> Node | None:
+        inner = node.inputs[0]
+        if inner.op != inner_op:
+            return None
+        return _keep(node, inner.inputs[0])
+    return rule
+
+
+def _rule_exp_log(node: Node) -> Node | None:
+    inner = node.inputs[0]
+    if inner.op == "log" and _non_negative(inner.inputs[0]):
+        return _keep(node, inner.inputs[0])
+    return None
+
+
+def _rule_add_neg(node: Node) -> Node | None:
+    """add(x, neg(y)) -> sub(x, y) (either order)."""
+    a, b = node.inputs
+    if b.op == "neg":
+        return _new_node("sub", [a, b.inputs[0]], {}, node, (b,))
+    if a.op == "neg":
+        return _new_node("sub", [b, a.inputs[0]], {}, node, (a,))
+    return None
+
+
+def _rule_sub_neg(node: Node) -> Node | None:
+    a, b = node.inputs
+    if b.op == "neg":
+        return _new_node("add", [a, b.inputs[0]], {}, node, (b,))
+    return None
+
+
+def _permutation(node: Node) -> tuple[int, ...]:
+    axes = node.attrs.get("axes")
+    rank = len(node.inputs[0].shape)
+    return tuple(reversed(range(rank))) if axes is None else tuple(a % rank for a in axes)
+
+
+def _rule_transpose(node: Node) -> Node | None:
+    """transpose(transpose(x, p), q) -> transpose(x, p then q); identity -> x."""
+    inner = node.inputs[0]
+    perm = _permutation(node)
+    if inner.op == "transpose":
+        first = _permutation(inner)
+        combined = tuple(first[a] for a in perm)
+        if combined == tuple(range(len(combined))):
+            return _keep(node, inner.inputs[0])
+        return _new_node("transpose", [inner.inputs[0]], {"axes": combined}, node, (inner,))
+    if perm == tuple(range(len(perm))):
+        return _keep(node, inner)
+    return None
+
+
+# Ops that only change a shape (the elements keep their order in memory).
+RESHAPES = ("reshape", "reshape_like", "expand_dims", "squeeze")
+
+
+def _rule_reshape(node: Node) -> Node | None:
+    """reshape of a reshape -> one reshape; a reshape to the same shape -> x."""
+    x = node.inputs[0]
+    if x.shape == node.shape:
+        return _keep(node, x)
+    if x.op in RESHAPES:
+        return _new_node("reshape", [x.inputs[0]], {"shape": tuple(node.shape)}, node, (x,))
+    return None
+
+
+def _rule_by_shape(op: str) -> Callable[[Node], Node | None]:
+    """reshape_like(x, ref) -> reshape(x, shape): after specialization the shape of
+    ref is a constant, and its value no longer has to stay alive until here."""
+    def rule(node: Node) -> Node | None:
+        return _new_node(op, [node.inputs[0]], {"shape": tuple(node.shape)}, node)
+    return rule
+
+
+def _rule_same_shape(node: Node) -> Node | None:
+    """broadcast or sum to the shape the input already has -> the input."""
+    return _keep(node, node.inputs[0])
+
+
+def _rule_cast(node: Node) -> Node | None:
+    return _keep(node, node.inputs[0])
+
+
+def _rule_same_operands(node: Node) -> Node | None:
+    """f(x, x) -> x for f in maximum, minimum; where(c, x, x) -> x."""
+    a, b = node.inputs[-2:]
+    return _keep(node, a) if a is b else None
+
+
+def _rule_fill_like(op: str) -> Callable[[Node], Node | None]:
+    """zeros_like(x) -> zeros(shape): the shape is known now, x's value is not needed."""
+    def rule(node: Node) -> Node | None:
+        return _new_node(op, [], {"shape": tuple(node.shape), "dtype": node.dtype.name}, node)
+    return rule
+
+
+def _rule_count_ratio(node: Node) -> Node | None:
+    """count_ratio(y, x) -> constant size(y)/size(x): only the shapes matter."""
+    y, x = node.inputs
+    size_x = math.prod(x.shape)
+    ratio = math.prod(y.shape) / size_x if size_x else 0.0
+    return _new_node("constant", [], {"value": ConstValue(np.asarray(ratio, node.dtype))}, node)
+
+
+def _rule_single_concat(node: Node) -> Node | None:
+    return _keep(node, node.inputs[0]) if len(node.inputs) == 1 else None
+
+
+def _rule_full_slice(node: Node) -> Node | None:
+    """x[:, :] -> x."""
+    full = all(item[0] == "slice" and item[1] in (None, 0) and item[2] is None
+               and item[3] in (None, 1) for item in node.attrs["index"])
+    return _keep(node, node.inputs[0]) if full else None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One simplification: `pattern` (also the record's reason), the op it starts at,
+    and `rewrite(node) -> replacement or None`. A rule only returns a replacement of
+    the node's shape and dtype."""
+
+    pattern: str
+    op: str
+    rewrite: Callable[[Node], Node | None]
+
+
+# The rule table. Every rule holds for every input value, including inf and NaN
+# (which is why x * 0 -> 0 and x - x -> 0 are not here), except where the pattern
+# says when it applies.
+RULES: list[Rule] = [
+    Rule("add(x, 0) -> x", "add", _rule_identity(0.0)),
+    Rule("sub(x, 0) -> x", "sub", _rule_identity(0.0)),
+    Rule("mul(x, 1) -> x", "mul", _rule_identity(1.0)),
+    Rule("div(x, 1) -> x", "div", _rule_identity(1.0)),
+    Rule("pow(x, 1) -> x", "pow", _rule_pow(1.0, None)),
+    Rule("pow(x, 2) -> mul(x, x)", "pow", _rule_pow(2.0, "mul")),
+    Rule("pow(x, 0.5) -> sqrt(x)", "pow", _rule_pow(0.5, "sqrt")),
+    Rule("sub(0, x) -> neg(x)", "sub", _rule_zero_minus),
+    Rule("mul(x, -1) -> neg(x)", "mul", _rule_times_minus_one),
+    Rule("add(x, neg(y)) -> sub(x, y)", "add", _rule_add_neg),
+    Rule("sub(x, neg(y)) -> add(x, y)", "sub", _rule_sub_neg),
+    Rule("neg(neg(x)) -> x", "neg", _rule_inverse("neg")),
+    Rule("log(exp(x)) -> x", "log", _rule_inverse("exp")),
+    Rule("exp(log(x)) -> x, x known >= 0", "exp", _rule_exp_log),
+    Rule("maximum(x, x) -> x", "maximum", _rule_same_operands),
+    Rule("minimum(x, x) -> x", "minimum", _rule_same_operands),
+    Rule("where(c, x, x) -> x", "where", _rule_same_operands),
+    Rule("cast(x) to x's dtype -> x", "cast", _rule_cast),
+    Rule("transpose(transpose(x)) -> one transpose, or x", "transpose", _rule_transpose),
+    *[Rule(f"{op} of a reshape -> one reshape; to x's own shape -> x", op, _rule_reshape)
+      for op in RESHAPES],
+    *[Rule(f"{op}(x) to x's own shape -> x", op, _rule_same_shape)
+      for op in ("broadcast_to", "broadcast_like", "sum_to_like")],
+    Rule("reshape_like(x, ref) -> reshape(x, shape of ref)", "reshape_like",
+         _rule_by_shape("reshape")),
+    Rule("broadcast_like(x, ref) -> broadcast_to(x, shape of ref)", "broadcast_like",
+         _rule_by_shape("broadcast_to")),
+    Rule("x[:, ...] (every slice full) -> x", "getitem", _rule_full_slice),
+    Rule("concat([x]) -> x", "concat", _rule_single_concat),
+    Rule("zeros_like(x) -> zeros(shape of x)", "zeros_like", _rule_fill_like("zeros")),
+    Rule("ones_like(x) -> ones(shape of x)", "ones_like", _rule_fill_like("ones")),
+    Rule("count_ratio(y, x) -> constant size(y) / size(x)", "count_ratio", _rule_count_ratio),
+]
+RULES_BY_OP: dict[str, list[Rule]] = {}
+for _rule in RULES:
+    RULES_BY_OP.setdefault(_rule.op, []).append(_rule)
+
+
+def simplify(graph: Graph, ctx: PassContext) -> Graph:
+    """Apply the rules of `RULES` wherever they match, until none does.
+
+    Needs: shapes (rules check that a replacement has the node's shape and dtype).
+    Provides: a graph with the identities removed; records "mul(x, 1) -> x" & co.
+    A node is rewritten again until no rule matches it (neg(neg(neg(neg x))) -> x),
+    and its inputs are already simplified, so one sweep reaches the fixed point.
+    """
+    first = len(ctx.records)
+    names_before = {n.name for n in graph.nodes}  # a rule's result named otherwise is new
+    after_assign = _AfterAssign()
+    adoptions = _Adoptions()  # surviving node -> the nodes it now stands for
+    added: set[int] = set()
+
+    def apply(old: Node, node: Node) -> Node:
+        for _ in range(16):  # each rule makes the graph smaller; 16 is a safety net
+            for rule in RULES_BY_OP.get(node.op, ()):
+                new = rule.rewrite(node)
+                if new is None or new is node:
+                    continue
+                if not after_assign.fresh_read_is_safe(new.inputs, [node], new):
+                    continue
+                built = new.name not in names_before and id(new) not in added
+                ctx.record([node], [new] if built else [], rule.pattern)
+                if built:
+                    added.add(id(new))
+                else:
+                    adoptions.add(new, [node])
+                node = new
+                break
+            else:
+                return node
+        return node
+    result = adoptions.finish(_rewrite(graph, apply))
+    return _finish(graph, result, ctx, first)
+
+
+# ----------------------------------------------------------------------------------
+# cse: common subexpression elimination by hash-consing
+# ----------------------------------------------------------------------------------
+
+def _cse_key(node: Node, inputs: list[Node]) -> tuple | None:
+    """(op, inputs, attrs) as a hashable key; commutative ops sort their inputs.
+    None when an attribute is not hashable (then the node is never merged)."""
+    inputs = [id(i) for i in inputs]
+    if REGISTRY[node.op].commutative:
+        inputs.sort()
+    key = (node.op, tuple(inputs), tuple(sorted(node.attrs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def cse(graph: Graph, ctx: PassContext) -> Graph:
+    """Merge nodes that compute the same thing: same op, same inputs, same attrs.
+
+    Needs: nothing. Provides: at most one node per (op, inputs, attrs).
+    Hash-consing (as in NNVM and XLA): in topological order each node's inputs are
+    already merged, so one dictionary lookup finds its twin. Impure ops (variables,
+    placeholders, random draws, dropout masks, assign, group: OpDef.pure False) are
+    never merged: two random draws are two different values. Equal constants merge
+    (a constant's value hashes by content). The twins are found first, on the input
+    graph; one sweep then builds the merged graph, the survivor standing for all.
+    """
+    first = len(ctx.records)
+    seen: dict[tuple, Node] = {}
+    twin_of: dict[int, Node] = {}         # id(duplicate) -> the node it merges into
+    merged: dict[int, list[Node]] = {}    # id(survivor) -> its duplicates
+    for node in graph.nodes:
+        if not REGISTRY[node.op].pure:
+            continue
+        canonical = [twin_of.get(id(i), i) for i in node.inputs]
+        key = _cse_key(node, canonical)
+        if key is None:
+            continue
+        twin = seen.setdefault(key, node)
+        if twin is not node:
+            twin_of[id(node)] = twin
+            merged.setdefault(id(twin), []).append(node)
+            ctx.record([node], [], f"same op, inputs and attrs as {twin.name}")
+    if not twin_of:
+        return graph
+    built: dict[int, Node] = {}
+
+    def merge(old: Node, node: Node) -> Node:
+        twin = twin_of.get(id(old))
+        if twin is not None:
+            return built[id(twin)]
+        duplicates = merged.get(id(old))
+        if duplicates:
+            node = _clone(node, node.inputs, _merged_provenance(node, *duplicates),
+                          _merged_phase(node, *duplicates))
+        built[id(old)] = node
+        return node
+    return _finish(graph, _rewrite(graph, merge), ctx, first)
+
+
+# ----------------------------------------------------------------------------------
+# fold: constant folding with the op's own compute
+# ----------------------------------------------------------------------------------
+
+# Folding never makes a constant larger than this (in bytes): a folded
+# zeros((4096, 4096)) * 2 would put 128 MiB into the graph and the debug record.
+FOLD_MAX_BYTES = 1 << 16
+
+
+def _nbytes(node: Node) -> int:
+    return math.prod(node.shape) * node.dtype.itemsize
+
+
+def fold(graph: Graph, ctx: PassContext) -> Graph:
+    """Replace every node computed only from constants by a constant.
+
+    Needs: shapes. Provides: no pure node whose inputs are all constants.
+    The value comes from the op's own compute (the kernel the executor would run,
+    on numpy), so folding cannot disagree with running. Impure ops are never folded
+    (a random draw must differ per run), nor nodes above `FOLD_MAX_BYTES`, nor a
+    node whose kernel raises (the run will raise the proper error, with its line).
+    One record per surviving constant: "folded 3 constant nodes into one".
+    """
+    first = len(ctx.records)
+    values: dict[int, np.ndarray] = {}   # id(node) -> value, for constant-like nodes
+    cone: dict[int, list[Node]] = {}     # id(folded constant) -> old nodes it replaces
+
+    def try_fold(old: Node, node: Node) -> Node:
+        opdef = REGISTRY[node.op]
+        if node.op == "constant":
+            values[id(node)] = node.attrs["value"].array
+            return node
+        if (not opdef.pure or node.shape is None or node.dtype is None
+                or _nbytes(node) > FOLD_MAX_BYTES):
+            return node
+        if node.inputs and not all(id(i) in values for i in node.inputs):
+            return node
+        try:
+            with np.errstate(all="ignore"):  # the run would give the same inf/nan
+                value = opdef.compute(np, *[values[id(i)] for i in node.inputs],
+                                      **node.attrs)
+            value = np.asarray(value)
+        except Exception:
+            return node
+        if value.shape != tuple(node.shape):
+            return node
+        value = value.astype(node.dtype, copy=False)
+        if not node.inputs:  # zeros/ones: usable by consumers, not worth a record
+            values[id(node)] = value
+            return node
+        const = _new_node("constant", [], {"value": ConstValue(value)}, node,
+                          name=f"folded_{node.name}")
+        values[id(const)] = value
+        cone[id(const)] = [old] + [n for i in node.inputs for n in cone.get(id(i), [i])]
+        return const
+    result = _rewrite(graph, try_fold)
+    if result is not graph:
+        kept = {n.name for n in result.nodes}
+        for node in result.nodes:
+            if id(node) in cone:
+                gone = list(dict.fromkeys(n.name for n in cone[id(node)]
+                                          if n.name not in kept))
+                shape = "x".join(map(str, node.shape)) or "scalar"
+                ctx.records.append(RewriteRecord(
+                    ctx.current_pass, gone, [node.name],
+                    f"folded {len(gone)} constant nodes into one ({shape} {node.dtype})"))
+    return _finish(graph, result, ctx, first)
+
+
+# ----------------------------------------------------------------------------------
+# dce: dead code elimination
+# ----------------------------------------------------------------------------------
+
+def dce(graph: Graph, ctx: PassContext) -> Graph:
+    """Remove work whose value nobody needs and which has no effect.
+
+    Needs: nothing. Provides: every `group` input has an effect.
+    A Graph holds only what its outputs reach, so a node nobody uses is already
+    gone (each pass's records name the nodes its rewrites left unused). What is left
+    is `tf.group`: it runs its inputs for their effects and ignores their values, so
+    an input with no effect above it is dead. Effects are the impure computed ops:
+    assign (a variable update) and random draws (each draw advances a generator the
+    next run continues from). Duplicate group inputs are dropped too.
+    """
+    first = len(ctx.records)
+    effect: dict[int, bool] = {}
+
+    def sweep(old: Node, node: Node) -> Node:
+        opdef = REGISTRY[node.op]
+        has_effect = (not opdef.pure and node.op not in SOURCES) or any(
+            effect[id(i)] for i in node.inputs)
+        if node.op == "group":
+            keep = list(dict.fromkeys(i for i in node.inputs if effect[id(i)]))
+            dead = [i for i in node.inputs if not effect[id(i)]]
+            if len(keep) < len(node.inputs):
+                new = _clone(node, tuple(keep))
+                for i in dict.fromkeys(dead):
+                    ctx.record([i], [], f"{node.name} runs {i.name} only for its effect, "
+                                        "and it has none")
+                if len(dead) < len(node.inputs) - len(keep):
+                    ctx.record([], [], f"{node.name} listed an input twice")
+                node = new
+        effect[id(node)] = has_effect
+        return node
+    result = _rewrite(graph, sweep)
+    return _finish(graph, result, ctx, first)
+
+
+# ----------------------------------------------------------------------------------
+# fuse_dense: matmul + bias + activation as one node
+# ----------------------------------------------------------------------------------
+
+def _only_consumer(node: Node, users: dict[Node, list[Node]], outputs: set[int]
+                   ) -> Node | None:
+    """The one node that reads `node` (possibly twice), or None (several, or fetched)."""
+    if id(node) in outputs:
+        return None
+    readers = users.get(node, [])
+    if not readers or any(r is not readers[0] for r in readers):
+        return None
+    return readers[0]
+
+
+def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
+    """matmul(a, w) + bias, then an optional activation -> one `fused_dense` node.
+
+    Needs: shapes. Provides: fused_dense nodes (fusion.py).
+    The bias is an `add` (either operand) that does not broadcast the product, or a
+    `bias_add` on a 2-D product; the matmul must have no other reader. The
+    activation (relu, tanh, sigmoid, gelu) joins when it is the sum's only reader.
+    In a training graph relu's gradient reads the sum too, so there the relu stays
+    outside; tanh and sigmoid gradients read the activation's output, so they join.
+    """
+    first = len(ctx.records)
+    users = graph.consumers()
+    outputs = {id(o) for o in graph.outputs}
+    after_assign = _AfterAssign()
+    plans: dict[int, tuple[int, int, bool]] = {}  # root id -> (matmul pos, bias pos, act)
+    for node in graph.nodes:
+        if node.op != "matmul":
+            continue
+        adder = _only_consumer(node, users, outputs)
+        if adder is None or adder.op not in ("add", "bias_add") or adder.inputs.count(node) != 1:
+            continue
+        pos = adder.inputs.index(node)
+        if adder.op == "bias_add" and (pos != 0 or len(node.shape) != 2):
+            continue
+        if not _same_type(adder, node):
+            continue
+        root, act = adder, False
+        reader = _only_consumer(adder, users, outputs)
+        if (reader is not None and reader.op in fusion.DENSE_ACTIVATIONS
+                and _same_type(reader, adder)):
+            root, act = reader, True
+        if not after_assign.fresh_read_is_safe([*node.inputs, *adder.inputs], [root], root):
+            continue
+        plans[id(root)] = (pos, 1 - pos, act)
+
+    def fuse(old: Node, node: Node) -> Node:
+        plan = plans.get(id(old))
+        if plan is None:
+            return node
+        pos, bias_pos, act = plan
+        adder = node.inputs[0] if act else node
+        matmul = adder.inputs[pos]
+        attrs = {"transpose_a": bool(matmul.attrs.get("transpose_a", False)),
+                 "transpose_b": bool(matmul.attrs.get("transpose_b", False)),
+                 "activation": node.op if act else None}
+        members = [matmul, adder] + ([node] if act else [])
+        fused = _new_node("fused_dense", [*matmul.inputs, adder.inputs[bias_pos]], attrs,
+                          node, tuple(members[:-1]), name=f"fused_{node.name}",
+                          same_value=True)
+        ctx.record(members, [fused], " + ".join(m.op for m in members) + " -> fused_dense")
+        return fused
+    result = _rewrite(graph, fuse)
+    return _finish(graph, result, ctx, first)
+
+
+# ----------------------------------------------------------------------------------
+# fuse_elementwise: trees of elementwise ops -> one node with a small program
+# ----------------------------------------------------------------------------------
+
+def _fusable(node: Node) -> bool:
+    opdef = REGISTRY[node.op]
+    return opdef.elementwise and opdef.pure and node.op != "fused_elementwise"
+
+
+def fuse_elementwise(graph: Graph, ctx: PassContext) -> Graph:
+    """A tree of elementwise ops, each with one consumer inside it -> one node.
+
+    Needs: shapes. Provides: fused_elementwise nodes holding their program.
+    Walking from the outputs back, an elementwise node joins the group of its only
+    consumer when that consumer is elementwise too; a node read by several nodes (or
+    fetched) starts a group of its own, since its value must exist anyway. As every
+    member but the root has its one reader inside the group, fusing cannot create a
+    cycle; the one exception, a member that reads a variable while the group waits
+    on an assign, is refused (see `_AfterAssign`). Groups of one stay as they are.
+    """
+    first = len(ctx.records)
+    users = graph.consumers()
+    outputs = {id(o) for o in graph.outputs}
+    after_assign = _AfterAssign()
+    root_of: dict[int, Node] = {}          # member id -> its group's root (old nodes)
+    members: dict[int, list[Node]] = {}    # root id -> members, root first
+    for node in reversed(graph.nodes):
+        if not _fusable(node):
+            continue
+        root = node
+        reader = _only_consumer(node, users, outputs)
+        if reader is not None and id(reader) in root_of:
+            candidate = root_of[id(reader)]
+            if after_assign.fresh_read_is_safe(node.inputs, [], candidate):
+                root = candidate
+        root_of[id(node)] = root
+        members.setdefault(id(root), []).append(node)
+
+    current_of: dict[int, Node] = {}      # member id -> its rebuilt copy in this sweep
+
+    def fuse(old: Node, node: Node) -> Node:
+        group = members.get(id(root_of.get(id(old), old)))
+        if group is None or len(group) < 2:
+            return node
+        current_of[id(old)] = node
+        if group[0] is not old:
+            return node  # a member: its value lives on inside the root's program
+        ordered = list(reversed(group))  # topological order, root last
+        register_of = {id(current_of[id(m)]): f"t{k}" for k, m in enumerate(ordered)}
+        inputs: list[Node] = []
+        program = []
+        for m in ordered:
+            operands = []
+            for i in current_of[id(m)].inputs:
+                name = register_of.get(id(i))
+                if name is None:
+                    if i not in inputs:
+                        inputs.append(i)
+                    name = f"x{inputs.index(i)}"
+                operands.append(name)
+            program.append((m.op, tuple(operands), tuple(sorted(m.attrs.items()))))
+        fused = _new_node("fused_elementwise", inputs, {"program": tuple(program)}, node,
+                          tuple(ordered[:-1]), name=f"fused_{node.name}", same_value=True)
+        ops = ", ".join(m.op for m in ordered)
+        ctx.record(ordered, [fused], f"fused {len(ordered)} elementwise ops ({ops}), each "
+                                     "read only by the next, into one kernel")
+        return fused
+    result = _rewrite(graph, fuse)
+    return _finish(graph, result, ctx, first)
+
+
+# ----------------------------------------------------------------------------------
+# infer_shapes: the op rules, once more, over the rewritten graph
+# ----------------------------------------------------------------------------------
+
+def infer_shapes(graph: Graph, ctx: PassContext) -> Graph:
+    """Re-infer every node's shape and dtype from its op's rule and its inputs.
+
+    Needs: a graph. Provides: shapes and dtypes that agree with the op rules.
+    `specialize` inferred the input graph's shapes; every node a pass builds is
+    inferred when it is built. This pass checks the whole rewritten graph once
+    more against the rules, the one source of truth, so a pass that changed what
+    a node computes is caught at compile time, named, instead of as a wrong
+    answer at run time.
+    """
+    original = {n.name: n for n in ctx.snapshots[0][1].nodes} if ctx.snapshots else {}
+    for node in graph.nodes:
+        if node.op in SOURCES or _unchanged(node, original.get(node.name)):
+            continue
+        shape, dtype = infer_node(node.op, node.inputs, node.attrs, node.where)
+        if tuple(shape) != node.shape or dtype != node.dtype:
+            made = "the user's graph" if node.name in original else "a pass"
+            raise TinyFlowError(
+                f"infer_shapes: {node.op} {node.name} (created at {node.where}, by {made}) "
+                f"holds shape {node.shape} {node.dtype}, but its rule gives {tuple(shape)} "
+                f"{dtype}; a pass before this one changed what it computes")
+    return graph
+
+
+def _unchanged(node: Node, was: Node | None) -> bool:
+    """Same op, attrs, shape and input shapes as `was` (the input graph's node of the
+    same name), whose shape specialize inferred: the rule would give the same again."""
+    if was is None or was.op != node.op or was.shape != node.shape or \
+            was.dtype != node.dtype or len(was.inputs) != len(node.inputs):
+        return False
+    for a, b in zip(was.inputs, node.inputs):
+        if a is not b and (a.shape != b.shape or a.dtype != b.dtype):
+            return False
+    return was.attrs == node.attrs
+
+
+# ----------------------------------------------------------------------------------
+# The pipeline
+# ----------------------------------------------------------------------------------
+
 Pass = Callable[[Graph, PassContext], Graph]
-PIPELINE: list[tuple[str, Pass]] = []
+
+# In order. simplify first: it turns zeros_like/count_ratio into constants that fold
+# can use, and CSE then merges what the rules made equal. fuse_dense runs before
+# fuse_elementwise, which would otherwise take the bias add into an elementwise group.
+PIPELINE: list[tuple[str, Pass]] = [
+    ("simplify", simplify),                  # needs shapes; provides identities removed
+    ("cse", cse),                            # provides one node per (op, inputs, attrs)
+    ("fold", fold),                          # provides no pure node of constants only
+    ("dce", dce),                            # provides group inputs with effects only
+    ("fuse_dense", fuse_dense),              # provides fused_dense nodes
+    ("fuse_elementwise", fuse_elementwise),  # provides fused_elementwise nodes
+    ("infer_shapes", infer_shapes),          # provides shapes checked against the rules
+]
 
 
 def run_pipeline(graph: Graph, ctx: PassContext, passes: list[str] | None = None,
                  disable: tuple[str, ...] | list[str] = ()) -> Graph:
     """Run the passes named in `passes` (default: all of PIPELINE) minus `disable`.
 
-    Keeps a (name, graph, seconds) snapshot after each pass in ``ctx.snapshots``;
-    the first snapshot is the specialized input graph, named "infer_shapes".
+    Passes run in PIPELINE's order whatever the order of the names. Keeps a
+    (name, graph, seconds) snapshot after each pass in ``ctx.snapshots``; the first
+    snapshot is the specialized input graph, named "input" (the DebugRecord's
+    graphs[0]). Raises ValueError for an unknown pass name.
     """
     known = {name for name, _ in PIPELINE}
     for name in list(passes or []) + list(disable):
@@ -105,10 +985,86 @@ def run_pipeline(graph: Graph, ctx: PassContext, passes: list[str] | None = None
             raise ValueError(f"unknown pass {name!r}; passes are {sorted(known)}")
     chosen = [p for p in PIPELINE if (passes is None or p[0] in passes)
               and p[0] not in disable]
-    ctx.snapshots.append(("infer_shapes", graph, 0.0))
-    for name, fn in chosen:
-        ctx.current_pass = name
-        start = time.perf_counter()
-        graph = fn(graph, ctx)
-        ctx.snapshots.append((name, graph, time.perf_counter() - start))
+    ctx.snapshots.append(("input", graph, 0.0))
+    # Passes build tens of thousands of small objects that form no reference cycles
+    # (a graph is a DAG); Python's cycle collector would walk all of them again and
+    # again for nothing, which costs a third of the pipeline's time on big graphs.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for name, fn in chosen:
+            ctx.current_pass = name
+            start = time.perf_counter()
+            graph = fn(graph, ctx)
+            ctx.snapshots.append((name, graph, time.perf_counter() - start))
+    finally:
+        if collecting:
+            gc.enable()
+        ctx.current_pass = ""
     return graph
+
+
+def run_pass(name: str, graph: Graph, ctx: PassContext | None = None) -> Graph:
+    """Run one pass of PIPELINE by name (for tests, lessons and the debugger)."""
+    ctx = ctx if ctx is not None else PassContext()
+    fn = dict(PIPELINE)[name]
+    ctx.current_pass = name
+    return fn(graph, ctx)
+
+
+# ----------------------------------------------------------------------------------
+# explain: the printable report
+# ----------------------------------------------------------------------------------
+
+def explain(program_or_ctx: Any, max_rewrites: int = 40) -> str:
+    """What the passes did to a compiled program, as text.
+
+    Accepts a Program (anything with a ``ctx``) or a PassContext. Lists the node
+    count after each pass (with the change and the time taken), the rewrite records
+    (the first `max_rewrites`, then a tally of the rest by reason), and every fused
+    node of the final graph with its program and the nodes it stands for.
+    """
+    ctx = getattr(program_or_ctx, "ctx", program_or_ctx)
+    per_pass = Counter(r.pass_name for r in ctx.records)
+    lines = ["passes (nodes after each pass):"]
+    previous = None
+    for name, graph, seconds in ctx.snapshots:
+        count = len(graph.nodes)
+        change = "" if previous is None else f"{count - previous:+d}"
+        rewrites = "" if previous is None else f"{per_pass.get(name, 0)} rewrites"
+        lines.append(f"  {name:<17}{count:>7} nodes {change:>7}  {rewrites:<13}"
+                     f"{seconds * 1e3:8.2f} ms")
+        previous = count
+    lines.append(f"rewrites ({len(ctx.records)}):")
+    for record in ctx.records[:max_rewrites]:
+        removed = ", ".join(record.removed) or "-"
+        added = ", ".join(record.added) or "-"
+        lines.append(f"  [{record.pass_name}] {record.reason}: removed {removed}; "
+                     f"added {added}")
+    rest = ctx.records[max_rewrites:]
+    if rest:
+        lines.append(f"  ... and {len(rest)} more:")
+        tally = Counter((r.pass_name, _reason_kind(r.reason)) for r in rest)
+        for (pass_name, reason), n in tally.most_common():
+            lines.append(f"    {n:5d} x [{pass_name}] {reason}")
+    fused = [n for n in ctx.snapshots[-1][1].nodes if n.op.startswith("fused_")] \
+        if ctx.snapshots else []
+    lines.append(f"fused nodes ({len(fused)}):")
+    for node in fused:
+        if node.op == "fused_elementwise":
+            body = fusion.format_program(node.attrs["program"])
+        else:
+            act = node.attrs.get("activation")
+            body = "matmul + bias" + (f" + {act}" if act else "")
+        inputs = ", ".join(f"x{k}={i.name}" for k, i in enumerate(node.inputs))
+        lines.append(f"  {node.name} ({node.op}): {body}")
+        lines.append(f"      inputs {inputs}; stands for {', '.join(node.provenance)}")
+    return "\n".join(lines)
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason with node names cut off, for tallies ("same op, ... as matmul_3")."""
+    for prefix in ("same op, inputs and attrs as", "folded", "fused"):
+        if reason.startswith(prefix):
+            return prefix + " ..."
+    return reason

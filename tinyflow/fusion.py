@@ -1,0 +1,346 @@
+"""Fused ops: several small kernels run as one graph node.
+
+The fusion passes (passes.py: `fuse_elementwise`, `fuse_dense`) replace groups of
+nodes by one of the two ops registered here:
+
+``fused_elementwise``
+    A chain or tree of elementwise ops, each used only by the next, held as a small
+    *program* (attribute ``program``): a tuple of instructions
+    ``(op, (operand, ...), ((attr, value), ...))``. Operands name registers: ``x0,
+    x1, ...`` are the node's inputs, ``t0, t1, ...`` the results of instructions 0,
+    1, ... The last instruction's result is the node's value. For example
+    ``relu(a * b + c)`` is::
+
+        (("mul", ("x0", "x1"), ()), ("add", ("t0", "x2"), ()), ("relu", ("t1",), ()))
+
+    The program is plain data (hashable, JSON-friendly), so CSE can compare fused
+    nodes and the debugger can print them (`format_program`). On the CPU each
+    instruction is still one numpy call; what fusion saves is the executor's
+    per-node work and the intermediate arrays: the temporaries are allocated once
+    per input shape, reused from one instruction to the next (an instruction may
+    overwrite a dying input, where its op's `inplace` flag allows), and kept for the
+    next run; the last instruction writes straight into the planned `out`. This is
+    the CPU stand-in for what XLA and TVM do on a GPU: one generated kernel for the
+    whole tree (not done here yet).
+
+``fused_dense``
+    ``activation(matmul(a, w) + bias)``: the product is written into `out`, then
+    the bias is added and the activation applied in place, so the layer makes one
+    array where it made three. Attributes: ``transpose_a``, ``transpose_b`` (as
+    matmul's) and ``activation`` (None or the name of a unary elementwise op).
+
+Fused nodes are made by passes, which run at compile time after `gradients` has
+built the backward graph, so they need no gradient (``differentiable=False``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tinyflow.ops import (
+    REGISTRY,
+    OpDef,
+    _matmul_compute,
+    _matmul_infer,
+    _Mismatch,
+    broadcast_shapes,
+    register,
+)
+
+Instruction = tuple[str, tuple[str, ...], tuple[tuple[str, Any], ...]]
+Program = tuple[Instruction, ...]
+
+# Activations fuse_dense may absorb: unary elementwise ops whose compute can run in
+# place on the layer's output.
+DENSE_ACTIVATIONS = ("relu", "tanh", "sigmoid", "gelu")
+
+
+# ----------------------------------------------------------------------------------
+# Programs: building, reading, printing
+# ----------------------------------------------------------------------------------
+
+def _register_index(name: str, num_inputs: int) -> int:
+    """``x3`` -> 3, ``t2`` -> num_inputs + 2: one flat numbering of registers."""
+    kind, index = name[0], int(name[1:])
+    return index if kind == "x" else num_inputs + index
+
+
+def format_program(program: Program) -> str:
+    """The program as one line a person reads: ``t0 = mul(x0, x1); t1 = relu(t0)``."""
+    parts = []
+    for k, (op, operands, attrs) in enumerate(program):
+        args = list(operands) + [f"{key}={value}" for key, value in attrs]
+        parts.append(f"t{k} = {op}({', '.join(args)})")
+    return "; ".join(parts)
+
+
+def program_ops(program: Program) -> list[str]:
+    """The op of each instruction, in order."""
+    return [op for op, _, _ in program]
+
+
+def _infer_registers(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]
+                     ) -> tuple[list[tuple], list[Any]]:
+    """Shape and dtype of every register (inputs first), by each op's own rule."""
+    shapes, dtypes = [tuple(s) for s in shapes], list(dtypes)
+    num_inputs = len(shapes)
+    for op, operands, attrs in program:
+        regs = [_register_index(r, num_inputs) for r in operands]
+        if any(r >= len(shapes) for r in regs):
+            raise _Mismatch(f"program reads a register before it is written ({operands})")
+        shape, dtype = REGISTRY[op].infer([shapes[r] for r in regs],
+                                          [dtypes[r] for r in regs], dict(attrs))
+        shapes.append(tuple(shape))
+        dtypes.append(None if dtype is None else np.dtype(dtype))
+    return shapes, dtypes
+
+
+def _fused_infer(shapes, dtypes, attrs):
+    all_shapes, all_dtypes = _infer_registers(attrs["program"], shapes, dtypes)
+    return all_shapes[-1], all_dtypes[-1]
+
+
+# ----------------------------------------------------------------------------------
+# Running a program: a plan per input signature, with reusable temporaries
+# ----------------------------------------------------------------------------------
+
+OUT = 0  # buffer 0 is the node's output: the planned `out`, or a fresh array
+
+
+@dataclass
+class _Plan:
+    """How to run one program on inputs of given shapes and dtypes.
+
+    steps    (compute, input registers, attrs, buffer) per instruction
+    buffers  (shape, dtype) of each buffer: buffers[OUT] is the output, the rest
+             are temporaries
+    source   the plan as straight-line Python (see `_generate`); `kernel` is it,
+             compiled: ``kernel(xp, x0, x1, ..., b0, b1, ...)`` with b0 the output
+    spare    sets of allocated temporaries not in use; a run takes one and gives it
+             back, so two threads running the same fused node never share them
+    """
+
+    program: Program
+    steps: list[tuple[Any, tuple[int, ...], dict, int]]
+    buffers: list[tuple[tuple, Any]]
+    source: str = ""
+    kernel: Any = None
+    spare: list[list[Any]] = field(default_factory=list)
+    xp: Any = None
+    signature: list = field(default_factory=list)
+
+    def take(self, xp: Any) -> list[Any]:
+        try:
+            return self.spare.pop()
+        except IndexError:
+            return [xp.empty(shape, dtype=dtype) for shape, dtype in self.buffers[1:]]
+
+    def give_back(self, temporaries: list[Any]) -> None:
+        self.spare.append(temporaries)
+
+
+def _generate(plan: _Plan, num_inputs: int) -> None:
+    """Write the plan as a Python function and compile it (once per plan).
+
+    Interpreting the program costs a loop, a list and a lookup per instruction;
+    the generated function is one call per instruction and nothing else, so a
+    fused node costs less than the separate nodes it replaces. This is the CPU
+    stand-in for the kernel a GPU compiler would generate from the same program::
+
+        def kernel(xp, x0, x1, x2, b0):
+            r = c0(xp, x0, x1, out=b0)      # t0 = mul(x0, x1)
+            if r is not b0: b0[...] = r
+            ...
+            return b0
+    """
+    names = [f"x{i}" for i in range(num_inputs)]
+    args = names + [f"b{b}" for b in range(len(plan.buffers))]
+    lines = [f"def kernel(xp, {', '.join(args)}):"]
+    namespace: dict[str, Any] = {}
+    for k, ((compute, regs, attrs, buffer), (op, operands, _)) in enumerate(
+            zip(plan.steps, plan.program)):
+        namespace[f"c{k}"] = compute
+        operands_now = ", ".join(names[r] for r in regs)
+        extra = ""
+        if attrs:
+            namespace[f"a{k}"] = attrs
+            extra = f", **a{k}"
+        lines.append(f"    r = c{k}(xp, {operands_now}, out=b{buffer}{extra})"
+                     f"  # t{k} = {op}({', '.join(operands)})")
+        lines.append(f"    if r is not b{buffer}: b{buffer}[...] = r")
+        names.append(f"b{buffer}")  # register num_inputs + k now lives in that buffer
+    lines.append(f"    return b{OUT}")
+    plan.source = "\n".join(lines)
+    exec(compile(plan.source, "<fused_elementwise>", "exec"), namespace)  # noqa: S102
+    plan.kernel = namespace["kernel"]
+
+
+_plans: dict[tuple, _Plan] = {}
+_last_plan: dict[int, _Plan] = {}
+_plans_lock = threading.Lock()
+MAX_PLANS = 512  # distinct (program, shapes) pairs kept; beyond that the cache restarts
+
+
+def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]) -> _Plan:
+    """Register allocation for the temporaries, as a compiler does for a basic block.
+
+    Each instruction's result gets a buffer; a buffer returns to the free pool after
+    the instruction that reads it last, and a later result of the same shape and
+    dtype reuses it. An instruction writes over one of its own inputs where its
+    op's `inplace` flag names that input (the ufunc reads each element before
+    writing it), so a chain of n ops needs one buffer, not n. The output buffer
+    serves as a temporary too (a value still warm in the cache when the last
+    instruction overwrites it), as long as whatever it holds is dead, or is the
+    operand the last instruction may overwrite, by the time the last one runs.
+    """
+    num_inputs = len(shapes)
+    reg_shapes, reg_dtypes = _infer_registers(program, shapes, dtypes)
+    last = len(program) - 1
+    last_read: dict[int, int] = {}
+    for k, (_, operands, _) in enumerate(program):
+        for r in operands:
+            last_read[_register_index(r, num_inputs)] = k
+    final_regs = [_register_index(r, num_inputs) for r in program[last][1]]
+    final_inplace = REGISTRY[program[last][0]].inplace
+
+    def may_hold_output(reg: int) -> bool:
+        """Can register `reg` live in the output buffer without the last
+        instruction clobbering an operand it still has to read?"""
+        if last_read[reg] < last:
+            return True
+        return (final_inplace is not None and final_inplace < len(final_regs)
+                and final_regs[final_inplace] == reg and final_regs.count(reg) == 1)
+
+    buffers: list[tuple[tuple, Any]] = [(reg_shapes[-1], reg_dtypes[-1])]
+    holder: dict[int, int | None] = {OUT: None}  # buffer -> register it holds
+    buffer_of: dict[int, int] = {}                # temporary register -> buffer
+    steps = []
+    for k, (op, operands, attrs) in enumerate(program):
+        opdef = REGISTRY[op]
+        regs = tuple(_register_index(r, num_inputs) for r in operands)
+        me = num_inputs + k
+        key = (reg_shapes[me], reg_dtypes[me])
+        dying = [r for r in dict.fromkeys(regs) if r in buffer_of and last_read[r] == k]
+        buffer = None
+        if k == last:
+            buffer = OUT
+        elif opdef.inplace is not None and opdef.inplace < len(regs):
+            target = regs[opdef.inplace]
+            if (target in dying and regs.count(target) == 1
+                    and buffers[buffer_of[target]] == key
+                    and (buffer_of[target] != OUT or may_hold_output(me))):
+                buffer = buffer_of[target]
+        if buffer is None and holder[OUT] is None and buffers[OUT] == key \
+                and may_hold_output(me):
+            buffer = OUT
+        if buffer is None:
+            buffer = next((b for b, r in holder.items()
+                           if r is None and b != OUT and buffers[b] == key), None)
+        if buffer is None:
+            buffers.append(key)
+            buffer = len(buffers) - 1
+        for r in dying:
+            holder[buffer_of[r]] = None
+        holder[buffer] = me
+        buffer_of[me] = buffer
+        steps.append((opdef.compute, regs, dict(attrs), buffer))
+    plan = _Plan(program, steps, buffers)
+    _generate(plan, num_inputs)
+    return plan
+
+
+def _plan_for(xp: Any, program: Program, arrays: Sequence[Any]) -> _Plan:
+    """The cached plan for `program` on these inputs.
+
+    A fused node runs its program on the same shapes every time, so the last plan
+    of each program (found by the program's identity: one per fused node, alive
+    as long as its node) is checked first, by comparing shapes, without hashing
+    the nested program; other signatures have their own entries.
+    """
+    signature = [(a.shape, a.dtype) for a in arrays]
+    plan = _last_plan.get(id(program))
+    if plan is not None and plan.program is program and plan.xp is xp \
+            and plan.signature == signature:
+        return plan
+    key = (id(program), xp, tuple(signature))
+    plan = _plans.get(key)
+    if plan is None or plan.program is not program:
+        plan = _make_plan(program, [a.shape for a in arrays], [a.dtype for a in arrays])
+        plan.xp, plan.signature = xp, signature
+        with _plans_lock:
+            if len(_plans) >= MAX_PLANS:
+                _plans.clear()
+                _last_plan.clear()
+            _plans[key] = plan
+    _last_plan[id(program)] = plan
+    return plan
+
+
+def scratch_bytes(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]) -> int:
+    """Bytes of temporaries one run of `program` holds (for the memory planner)."""
+    plan = _make_plan(program, shapes, dtypes)
+    return sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
+               for s, d in plan.buffers[1:])
+
+
+def _fused_elementwise_compute(xp, *arrays, out=None, program=()):
+    plan = _plan_for(xp, program, arrays)
+    try:
+        temporaries = plan.spare.pop()
+    except IndexError:
+        temporaries = plan.take(xp)
+    if out is None:
+        shape, dtype = plan.buffers[OUT]
+        out = xp.empty(shape, dtype=dtype)
+    try:
+        return plan.kernel(xp, *arrays, out, *temporaries)
+    finally:
+        plan.spare.append(temporaries)
+
+
+def generated_source(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]) -> str:
+    """The Python function `program` runs as for inputs of these shapes and dtypes."""
+    return _make_plan(program, shapes, dtypes).source
+
+
+# inplace is None: the output buffer serves as a temporary before the inputs are all
+# read, so it must not share memory with an input.
+register(OpDef("fused_elementwise", _fused_elementwise_compute, _fused_infer, None,
+               elementwise=True, differentiable=False,
+               doc="several elementwise ops run as one node (attribute: program)"))
+
+
+# ----------------------------------------------------------------------------------
+# fused_dense: activation(matmul(a, w) + bias)
+# ----------------------------------------------------------------------------------
+
+def _dense_infer(shapes, dtypes, attrs):
+    a, w, bias = shapes
+    product, dtype = _matmul_infer([a, w], dtypes[:2], attrs)
+    if broadcast_shapes(product, bias) != product:
+        raise _Mismatch(f"bias {tuple(bias)} would broadcast the product {product}")
+    dtype = np.result_type(dtype, dtypes[2])
+    activation = attrs.get("activation")
+    if activation is not None:
+        product, dtype = REGISTRY[activation].infer([product], [dtype], {})
+    return tuple(product), np.dtype(dtype)
+
+
+def _dense_compute(xp, a, w, bias, out=None, transpose_a=False, transpose_b=False,
+                   activation=None):
+    y = _matmul_compute(xp, a, w, out=out, transpose_a=transpose_a, transpose_b=transpose_b)
+    xp.add(y, bias, out=y)
+    if activation is not None:
+        result = REGISTRY[activation].compute(xp, y, out=y)
+        if result is not y:
+            y[...] = result
+    return y
+
+
+register(OpDef("fused_dense", _dense_compute, _dense_infer, None, differentiable=False,
+               doc="activation(matmul(a, w) + bias) as one node"))
