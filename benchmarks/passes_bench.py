@@ -13,6 +13,11 @@ Figures (each measured against a reference in the same process and run):
     same step compiled with ``passes=[]``: both Sessions start from the same
     weights, are checked to compute the same loss and updates, and run interleaved,
     round after round; the figure is the median of the per-round ratios.
+``fused_vs_unfused_small_ops``
+    The same ratio for Program.run of a 300-op chain of elementwise ops on 16
+    floats: there the executor's per-step work is the cost, and fusion removes it.
+    On a CPU the arithmetic of a fused node is still one numpy call per op, so the
+    MLP step gains only the steps it no longer runs; this figure shows the other end.
 ``compile_ms_1k_nodes`` / ``compile_ms_10k_nodes``
     Milliseconds to specialize and run every pass on a ~1,000- and a ~10,000-node
     training graph (a deep residual tanh MLP with its gradients and SGD updates);
@@ -53,8 +58,9 @@ class Model:
     description: str
 
 
-def build_mlp(sizes: tuple[int, ...] = (784, 128, 64, 10), batch: int = 32) -> Model:
-    """tf.nn.MLP (ReLU) with softmax cross entropy and Adam, float32."""
+def build_mlp(sizes: tuple[int, ...] = (64, 256, 256, 10), batch: int = 32) -> Model:
+    """tf.nn.MLP (ReLU) with softmax cross entropy and Adam, float32. The default is
+    the model of tutorials/train_mlp.py (8x8 digits, two hidden layers of 256)."""
     rng = np.random.default_rng(SEED)
     x = tf.placeholder(tf.float32, (batch, sizes[0]), name="x")
     labels = tf.placeholder(tf.int64, (batch,), name="labels")
@@ -213,6 +219,31 @@ def step_ratio_row(model: Model, rounds: int, threads_note: str) -> dict:
                     f"otherwise; {threads_note}"}
 
 
+def chain_ratio_row(length: int, rounds: int) -> dict:
+    """Where fusion pays on a CPU: many small elementwise ops, whose cost is the
+    executor's per-step work rather than arithmetic."""
+    x = tf.placeholder(tf.float32, (16,), name="chain_x")
+    y = x
+    for i in range(length):
+        y = tf.tanh(y) if i % 2 else y * 0.5 + 0.25
+    sources = {x: ((16,), np.dtype(np.float32))}
+    fused = tf.compile([y], sources, {})
+    plain = tf.compile([y], sources, {}, passes=[])
+    feeds = {x: np.linspace(-1, 1, 16, dtype=np.float32)}
+    if not np.allclose(fused.run(feeds, {})[0], plain.run(feeds, {})[0], rtol=1e-5):
+        raise AssertionError("fused and unfused chains disagree")
+    times = time_interleaved({"fused": lambda: fused.run(feeds, {}),
+                              "unfused": lambda: plain.run(feeds, {})}, 3, rounds)
+    ratios = sorted(a / b for a, b in zip(times["fused"], times["unfused"]))
+    us = {k: 1e6 * statistics.median(v) for k, v in times.items()}
+    return {"name": "fused_vs_unfused_small_ops", "value": statistics.median(ratios),
+            "goal": "<= 0.5", "unit": "x",
+            "note": f"{length}-op chain (x*0.5+0.25, tanh) on 16 floats: Program.run "
+                    f"{us['fused']:.0f} us ({len(fused.steps)} steps) vs passes=[] "
+                    f"{us['unfused']:.0f} us ({len(plain.steps)} steps); medians of {rounds} "
+                    "interleaved rounds"}
+
+
 # ----------------------------------------------------------------------------------
 # Compile time on 1k- and 10k-node graphs
 # ----------------------------------------------------------------------------------
@@ -282,7 +313,9 @@ def figures(quick: bool = False, only: str | None = None) -> list[dict]:
             rows += count_rows(build_transformer_block(2, 8, 16, 2, 20) if quick
                                else build_transformer_block())
         if want("fused_vs_unfused_mlp_step"):
-            rows.append(step_ratio_row(mlp, 5 if quick else 200, threads_note))
+            rows.append(step_ratio_row(mlp, 5 if quick else 300, threads_note))
+        if want("fused_vs_unfused_small_ops"):
+            rows.append(chain_ratio_row(30 if quick else 300, 5 if quick else 200))
         if want("compile_ms"):
             rows += compile_rows(quick)
     return [r for r in rows if want(r["name"])]

@@ -333,6 +333,22 @@ def test_fused_elementwise_reuses_temporaries_and_writes_into_out():
         assert fresh is not out
 
 
+def test_generated_kernel_lowers_ufuncs_and_matches_the_registry():
+    program = (("mul", ("x0", "x1"), ()), ("sigmoid", ("t0",), ()),
+               ("cast", ("t1",), (("dtype", "float32"),)))
+    source = fusion.generated_source(program, [(3,), ()], [np.dtype(F64)] * 2)
+    assert "f0(x0, x1, out=" in source                 # mul: numpy.multiply itself
+    assert "c1(xp, " in source and "**a2" in source    # sigmoid, cast: registry computes
+    rng = np.random.default_rng(1)
+    for op, ufunc in fusion.UFUNCS.items():            # the lowering table is exact
+        opdef = ops.REGISTRY[op]
+        args = [rng.uniform(0.5, 2.0, 4) for _ in range(2 if op not in (
+            "neg", "exp", "log", "sqrt", "tanh", "abs", "sign") else 1)]
+        expected = opdef.compute(np, *args, out=np.empty(4, opdef.infer(
+            [(4,)] * len(args), [np.dtype(F64)] * len(args), {})[1]))
+        np.testing.assert_array_equal(getattr(np, ufunc)(*args), expected, err_msg=op)
+
+
 def test_fuse_dense_with_and_without_activation():
     x = tf.placeholder(F64, (4, 3))
     w = tf.Variable(np.linspace(-1, 1, 15).reshape(3, 5))

@@ -121,8 +121,7 @@ class _Plan:
              are temporaries
     source   the plan as straight-line Python (see `_generate`); `kernel` is it,
              compiled: ``kernel(xp, x0, x1, ..., b0, b1, ...)`` with b0 the output
-    spare    sets of allocated temporaries not in use; a run takes one and gives it
-             back, so two threads running the same fused node never share them
+    pools    for each temporary, the free list of its (shape, dtype) in `_scratch`
     """
 
     program: Program
@@ -130,21 +129,46 @@ class _Plan:
     buffers: list[tuple[tuple, Any]]
     source: str = ""
     kernel: Any = None
-    spare: list[list[Any]] = field(default_factory=list)
     xp: Any = None
     signature: list = field(default_factory=list)
+    pools: list[list[Any]] = field(default_factory=list)
 
-    def take(self, xp: Any) -> list[Any]:
-        try:
-            return self.spare.pop()
-        except IndexError:
-            return [xp.empty(shape, dtype=dtype) for shape, dtype in self.buffers[1:]]
+    def take(self) -> list[Any]:
+        """One buffer per temporary, from the shared free lists (or new)."""
+        taken = []
+        for pool, (shape, dtype) in zip(self.pools, self.buffers[1:]):
+            try:
+                taken.append(pool.pop())
+            except IndexError:
+                taken.append(self.xp.empty(shape, dtype=dtype))
+        return taken
 
     def give_back(self, temporaries: list[Any]) -> None:
-        self.spare.append(temporaries)
+        for pool, buffer in zip(self.pools, temporaries):
+            pool.append(buffer)
 
 
-def _generate(plan: _Plan, num_inputs: int) -> None:
+# Temporaries are shared by every fused node: free lists per (array library, shape,
+# dtype). A node takes its buffers for the length of one run and gives them back, so
+# the next fused node of the same shapes reuses the same memory, still in the cache
+# (separate buffers per node would each be cold), and two threads running fused
+# nodes at once never share a buffer (list.pop and list.append are atomic).
+_scratch: dict[tuple, list[Any]] = {}
+
+
+# The code generator's lowering table: ops whose registry compute is exactly one
+# ufunc call with `out=`. The generated kernel calls the ufunc directly (a call less
+# per instruction); every other op calls its registry compute. A test checks that
+# each entry computes what the registry does.
+UFUNCS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
+          "pow": "power", "maximum": "maximum", "minimum": "minimum",
+          "neg": "negative", "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh",
+          "abs": "absolute", "sign": "sign", "less": "less", "less_equal": "less_equal",
+          "greater": "greater", "greater_equal": "greater_equal", "equal": "equal",
+          "not_equal": "not_equal"}
+
+
+def _generate(plan: _Plan, num_inputs: int, xp: Any) -> None:
     """Write the plan as a Python function and compile it (once per plan).
 
     Interpreting the program costs a loop, a list and a lookup per instruction;
@@ -153,7 +177,8 @@ def _generate(plan: _Plan, num_inputs: int) -> None:
     stand-in for the kernel a GPU compiler would generate from the same program::
 
         def kernel(xp, x0, x1, x2, b0):
-            r = c0(xp, x0, x1, out=b0)      # t0 = mul(x0, x1)
+            f0(x0, x1, out=b0)              # t0 = mul(x0, x1): numpy.multiply
+            r = c1(xp, b0, out=b0)          # t1 = sigmoid(t0): the registry compute
             if r is not b0: b0[...] = r
             ...
             return b0
@@ -164,15 +189,19 @@ def _generate(plan: _Plan, num_inputs: int) -> None:
     namespace: dict[str, Any] = {}
     for k, ((compute, regs, attrs, buffer), (op, operands, _)) in enumerate(
             zip(plan.steps, plan.program)):
-        namespace[f"c{k}"] = compute
         operands_now = ", ".join(names[r] for r in regs)
-        extra = ""
-        if attrs:
-            namespace[f"a{k}"] = attrs
-            extra = f", **a{k}"
-        lines.append(f"    r = c{k}(xp, {operands_now}, out=b{buffer}{extra})"
-                     f"  # t{k} = {op}({', '.join(operands)})")
-        lines.append(f"    if r is not b{buffer}: b{buffer}[...] = r")
+        comment = f"  # t{k} = {op}({', '.join(operands)})"
+        if op in UFUNCS and not attrs:  # lowered: the array library's ufunc itself
+            namespace[f"f{k}"] = getattr(xp, UFUNCS[op])
+            lines.append(f"    f{k}({operands_now}, out=b{buffer}){comment}")
+        else:
+            namespace[f"c{k}"] = compute
+            extra = ""
+            if attrs:
+                namespace[f"a{k}"] = attrs
+                extra = f", **a{k}"
+            lines.append(f"    r = c{k}(xp, {operands_now}, out=b{buffer}{extra}){comment}")
+            lines.append(f"    if r is not b{buffer}: b{buffer}[...] = r")
         names.append(f"b{buffer}")  # register num_inputs + k now lives in that buffer
     lines.append(f"    return b{OUT}")
     plan.source = "\n".join(lines)
@@ -186,7 +215,8 @@ _plans_lock = threading.Lock()
 MAX_PLANS = 512  # distinct (program, shapes) pairs kept; beyond that the cache restarts
 
 
-def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]) -> _Plan:
+def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any],
+               xp: Any = np) -> _Plan:
     """Register allocation for the temporaries, as a compiler does for a basic block.
 
     Each instruction's result gets a buffer; a buffer returns to the free pool after
@@ -250,7 +280,7 @@ def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any])
         buffer_of[me] = buffer
         steps.append((opdef.compute, regs, dict(attrs), buffer))
     plan = _Plan(program, steps, buffers)
-    _generate(plan, num_inputs)
+    _generate(plan, num_inputs, xp)
     return plan
 
 
@@ -270,8 +300,10 @@ def _plan_for(xp: Any, program: Program, arrays: Sequence[Any]) -> _Plan:
     key = (id(program), xp, tuple(signature))
     plan = _plans.get(key)
     if plan is None or plan.program is not program:
-        plan = _make_plan(program, [a.shape for a in arrays], [a.dtype for a in arrays])
+        plan = _make_plan(program, [a.shape for a in arrays], [a.dtype for a in arrays], xp)
         plan.xp, plan.signature = xp, signature
+        plan.pools = [_scratch.setdefault((xp, shape, dtype), [])
+                      for shape, dtype in plan.buffers[1:]]
         with _plans_lock:
             if len(_plans) >= MAX_PLANS:
                 _plans.clear()
@@ -289,18 +321,18 @@ def scratch_bytes(program: Program, shapes: Sequence[tuple], dtypes: Sequence[An
 
 
 def _fused_elementwise_compute(xp, *arrays, out=None, program=()):
-    plan = _plan_for(xp, program, arrays)
-    try:
-        temporaries = plan.spare.pop()
-    except IndexError:
-        temporaries = plan.take(xp)
+    plan = _last_plan.get(id(program))  # the common case, inline: this node's plan
+    if plan is None or plan.program is not program or plan.xp is not xp \
+            or plan.signature != [(a.shape, a.dtype) for a in arrays]:
+        plan = _plan_for(xp, program, arrays)
+    temporaries = plan.take() if plan.pools else []
     if out is None:
         shape, dtype = plan.buffers[OUT]
         out = xp.empty(shape, dtype=dtype)
     try:
         return plan.kernel(xp, *arrays, out, *temporaries)
     finally:
-        plan.spare.append(temporaries)
+        plan.give_back(temporaries)
 
 
 def generated_source(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]) -> str:

@@ -971,19 +971,22 @@ PIPELINE: list[tuple[str, Pass]] = [
 
 
 def run_pipeline(graph: Graph, ctx: PassContext, passes: list[str] | None = None,
-                 disable: tuple[str, ...] | list[str] = ()) -> Graph:
-    """Run the passes named in `passes` (default: all of PIPELINE) minus `disable`.
+                 disable: tuple[str, ...] | list[str] = (),
+                 pipeline: list[tuple[str, Pass]] | None = None) -> Graph:
+    """Run the passes named in `passes` (default: all of `pipeline`, which defaults
+    to PIPELINE; layers above add their own passes to it) minus `disable`.
 
     Passes run in PIPELINE's order whatever the order of the names. Keeps a
     (name, graph, seconds) snapshot after each pass in ``ctx.snapshots``; the first
     snapshot is the specialized input graph, named "input" (the DebugRecord's
     graphs[0]). Raises ValueError for an unknown pass name.
     """
-    known = {name for name, _ in PIPELINE}
+    pipeline = PIPELINE if pipeline is None else pipeline
+    known = {name for name, _ in pipeline}
     for name in list(passes or []) + list(disable):
         if name not in known:
             raise ValueError(f"unknown pass {name!r}; passes are {sorted(known)}")
-    chosen = [p for p in PIPELINE if (passes is None or p[0] in passes)
+    chosen = [p for p in pipeline if (passes is None or p[0] in passes)
               and p[0] not in disable]
     ctx.snapshots.append(("input", graph, 0.0))
     # Passes build tens of thousands of small objects that form no reference cycles
