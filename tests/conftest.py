@@ -1,0 +1,35 @@
+"""Shared test setup: one BLAS thread per test process, a deterministic hypothesis
+profile, and isolated TF1 globals."""
+
+import os
+
+# `pytest -n 2` runs two test processes on two cores; a multi-threaded BLAS in each
+# would put four spinning threads on two cores, and a small matmul can then take
+# 100x longer. Set before numpy loads (conftest is imported before any test module).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import hypothesis  # noqa: E402
+import pytest  # noqa: E402
+
+from tinyflow import api  # noqa: E402
+
+# Property tests draw the same examples on every run and machine (CI must not flake),
+# and no per-example deadline: a first Session.run compiles, which is slow once.
+hypothesis.settings.register_profile("ci", derandomize=True, deadline=None,
+                                     print_blob=True)
+hypothesis.settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_variable_lists():
+    """Each test sees the TF1 global lists (initializers, variables) as it found them,
+    so `tf.initialize_all_variables()` in one test never runs another test's leftovers."""
+    saved = (list(api._pending_initializers), list(api._global_variables),
+             list(api._trainable_variables), dict(api.deferred_shapes))
+    yield
+    for target, value in zip((api._pending_initializers, api._global_variables,
+                              api._trainable_variables), saved[:3]):
+        target[:] = value
+    api.deferred_shapes.clear()
+    api.deferred_shapes.update(saved[3])

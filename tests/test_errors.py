@@ -1,0 +1,270 @@
+"""Errors are part of the interface: each names the op or placeholder, the shapes,
+and the line of *this* file that built the offending node, whether the mistake is
+caught when the graph is built or only when a feed fixes the shapes."""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import numpy as np
+import pytest
+
+import tinyflow as tf
+from tinyflow.graph import FeedError, ShapeError, TinyFlowError
+
+HERE = os.path.basename(__file__)
+
+
+def where(marker: str) -> str:
+    """``test_errors.py:<line>`` of the line of this file that holds `marker`."""
+    lines = inspect.getsource(inspect.getmodule(where)).splitlines()
+    line = next(i for i, text in enumerate(lines, 1)
+                if text.rstrip().endswith(f"# {marker}"))
+    return f"{HERE}:{line}"
+
+
+# ----------------------------------------------------------------------------------
+# Shapes
+# ----------------------------------------------------------------------------------
+
+def test_matmul_mismatch_at_construction_names_op_shapes_and_line():
+    a = tf.placeholder(tf.float32, (3, 4))
+    b = tf.placeholder(tf.float32, (5, 6))
+    with pytest.raises(ShapeError) as info:
+        tf.matmul(a, b)  # matmul built
+    message = str(info.value)
+    assert "matmul" in message
+    assert "(3, 4)" in message and "(5, 6)" in message
+    assert where("matmul built") in message
+
+
+def test_operator_sugar_reports_the_users_line():
+    a = tf.placeholder(tf.float32, (2, 3))
+    b = tf.placeholder(tf.float32, (4,))
+    with pytest.raises(ShapeError) as info:
+        a + b  # noqa: B018  # the plus
+    message = str(info.value)
+    assert message.startswith("add:") and "(2, 3)" in message and "(4,)" in message
+    assert where("the plus") in message
+
+
+def test_layer_functions_report_the_users_line_not_tinyflows():
+    x = tf.placeholder(tf.float32, (2, 3, 8, 8))
+    w = tf.placeholder(tf.float32, (4, 5, 3, 3))
+    with pytest.raises(ShapeError) as info:
+        tf.nn.conv2d(x, w, strides=[1, 1, 1, 1], padding="SAME")  # conv built
+    message = str(info.value)
+    assert "conv2d" in message and "(2, 3, 8, 8)" in message and "(4, 5, 3, 3)" in message
+    assert "3 channels" in message
+    assert where("conv built") in message
+
+
+def test_reshape_to_a_wrong_size_names_both():
+    x = tf.placeholder(tf.float32, (2, 3))
+    with pytest.raises(ShapeError) as info:
+        tf.reshape(x, (4, 2))  # reshape built
+    message = str(info.value)
+    assert "reshape" in message and "(2, 3)" in message and "6 elements" in message
+    assert where("reshape built") in message
+
+
+def test_the_same_error_when_the_feed_fixes_the_shapes():
+    """Built with unknown dims, the matmul cannot be checked; the first run that
+    feeds (3, 4) and (5, 6) raises the error construction would have raised, pointing
+    at the line that built the matmul, not at the line that ran it."""
+    a = tf.placeholder(tf.float32, (None, None))
+    b = tf.placeholder(tf.float32, (5, 6))
+    product = tf.matmul(a, b)  # deferred matmul
+    sess = tf.Session()
+    with pytest.raises(ShapeError) as at_run:
+        sess.run(product, feed_dict={a: np.ones((3, 4)), b: np.ones((5, 6))})
+    message = str(at_run.value)
+    assert where("deferred matmul") in message
+
+    known = tf.placeholder(tf.float32, (3, 4))
+    with pytest.raises(ShapeError) as at_build:
+        tf.matmul(known, b)  # eager matmul
+    expected = str(at_build.value).replace(where("eager matmul"), where("deferred matmul"))
+    assert message == expected
+
+    # A feed that fits runs, on the same Session, with the same graph.
+    result = sess.run(product, feed_dict={a: np.ones((3, 5)), b: np.ones((5, 6))})
+    np.testing.assert_allclose(result, np.full((3, 6), 5.0))
+
+
+def test_unknown_rank_placeholders_fail_at_feed_time_with_op_shapes_and_line():
+    x = tf.placeholder(tf.float32)
+    y = tf.placeholder(tf.float32)
+    total = x + y  # rankless add
+    with pytest.raises(ShapeError) as info:
+        tf.Session().run(total, {x: np.ones((3, 4)), y: np.ones((5, 6))})
+    message = str(info.value)
+    assert message.startswith("add:") and "(3, 4)" in message and "(5, 6)" in message
+    assert where("rankless add") in message
+
+
+def test_feed_time_error_deep_in_a_graph_names_the_op_that_fails():
+    x = tf.placeholder(tf.float32, (None, 4))
+    hidden = tf.nn.relu(tf.matmul(x, tf.ones((4, 3))))
+    labels = tf.placeholder(tf.int64, (None,))
+    loss = tf.nn.sparse_softmax_cross_entropy_with_logits(hidden, labels)  # the loss
+    with pytest.raises(ShapeError) as info:
+        tf.Session().run(loss, {x: np.ones((2, 4)), labels: np.zeros(5, np.int64)})
+    message = str(info.value)
+    assert message.startswith("softmax_cross_entropy:")
+    assert "(2, 3)" in message and "(5,)" in message
+    assert where("the loss") in message
+
+
+# ----------------------------------------------------------------------------------
+# Feeds
+# ----------------------------------------------------------------------------------
+
+def test_feed_of_the_wrong_shape_names_the_placeholder_and_both_shapes():
+    images = tf.placeholder(tf.float32, (None, 64), name="images")  # images placeholder
+    with pytest.raises(FeedError) as info:
+        tf.Session().run(images * 2.0, {images: np.ones((8, 65))})
+    message = str(info.value)
+    assert "'images'" in message and "(8, 65)" in message and "64)" in message
+    assert where("images placeholder") in message
+
+
+def test_feed_of_the_wrong_rank_names_the_placeholder():
+    labels = tf.placeholder(tf.int64, (None,), name="labels")
+    with pytest.raises(FeedError, match=r"'labels'.*shape \(4, 1\)"):
+        tf.Session().run(labels + 1, {labels: np.zeros((4, 1), np.int64)})
+
+
+@pytest.mark.parametrize("value, dtype_word", [
+    (np.array([["a", "b"]]), "<U1"),
+    (np.array([[object(), None]], dtype=object), "object"),
+])
+def test_feed_of_strings_or_objects_names_the_placeholder(value, dtype_word):
+    x = tf.placeholder(tf.float32, (1, 2), name="pixels")
+    with pytest.raises(FeedError) as info:
+        tf.Session().run(x * 1.0, {x: value})
+    message = str(info.value)
+    assert "'pixels'" in message and dtype_word in message and "float32" in message
+
+
+def test_feed_of_floats_into_an_int_placeholder_is_refused():
+    ids = tf.placeholder(tf.int32, (3,), name="token_ids")
+    with pytest.raises(FeedError, match=r"'token_ids'.*float64.*int32"):
+        tf.Session().run(ids + 1, {ids: np.array([1.5, 2.0, 3.0])})
+
+
+def test_ragged_feed_is_a_feed_error():
+    x = tf.placeholder(tf.float32, name="ragged")
+    with pytest.raises(FeedError, match="ragged"):
+        tf.Session().run(x * 1.0, {x: [[1.0, 2.0], [3.0]]})
+
+
+def test_missing_feed_names_the_placeholder_and_its_line():
+    x = tf.placeholder(tf.float32, (2,), name="inputs")  # needed placeholder
+    y = tf.placeholder(tf.float32, (2,), name="other")
+    total = x + y
+    with pytest.raises(FeedError) as info:
+        tf.Session().run(total, {y: np.ones(2)})
+    message = str(info.value)
+    assert "'inputs'" in message and "must be fed" in message
+    assert where("needed placeholder") in message
+
+
+def test_feed_dict_keys_must_be_nodes():
+    x = tf.placeholder(tf.float32, (2,), name="x")
+    with pytest.raises(FeedError, match="feed_dict keys must be graph nodes"):
+        tf.Session().run(x * 1.0, {"x": np.ones(2)})
+
+
+# ----------------------------------------------------------------------------------
+# State and Python semantics
+# ----------------------------------------------------------------------------------
+
+def test_uninitialized_variable_names_it_and_says_what_to_do():
+    weights = tf.Variable(tf.zeros((2, 2)), name="weights")  # the variable
+    with pytest.raises(TinyFlowError) as info:
+        tf.Session().run(weights * 2.0)
+    message = str(info.value)
+    assert "'weights'" in message and "global_variables_initializer" in message
+    assert where("the variable") in message
+
+
+def test_a_node_in_an_if_raises_type_error():
+    x = tf.placeholder(tf.float32, (2,), name="flag")
+    with pytest.raises(TypeError, match="truth value of graph node flag"):
+        if x:
+            pass
+    with pytest.raises(TypeError, match="tf.where"):
+        if x > 0.0:
+            pass
+    with pytest.raises(TypeError):
+        while x:
+            break
+
+
+def test_equality_is_identity_and_builds_nothing():
+    x = tf.placeholder(tf.float32, (2,))
+    y = tf.placeholder(tf.float32, (2,))
+    assert (x == x) is True and (x == y) is False
+    assert len({x: 1, y: 2}) == 2
+
+
+def test_assign_to_a_non_variable_is_a_type_error():
+    x = tf.placeholder(tf.float32, (2,))
+    with pytest.raises(TypeError, match="Variable"):
+        tf.assign(x * 2.0, tf.zeros((2,)))
+
+
+def test_fetching_a_non_node_is_a_type_error():
+    with pytest.raises(TypeError, match="cannot fetch"):
+        tf.Session().run([tf.zeros((1,)), "loss"])
+
+
+# ----------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------
+
+def test_label_out_of_range_names_the_node_and_line_not_numpy():
+    logits = tf.placeholder(tf.float32, (2, 3))
+    labels = tf.placeholder(tf.int64, (2,))
+    loss = tf.nn.sparse_softmax_cross_entropy_with_logits(logits, labels)  # the xent
+    with pytest.raises(TinyFlowError) as info:
+        tf.Session().run(loss, {logits: np.zeros((2, 3)), labels: np.array([0, 7])})
+    message = str(info.value)
+    assert "softmax_cross_entropy" in message and loss.name in message
+    assert where("the xent") in message
+    assert "[0, 3)" in message and "7" in message
+
+
+def test_gather_index_out_of_range_names_the_node_and_line():
+    table = tf.placeholder(tf.float32, (4, 2))
+    ids = tf.placeholder(tf.int64, (3,))
+    rows = tf.gather(table, ids)  # the gather
+    with pytest.raises(TinyFlowError) as info:
+        tf.Session().run(rows, {table: np.zeros((4, 2)), ids: np.array([0, 9, 1])})
+    message = str(info.value)
+    assert rows.name in message and "gather" in message
+    assert where("the gather") in message
+    assert "(4, 2)" in message and "(3,)" in message
+
+
+def test_label_out_of_range_in_a_gradient_only_run_names_the_gradients_call():
+    """With an explicit seed (grad_ys) the gradient of cross entropy needs only the
+    softmax and the one-hot labels, not the loss kernel: the one-hot kernel must
+    refuse bad labels too, and the error points at the tf.gradients line."""
+    logits = tf.placeholder(tf.float64, (2, 3))
+    labels = tf.placeholder(tf.int64, (2,))
+    loss = tf.nn.sparse_softmax_cross_entropy_with_logits(logits, labels)
+    seed = tf.constant(np.ones(2), tf.float64)
+    (grad,) = tf.gradients(loss, [logits], grad_ys=[seed])  # the gradient call
+    sess = tf.Session()
+    good = sess.run(grad, {logits: np.zeros((2, 3)), labels: np.array([0, 2])})
+    np.testing.assert_allclose(good, np.full((2, 3), 1 / 3) - np.eye(3)[[0, 2]])
+    assert all(s.node.op != "softmax_cross_entropy" for s in sess.last_program.steps)
+    for bad in ([-1, 0], [0, 3]):
+        with pytest.raises(TinyFlowError) as info:
+            sess.run(grad, {logits: np.zeros((2, 3)), labels: np.array(bad)})
+        message = str(info.value)
+        assert where("the gradient call") in message
+        assert "[0, 3)" in message
