@@ -222,7 +222,7 @@ def test_debug_record_of_a_training_loop(tmp_path):
             rec.scalar("loss", step, value)
         sess.run(loss, feed)                    # an eval program runs once
     record = tf.trace.load(path)
-    assert [g["pass"] for g in record["graphs"]][0] == "infer_shapes"
+    assert record["graphs"][0]["pass"] == "input"
     final_ids = {n["id"] for n in record["graphs"][-1]["nodes"]}
     assert {s["node"] for s in record["schedule"]} <= final_ids
     assert len(record["timelines"]) == 4       # the training program, not the eval one

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyflow import memory
 from tinyflow import passes as passes_mod
 from tinyflow.graph import FeedError, Graph, Node, TinyFlowError, ordering_dependencies
 from tinyflow.ops import REGISTRY
@@ -73,6 +74,11 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
 
 
 NO_ARENA_OPS = {"assign"}  # an assign's value is the variable's own buffer
+RANDOM_OPS = {"random_normal", "random_uniform", "dropout_mask"}  # take `generators`
+
+# The compiler's passes: the graph rewrites of passes.py, then gradient checkpointing
+# (memory.py), last so that CSE cannot merge the recomputed values back.
+PIPELINE = passes_mod.PIPELINE + [("checkpoint", memory.checkpoint_pass)]
 
 
 class NumericsError(ExecutionError):
@@ -85,6 +91,9 @@ class Step:
 
     planned       the output lives in the arena: the kernel gets it as `out=`
     free_after    (unplanned runs) slots whose last reader is this step
+    copy_views    (unplanned runs) the step reads a variable: a view it returns
+                  (reshape, transpose) must be copied, or a later assign in the same
+                  run would change it
     poison_after  (poison mode) arena byte ranges dead once this step is done
     nbytes        bytes the step touches (inputs + output), for the timeline
     """
@@ -97,6 +106,7 @@ class Step:
     stream: int = 0
     planned: bool = False
     free_after: tuple[int, ...] = ()
+    copy_views: bool = False
     poison_after: tuple[tuple[int, int], ...] = ()
     nbytes: int = 0
 
@@ -170,15 +180,18 @@ class Program:
             timeline: list[dict] | None = [] if opts["trace"] else None
             start = time.perf_counter()
             run_step = lambda k: self._run_step(k, values, timeline, start)  # noqa: E731
-            if self.runner is None:
-                for k in range(len(self.steps)):
-                    run_step(k)
-            else:
-                self.runner.run(run_step)
-            if timeline is not None:
-                timeline.sort(key=lambda e: e["start"])
-                self.timelines.append(timeline)
-                del self.timelines[:-MAX_KEPT_TIMELINES]
+            try:
+                if self.runner is None:
+                    for k in range(len(self.steps)):
+                        run_step(k)
+                else:
+                    self.runner.run(run_step)
+            finally:
+                # Kept also when a step failed: the steps before a NaN show how it came.
+                if timeline is not None:
+                    timeline.sort(key=lambda e: e["start"])
+                    self.timelines.append(timeline)
+                    del self.timelines[:-MAX_KEPT_TIMELINES]
         to_host = getattr(xp, "asnumpy", None)
         return [None if v is None else (to_host(v) if to_host else np.array(v, copy=True))
                 for v in (values[s] for s in self.fetch_slots)]
@@ -196,7 +209,10 @@ class Program:
                     if result is not out:  # the kernel could not write into `out`
                         out[...] = result
                 else:
-                    values[step.output] = step.compute(xp, *args, **step.attrs)
+                    result = step.compute(xp, *args, **step.attrs)
+                    if step.copy_views and result.base is not None:
+                        result = result.copy()
+                    values[step.output] = result
                     for slot in step.free_after:
                         values[slot] = None
         except TinyFlowError:
@@ -221,7 +237,10 @@ class Program:
                         out[...] = result
                     result = out
                 else:
-                    result = values[step.output] = step.compute(xp, *args, **step.attrs)
+                    result = step.compute(xp, *args, **step.attrs)
+                    if step.copy_views and result.base is not None:
+                        result = result.copy()
+                    values[step.output] = result
         except TinyFlowError:
             raise
         except Exception as err:
@@ -246,9 +265,11 @@ class Program:
 
     def _numerics_failure(self, step: Step, result: Any, summary: dict) -> None:
         node = step.node
-        message = (f"check_numerics: {node.op} {node.name} (created at {node.where}) "
-                   f"produced {summary['nan']} NaN and {summary['inf']} Inf values in its "
-                   f"output of shape {tuple(result.shape)}; inputs: " + ", ".join(
+        origin = (f", standing for {', '.join(node.provenance)}"
+                  if node.provenance != (node.name,) else "")
+        message = (f"check_numerics: {node.op} {node.name} (created at {node.where}"
+                   f"{origin}) produced {summary['nan']} NaN and {summary['inf']} Inf "
+                   f"values in its output of shape {tuple(result.shape)}; inputs: " + ", ".join(
                        f"{i.name} {i.shape}" for i in node.inputs))
         self.check_failure = {"node": node.name, "where": node.where, "message": message}
         raise NumericsError(message)
@@ -307,7 +328,7 @@ def node_nbytes(node: Node) -> int:
     return int(np.prod(node.shape, dtype=np.int64)) * node.dtype.itemsize
 
 
-DEFAULT_OPTIONS = {"passes": None, "disable": (), "streams": 1, "memory": None,
+DEFAULT_OPTIONS = {"passes": None, "disable": (), "streams": 1, "memory": "auto",
                    "poison": False, "checkpoint": None, "trace": False,
                    "trace_values": False, "check_numerics": False, "debug": None,
                    "wait_timeout": 120.0}
@@ -315,12 +336,15 @@ DEFAULT_OPTIONS = {"passes": None, "disable": (), "streams": 1, "memory": None,
 
 def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None = None,
             variables: dict[Node, tuple[tuple, Any]] | None = None, *,
-            device: str = "cpu", **options: Any) -> Program:
+            device: str = "cpu", generators: dict | None = None,
+            **options: Any) -> Program:
     """Compile `fetches` for the given shapes.
 
     feeds          {fed node: (shape, dtype)} for this program
     variables      {variable: (shape, dtype)}: the variables' current shapes
     device         "cpu" (numpy); "cuda" (cupy) where the GPU backend is installed
+    generators     {seed: numpy Generator}: the random state of random ops (a
+                   Session passes its own, so each Session draws the same values)
     passes         pass names to run (None: the default pipeline; [] none)
     disable        pass names to skip
     streams        compute streams (1: serial); allreduce nodes get a "comm" stream
@@ -353,10 +377,16 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     sources = {n: (tuple(s), np.dtype(d)) for n, (s, d) in sources.items()}
     graph, clones = passes_mod.specialize(fetches, sources)
     ctx = passes_mod.PassContext(device=device, options=opts)
-    passes = opts["passes"]
-    graph = passes_mod.run_pipeline(graph, ctx, passes=passes, disable=tuple(opts["disable"]))
-
-    order = graph.nodes
+    disable = tuple(opts["disable"])
+    if opts["check_numerics"]:
+        # Check mode checks every op on its own, so that the first NaN is pinned to
+        # one op and its line, not to a fused kernel of several.
+        disable += tuple(name for name, _ in passes_mod.PIPELINE if name.startswith("fuse"))
+    graph = passes_mod.run_pipeline(graph, ctx, passes=opts["passes"], disable=disable,
+                                    pipeline=PIPELINE)
+    # The schedule: with a memory plan, the topological order with the lowest peak
+    # of live bytes (memory.memory_order, as XLA picks among orders).
+    order = graph.nodes if opts["memory"] is None else memory.memory_order(graph)
     slot_of = {id(n): i for i, n in enumerate(order)}
     user_of = {id(clone): user for user, clone in clones.items()}
     users = graph.consumers()
@@ -380,9 +410,12 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
                 raise TinyFlowError(f"tf.assign at {node.where}: the target must be a "
                                     f"Variable, got {target.op}")
             compute = _make_assign(store_ref, user_of[id(target)])
+        attrs = dict(node.attrs)
+        if node.op in RANDOM_OPS:
+            attrs["generators"] = generators
         nbytes = node_nbytes(node) + sum(node_nbytes(i) for i in node.inputs)
         steps.append(Step(node, compute, tuple(slot_of[id(i)] for i in node.inputs), slot,
-                          dict(node.attrs), nbytes=nbytes))
+                          attrs, nbytes=nbytes))
 
     schedule, deps = _schedule(steps, opts["streams"])
     for step, stream in zip(steps, schedule.stream_of):
@@ -396,6 +429,9 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
         plan, arena = _plan_and_bind(steps, deps, schedule, keep, slot_template, opts, xp)
     else:
         _free_after_last_use(steps, keep, schedule)
+        for step in steps:
+            step.copy_views = (step.node.op not in NO_ARENA_OPS and
+                               any(i.op == "variable" for i in step.node.inputs))
     runner = None
     if len(schedule.names) > 1:
         runner_class = CudaStreams if device == "cuda" else CpuStreams
@@ -457,7 +493,6 @@ def _plan_and_bind(steps: list[Step], deps: list[list[int]], schedule: Schedule,
                    keep: set[int], slot_template: list, opts: dict, xp: Any):
     """Plan the arena (memory.py), check the plan, and bind each planned step's
     output slot to its view of the arena; set up poisoning when asked."""
-    from tinyflow import memory
     names = _unique_names(steps)
     name_of_slot = {s.output: names[k] for k, s in enumerate(steps)}
     plan_steps = []
@@ -468,13 +503,16 @@ def _plan_and_bind(steps: list[Step], deps: list[list[int]], schedule: Schedule,
         if inplace is not None and not _inplace_legal(step, inplace, name_of_slot, keep):
             inplace = None
         plan_steps.append(memory.PlanStep(
-            name=names[k], inputs=[name_of_slot.get(i, f"slot{i}") for i in step.inputs],
+            name=names[k], inputs=[name_of_slot.get(i, source.name)
+                                   for i, source in zip(step.inputs, node.inputs)],
             nbytes=node_nbytes(node) if planned else 0, inplace_input=inplace,
             stream=step.stream))
     multi = len(schedule.names) > 1
     happens_before = schedule.happens_before if multi else None
     keep_names = {name_of_slot[s] for s in keep if s in name_of_slot}
-    external = {f"slot{i}" for s in steps for i in s.inputs if i not in name_of_slot}
+    external = {source.name: memory.EXTERNAL_OPS.get(source.op, "feed")
+                for s in steps for i, source in zip(s.inputs, s.node.inputs)
+                if i not in name_of_slot}
     strategy = "auto" if opts["memory"] is True else opts["memory"]
     plan = memory.plan_memory(plan_steps, external=external, keep=keep_names,
                               strategy=strategy, happens_before=happens_before)
@@ -562,6 +600,8 @@ class Session:
         self.options = options
         self.variables: dict[Node, np.ndarray] = {}
         self._cache: dict[tuple, Program] = {}
+        self._variables_read: dict[tuple, list[Node]] = {}
+        self.generators: dict = {}  # this Session's random streams, by op seed
         self.last_program: Program | None = None
 
     # -- the TF1 API ---------------------------------------------------------------
@@ -598,18 +638,24 @@ class Session:
         program = self._cache.get(key)
         if program is None:
             program = compile(fetches, {n: (a.shape, a.dtype) for n, a in feeds.items()},
-                              var_specs, device=self.device,
+                              var_specs, device=self.device, generators=self.generators,
                               **{**self.options, **extra_options})
             self._cache[key] = program
         self.last_program = program
         return program
 
     def _variable_specs(self, fetches, feeds) -> dict[Node, tuple]:
-        from tinyflow.graph import reachable
+        """The current (shape, dtype) of every variable the fetches read. Which
+        variables those are is found once per fetches/feeds (a graph walk), not per run."""
+        key = (tuple(id(f) for f in fetches), frozenset(id(n) for n in feeds))
+        variables = self._variables_read.get(key)
+        if variables is None:
+            from tinyflow.graph import reachable
+            variables = [n for n in reachable(fetches, key[1])
+                         if n.op == "variable" and n not in feeds]
+            self._variables_read[key] = variables
         specs = {}
-        for node in reachable(fetches, frozenset(id(n) for n in feeds)):
-            if node.op != "variable" or node in feeds:
-                continue
+        for node in variables:
             value = self.variables.get(node)
             if value is not None:
                 specs[node] = (value.shape, value.dtype)
@@ -619,6 +665,7 @@ class Session:
 
     def close(self) -> None:
         self._cache.clear()
+        self._variables_read.clear()
 
     def __enter__(self) -> Session:
         return self

@@ -433,9 +433,9 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Node:
 # output is x * mask, so the gradient uses the very mask the forward pass drew.
 # ----------------------------------------------------------------------------------
 
-def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0):
+def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0, generators=None):
     from tinyflow.ops import generator
-    keep = generator(seed).random(x.shape) >= rate
+    keep = generator(seed, generators).random(x.shape) >= rate
     mask = xp.asarray(keep.astype(x.dtype) / (1.0 - rate))
     return _write(xp, mask, out)
 

@@ -255,15 +255,19 @@ for _name, _fill in [("zeros", 0.0), ("ones", 1.0)]:
 _generators: dict[int, np.random.Generator] = {}
 
 
-def generator(seed: int) -> np.random.Generator:
-    if seed not in _generators:
-        _generators[seed] = np.random.default_rng(seed)
-    return _generators[seed]
+def generator(seed: int, generators: dict | None = None) -> np.random.Generator:
+    """The random stream of op seed `seed` in `generators` (a Session's own dict, so
+    each Session replays the same values, as TF1 sessions do; the module's otherwise)."""
+    generators = _generators if generators is None else generators
+    if seed not in generators:
+        generators[seed] = np.random.default_rng(seed)
+    return generators[seed]
 
 
 def _random_compute(kind):
-    def compute(xp, out=None, shape=(), dtype="float32", a=0.0, b=1.0, seed=0):
-        rng = generator(seed)
+    def compute(xp, out=None, shape=(), dtype="float32", a=0.0, b=1.0, seed=0,
+                generators=None):
+        rng = generator(seed, generators)
         draw = rng.normal(a, b, size=shape) if kind == "normal" else rng.uniform(a, b, size=shape)
         draw = xp.asarray(draw.astype(dtype))
         if out is not None:
