@@ -27,7 +27,7 @@ values by 1 to `max_ops` steps, each drawn from one op family:
     softmax     softmax, log_softmax, cross entropy, layer norm
     conv        conv2d (SAME / explicit padding), max and average pooling
     constant    a subexpression of constants only (fold), broadcast into the pool
-    random      a random_normal draw, dropout masks (impure: never merged or folded)
+    random      a random_normal draw, dropout (impure: never merged or folded)
     duplicate   the same op on the same inputs again (CSE)
     assign      assign a new value to the variable v, and use it next to a read of v
 
@@ -35,8 +35,8 @@ The fetches are the last values of the pool, every assign, and the gradients of 
 scalar loss (a weighted sum of the pool's values that depend on no assign) with
 respect to the placeholder x and the variables v, w, b.
 
-Every random op has its own seed, and `run_case` starts the random generators
-afresh, so two runs of a Case draw the same numbers.
+Every random op has its own seed, and `run_case` runs each Case in a fresh Session
+(whose random streams start at their seeds), so two runs draw the same numbers.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def run_case(case: Case, **compile_options: Any) -> list[np.ndarray]:
     Returns the fetched arrays, then each variable's value after the run (in
     `case.variables` order), so the effect of an assign is compared too.
     """
-    ops._generators.clear()  # fresh random streams: a seeded op draws as in a new process
+    # A Session has its own random streams, which start at their seeds; the global
+    # ones (used by programs compiled outside a Session) are reset too.
+    ops._generators.clear()
     session = tf.Session(**compile_options)
     for var, value in case.init_values.items():
         session.variables[var] = np.array(value, copy=True)
@@ -351,9 +353,11 @@ def _constant(b: _Builder) -> None:
 
 def _random(b: _Builder) -> None:
     (x,) = b.pick()
-    kind = b.choice(["normal", "dropout_aux", "dropout_constant"])
+    kind = b.choice(["normal", "dropout", "dropout_aux", "dropout_constant"])
     if kind == "normal":
         out = x + ops.random_normal(SHAPE, 0.0, 0.1, F64)
+    elif kind == "dropout":
+        out = tf.nn.dropout(x, 0.5)
     elif kind == "dropout_aux":
         out = x * ops.make("dropout_mask", b.aux, rate=0.5, seed=ops._next_seed(None))
     else:

@@ -976,7 +976,7 @@ def run_pipeline(graph: Graph, ctx: PassContext, passes: list[str] | None = None
     """Run the passes named in `passes` (default: all of `pipeline`, which defaults
     to PIPELINE; layers above add their own passes to it) minus `disable`.
 
-    Passes run in PIPELINE's order whatever the order of the names. Keeps a
+    Passes run in the pipeline's order whatever the order of the names. Keeps a
     (name, graph, seconds) snapshot after each pass in ``ctx.snapshots``; the first
     snapshot is the specialized input graph, named "input" (the DebugRecord's
     graphs[0]). Raises ValueError for an unknown pass name.
