@@ -255,18 +255,43 @@ def _decode_index(encoded: tuple) -> tuple:
     return tuple(decoded)
 
 
+# Stands in for an unknown dim when the index is tried on a probe: large enough for
+# any int or slice a program uses, so only a real mismatch raises.
+_PROBE_SIZE = 1 << 20
+
+
+def _source_axes(index: tuple, ndim: int) -> list[int | None]:
+    """For each output axis of x[index], the axis of x it comes from (None: a new
+    axis). Ints consume an axis, slices keep one, an ellipsis keeps the rest."""
+    consumed = sum(1 for item in index if item[0] in ("int", "slice"))
+    sources: list[int | None] = []
+    axis = 0
+    for item in index:
+        kind = item[0]
+        if kind == "ellipsis":
+            sources.extend(range(axis, axis + ndim - consumed))
+            axis += ndim - consumed
+        elif kind == "newaxis":
+            sources.append(None)
+        else:
+            if kind == "slice":
+                sources.append(axis)
+            axis += 1
+    return sources + list(range(axis, ndim))
+
+
 def _getitem_infer(shapes, dtypes, attrs):
-    shape = shapes[0]
-    probe = np.empty([1 if d is None else d for d in shape], dtype=np.bool_)
+    shape, index = shapes[0], attrs["index"]
+    # Index a probe of the same shape (a zero-stride view: no memory, whatever the
+    # size) and read the result's shape; numpy's own rules decide, errors included.
+    probe = np.broadcast_to(np.False_, [_PROBE_SIZE if d is None else d for d in shape])
     try:
-        result = probe[_decode_index(attrs["index"])].shape
+        result = probe[_decode_index(index)].shape
     except IndexError as err:
         raise _Mismatch(str(err)) from None
-    # Dims that came from unknown dims stay unknown only if they were sliced fully;
-    # keep it simple: any output dim fed by an unknown input dim is unknown.
-    if None in shape:
-        return tuple(None for _ in result), dtypes[0]
-    return result, dtypes[0]
+    # An output axis sliced from an unknown dim stays unknown.
+    return tuple(None if src is not None and shape[src] is None else d
+                 for d, src in zip(result, _source_axes(index, len(shape)))), dtypes[0]
 
 
 def _getitem_compute(xp, x, out=None, index=()):
