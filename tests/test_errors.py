@@ -117,6 +117,18 @@ def test_feed_time_error_deep_in_a_graph_names_the_op_that_fails():
     assert where("the loss") in message
 
 
+def test_index_past_an_unknown_dim_fails_when_the_feed_is_too_small():
+    x = tf.placeholder(tf.float32, (None, 3))
+    row = x[4]  # the index
+    sess = tf.Session()
+    np.testing.assert_array_equal(sess.run(row, {x: np.ones((5, 3))}), np.ones(3))
+    with pytest.raises(ShapeError) as info:
+        sess.run(row, {x: np.ones((2, 3))})
+    message = str(info.value)
+    assert message.startswith("getitem:") and "(2, 3)" in message
+    assert "index 4 is out of bounds" in message and where("the index") in message
+
+
 # ----------------------------------------------------------------------------------
 # Feeds
 # ----------------------------------------------------------------------------------

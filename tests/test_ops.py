@@ -291,6 +291,7 @@ GRAD_CASES: dict[str, Callable[[np.random.Generator], list[GradCase]]] = {
     "getitem": lambda r: [
         C(lambda x: x[1:, ::2], normal(r, 3, 4), label="[1:, ::2]"),
         C(lambda x: x[0], normal(r, 3, 2), label="[0]"),
+        C(lambda x: x[2, ::-1], normal(r, 3, 2), label="[2, ::-1]"),
         C(lambda x: x[..., -1], normal(r, 2, 3), label="[..., -1]"),
         C(lambda x: x[::-1, None], normal(r, 3, 2), label="[::-1, None]")],
     "slice_grad": lambda r: [
@@ -1019,6 +1020,22 @@ def test_one_session_runs_many_short_lived_graphs():
         expected = x.sum(1) if k % 2 else x.max(0)
         np.testing.assert_array_equal(sess.run(node, {p: x}), expected, err_msg=f"run {k}")
         del node
+
+
+def test_getitem_shapes_with_unknown_dims():
+    """Indexing a dim that is unknown at build time is checked when the feed comes;
+    axes sliced from unknown dims stay unknown, the others are inferred exactly."""
+    x = tf.placeholder(F64, (None, 3, 4))
+    cases = [((2,), (3, 4)), ((-1, 0), (4,)), ((slice(1, None),), (None, 3, 4)),
+             ((Ellipsis, None, 1), (None, 3, 1)), ((None, 0, slice(None, None, 2)), (1, 2, 4)),
+             ((slice(None), 2, slice(1, 3)), (None, 2))]
+    for index, expected in cases:
+        assert tf.reshape(x, (-1, 3, 4))[index].shape == expected, index
+        assert x[index].shape == expected, index
+    with pytest.raises(tf.ShapeError, match="index 3 is out of bounds for axis 1"):
+        x[:, 3]
+    value = np.arange(24.0).reshape(2, 3, 4)
+    np.testing.assert_array_equal(session().run(x[1, ::-1], {x: value}), value[1, ::-1])
 
 
 def test_softmax_cross_entropy_is_stable_and_matches_log_softmax():
