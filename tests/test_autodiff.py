@@ -63,6 +63,13 @@ def test_several_ys_are_summed_and_grad_ys_weights_them():
     np.testing.assert_allclose(run(gw, {x: xv}), 3.0 * w1 + 2 * xv * w2)
 
 
+def test_grad_ys_must_match_ys_one_to_one():
+    x = tf.placeholder(F64, (2,))
+    seed = tf.constant(np.ones(2), F64)
+    with pytest.raises(TinyFlowError, match="2 ys but 1 grad_ys"):
+        tf.gradients([x * 2.0, x * 3.0], [x], grad_ys=[seed])
+
+
 def test_gradient_with_respect_to_an_intermediate_and_to_y_itself():
     x = tf.placeholder(F64, (2,))
     h = x * 2.0

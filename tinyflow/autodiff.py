@@ -44,6 +44,8 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
     xs = [xs] if single_x else list(xs)
     if grad_ys is None:
         grad_ys = [ones_like(y) for y in ys]
+    elif len(grad_ys) != len(ys):  # zip would silently drop the extra ones
+        raise TinyFlowError(f"gradients: {len(ys)} ys but {len(grad_ys)} grad_ys")
 
     order = topological_order(ys)
     on_path = _depends_on(order, xs)
