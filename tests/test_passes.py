@@ -151,6 +151,20 @@ def test_simplify_pow_rules():
                             "no longer used after the rewrites above"]
 
 
+def test_add_rule_extends_the_table(monkeypatch):
+    monkeypatch.setattr(passes, "RULES", list(passes.RULES))
+    monkeypatch.setattr(passes, "RULES_BY_OP",
+                        {op: list(rules) for op, rules in passes.RULES_BY_OP.items()})
+    passes.add_rule(passes.Rule("relu(relu(x)) -> relu(x)", "relu",
+                                lambda n: n.inputs[0] if n.inputs[0].op == "relu" else None))
+    x = tf.placeholder(F64, (3,))
+    outer = tf.nn.relu(tf.nn.relu(x))
+    graph, ctx = optimize([outer], {x: np.zeros(3)}, only=["simplify"])
+    assert [(r.reason, r.removed) for r in ctx.records] == [("relu(relu(x)) -> relu(x)",
+                                                             [outer.name])]
+    assert graph.outputs[0].op == "relu" and graph.outputs[0].inputs[0].op == "placeholder"
+
+
 # ----------------------------------------------------------------------------------
 # cse
 # ----------------------------------------------------------------------------------

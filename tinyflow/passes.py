@@ -557,9 +557,15 @@ RULES: list[Rule] = [
     Rule("ones_like(x) -> ones(shape of x)", "ones_like", _rule_fill_like("ones")),
     Rule("count_ratio(y, x) -> constant size(y) / size(x)", "count_ratio", _rule_count_ratio),
 ]
-RULES_BY_OP: dict[str, list[Rule]] = {}
+RULES_BY_OP: dict[str, list[Rule]] = {}  # the table indexed by op, as simplify reads it
 for _rule in RULES:
     RULES_BY_OP.setdefault(_rule.op, []).append(_rule)
+
+
+def add_rule(rule: Rule) -> None:
+    """Add `rule` to the table (and its index): simplify applies it from now on."""
+    RULES.append(rule)
+    RULES_BY_OP.setdefault(rule.op, []).append(rule)
 
 
 def simplify(graph: Graph, ctx: PassContext) -> Graph:
