@@ -19,7 +19,7 @@ planner under the executor's own schedule:
     A 64-layer, 256-wide ReLU MLP (batch 256, SGD): arena bytes of the training step
     without / with ``checkpoint="sqrt"`` (Chen et al. 2016). The note also gives the
     ratio of stored activations (forward values the backward reads) and the ratio
-    under `memory.memory_order`, the memory-aware schedule.
+    under `sublinear.memory_order`, the memory-aware schedule.
 ``checkpoint_time_ratio``
     The same model: step time with / without checkpointing (one recomputed forward),
     interleaved rounds, median of the per-round ratios.
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 import tinyflow as tf
-from tinyflow import memory, passes
+from tinyflow import memory, passes, sublinear
 from tinyflow.graph import reachable
 
 
@@ -66,12 +66,12 @@ def checkpoint_pass_registered():
     registered there, add it for the duration of the benchmark."""
     added = "checkpoint" not in dict(passes.PIPELINE)
     if added:
-        passes.PIPELINE.append(("checkpoint", memory.checkpoint_pass))
+        passes.PIPELINE.append(("checkpoint", sublinear.checkpoint_pass))
     try:
         yield
     finally:
         if added:
-            passes.PIPELINE.remove(("checkpoint", memory.checkpoint_pass))
+            passes.PIPELINE.remove(("checkpoint", sublinear.checkpoint_pass))
 
 
 # ----------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def _plan_figures(name, model, want) -> list[dict]:
     plan = program.memory_plan
     tried = ", ".join(f"{k} {v / plan.lower_bound_bytes:.3f}"
                       for k, v in plan.strategies.items())
-    order_peak = memory.peak_bytes(program.graph, memory.memory_order(program.graph))
+    order_peak = sublinear.peak_bytes(program.graph, sublinear.memory_order(program.graph))
     if want(f"arena_over_lower_bound_{name}"):
         rows.append({"name": f"arena_over_lower_bound_{name}",
                      "value": plan.arena_bytes / plan.lower_bound_bytes, "goal": "<= 1.05",
@@ -188,8 +188,8 @@ def _checkpoint_figures(config, want, rounds) -> list[dict]:
     graphs = (plain.graph, ckpt.graph)
     if want("checkpoint_memory_saving"):
         arena = [p.memory_plan.arena_bytes for p in (plain, ckpt)]
-        stored = [memory.activation_bytes(g) for g in graphs]
-        ordered = [memory.peak_bytes(g, memory.memory_order(g)) for g in graphs]
+        stored = [sublinear.activation_bytes(g) for g in graphs]
+        ordered = [sublinear.peak_bytes(g, sublinear.memory_order(g)) for g in graphs]
         layers = len(config[0]) - 2
         rows.append({"name": "checkpoint_memory_saving", "value": arena[0] / arena[1],
                      "goal": ">= 4", "unit": "x",

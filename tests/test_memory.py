@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinyflow as tf
-from tinyflow import memory, ops, passes, trace
+from tinyflow import memory, ops, passes, sublinear, trace
 from tinyflow.graph import Graph, ordering_dependencies
 from tinyflow.memory import PlanError, PlanStep, plan_memory, validate_plan
 
@@ -349,20 +349,20 @@ def test_plan_record_passes_the_debugrecord_schema():
     assert "took the space of" in plan.describe(limit=len(plan.tensors))
 
 
-@pytest.mark.parametrize("name", sorted(memory.ORDERS))
+@pytest.mark.parametrize("name", sorted(sublinear.ORDERS))
 def test_memory_orders_are_schedules(name):
     fetches, feed, params = _mlp_training_graph()
     graph = _specialized(fetches, feed, params)
-    order = memory.ORDERS[name](graph)
+    order = sublinear.ORDERS[name](graph)
     assert sorted(map(id, order)) == sorted(map(id, graph.nodes))
     position = {id(n): k for k, n in enumerate(order)}
     for node in order:
         assert all(position[id(i)] < position[id(node)] for i in node.inputs)
     for writer, readers in ordering_dependencies(order).items():
         assert all(position[id(r)] < position[id(writer)] for r in readers)
-    best = memory.memory_order(graph)
-    assert memory.peak_bytes(graph, best) == min(
-        memory.peak_bytes(graph, make(graph)) for make in memory.ORDERS.values())
+    best = sublinear.memory_order(graph)
+    assert sublinear.peak_bytes(graph, best) == min(
+        sublinear.peak_bytes(graph, make(graph)) for make in sublinear.ORDERS.values())
 
 
 def test_deep_chains_need_no_recursion():
@@ -372,12 +372,12 @@ def test_deep_chains_need_no_recursion():
         h = tf.tanh(h)
     (grad,) = tf.gradients(tf.reduce_sum(h), [x])
     graph = _specialized([grad], {x: np.zeros(2, np.float32)}, [])
-    order = memory.memory_order(graph)
+    order = sublinear.memory_order(graph)
     steps, external, keep = memory.steps_from_graph(graph, order)
     validate_plan(plan_memory(steps, external, keep), steps)
-    rewritten = memory.checkpoint_pass(graph, passes.PassContext(options={"checkpoint":
+    rewritten = sublinear.checkpoint_pass(graph, passes.PassContext(options={"checkpoint":
                                                                           "sqrt"}))
-    assert memory.activation_bytes(rewritten) < memory.activation_bytes(graph) / 10
+    assert sublinear.activation_bytes(rewritten) < sublinear.activation_bytes(graph) / 10
 
 
 # ----------------------------------------------------------------------------------
@@ -389,7 +389,7 @@ def checkpoint_in_pipeline(monkeypatch):
     """Run the checkpoint pass at the end of the pipeline, as the executor will."""
     if "checkpoint" not in dict(passes.PIPELINE):
         monkeypatch.setattr(passes, "PIPELINE",
-                            passes.PIPELINE + [("checkpoint", memory.checkpoint_pass)])
+                            passes.PIPELINE + [("checkpoint", sublinear.checkpoint_pass)])
 
 
 def _initial_values():
@@ -422,14 +422,14 @@ def test_sqrt_checkpointing_keeps_gradients_and_drops_stored_activations(
     _assert_same(got, want)
     plain = base.last_program.graph
     rewritten = session.last_program.graph
-    assert memory.activation_bytes(rewritten) < memory.activation_bytes(plain) / 3
+    assert sublinear.activation_bytes(rewritten) < sublinear.activation_bytes(plain) / 3
     assert any(n.name.endswith("/recompute") and n.phase == "backward"
                for n in rewritten.nodes)
     reasons = [r.reason for r in session.last_program.ctx.records if r.pass_name ==
                "checkpoint"]
     assert reasons[0].startswith("sqrt rule") and "recompute" in reasons[1]
     # With a memory-aware order the peak drops too.
-    peak = [memory.peak_bytes(g, memory.memory_order(g)) for g in (plain, rewritten)]
+    peak = [sublinear.peak_bytes(g, sublinear.memory_order(g)) for g in (plain, rewritten)]
     assert peak[1] < peak[0] / 1.5
 
 
@@ -466,7 +466,7 @@ def test_manual_checkpoint_markers(checkpoint_in_pipeline):
     for i, layer in enumerate(layers):
         h = tf.nn.relu(layer(h))
         if i % 3 == 2:
-            h = memory.checkpoint(h)
+            h = sublinear.checkpoint(h)
     loss = tf.reduce_sum(h * h)
     params = [p for layer in layers for p in layer.parameters()]
     fetches = [loss] + tf.gradients(loss, params)
@@ -481,7 +481,7 @@ def test_manual_checkpoint_markers(checkpoint_in_pipeline):
     assert records[0].reason.startswith("manual checkpoints")
     kept = {n.name for n in graph.nodes if n.op == "checkpoint"}
     assert any(f"from {name}" in r.reason for r in records for name in kept)
-    assert memory.activation_bytes(graph) < memory.activation_bytes(base.last_program.graph)
+    assert sublinear.activation_bytes(graph) < sublinear.activation_bytes(base.last_program.graph)
 
 
 def test_planned_training_allocates_nothing_that_grows():
@@ -510,20 +510,20 @@ def test_planned_training_allocates_nothing_that_grows():
 
 def test_byte_budget_is_met_when_possible():
     graph = _specialized(*_mlp_training_graph(layers=16, width=32, batch=8))
-    total = memory.activation_bytes(graph)
-    keep, summary = memory.choose_checkpoints(graph, total)
+    total = sublinear.activation_bytes(graph)
+    keep, summary = sublinear.choose_checkpoints(graph, total)
     assert keep is None and "nothing to do" in summary
     ctx = passes.PassContext(options={"checkpoint": total})
-    assert memory.checkpoint_pass(graph, ctx) is graph
+    assert sublinear.checkpoint_pass(graph, ctx) is graph
     budget = total // 3
-    keep, summary = memory.choose_checkpoints(graph, budget)
+    keep, summary = sublinear.choose_checkpoints(graph, budget)
     assert "(fits)" in summary
-    rewritten = memory.recompute(graph, keep)
-    assert memory.activation_bytes(rewritten) <= budget
-    _, tiny = memory.choose_checkpoints(graph, 64)
+    rewritten = sublinear.recompute(graph, keep)
+    assert sublinear.activation_bytes(rewritten) <= budget
+    _, tiny = sublinear.choose_checkpoints(graph, 64)
     assert "cannot fit" in tiny
     with pytest.raises(ValueError, match="positive byte budget"):
-        memory.choose_checkpoints(graph, -5)
+        sublinear.choose_checkpoints(graph, -5)
 
 
 def test_checkpoint_pass_leaves_inference_graphs_alone():
@@ -532,7 +532,7 @@ def test_checkpoint_pass_leaves_inference_graphs_alone():
     layer_params = [n for n in tf.global_variables()[-2:]]
     graph = _specialized([y], {x: np.zeros((2, 4), np.float32)}, layer_params)
     ctx = passes.PassContext(options={"checkpoint": "sqrt"})
-    assert memory.checkpoint_pass(graph, ctx) is graph and not ctx.records
+    assert sublinear.checkpoint_pass(graph, ctx) is graph and not ctx.records
     assert isinstance(graph, Graph)
 
 
@@ -553,12 +553,12 @@ needs_random_graphs = pytest.mark.skipif(random_graph_cases is None,
 def checkpoint_pass_registered():
     added = "checkpoint" not in dict(passes.PIPELINE)
     if added:
-        passes.PIPELINE.append(("checkpoint", memory.checkpoint_pass))
+        passes.PIPELINE.append(("checkpoint", sublinear.checkpoint_pass))
     try:
         yield
     finally:
         if added:
-            passes.PIPELINE.remove(("checkpoint", memory.checkpoint_pass))
+            passes.PIPELINE.remove(("checkpoint", sublinear.checkpoint_pass))
 
 
 @needs_random_graphs
@@ -572,7 +572,7 @@ def test_every_random_graph_gets_a_valid_plan(case):
     optimized = tf.compile(case.fetches, case_specs(case.feed_dict),
                            case_specs(case.init_values)).graph
     for graph in (specialized, optimized):
-        for make_order in memory.ORDERS.values():
+        for make_order in sublinear.ORDERS.values():
             steps, external, keep = memory.steps_from_graph(graph, make_order(graph))
             for strategy in memory.STRATEGIES:
                 plan = plan_memory(steps, external, keep, strategy)

@@ -9,7 +9,8 @@ placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimize
     nn_ops.py    the neural-network ops, in the same registry
     autodiff.py  reverse-mode gradients as new graph nodes
     passes.py    graph rewrites, each one recorded
-    memory.py    the static memory planner and gradient checkpointing
+    memory.py    the static memory planner (arena, in place, validator)
+    sublinear.py memory-aware order and gradient checkpointing
     streams.py   stream assignment, events, stream runners
     executor.py  compile + run: Program, Session
     trace.py     the DebugRecord the debugger reads; debug.py records one
@@ -26,7 +27,7 @@ from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float
 from tinyflow.executor import Program, Session, compile
 from tinyflow.passes import explain as explain  # tf.explain(program): what the passes did
 from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
-from tinyflow.memory import checkpoint
+from tinyflow.sublinear import checkpoint
 from tinyflow.ops import (abs, broadcast_to, cast, concat, constant, exp, expand_dims, gather,
                           greater, greater_equal, less, less_equal, log, matmul, maximum,
                           minimum, not_equal, ones_like, pow, reshape, sigmoid, sqrt, squeeze,

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import memory
+from tinyflow import memory, sublinear
 from tinyflow import passes as passes_mod
 from tinyflow.graph import FeedError, Graph, Node, TinyFlowError, ordering_dependencies
 from tinyflow.ops import REGISTRY
@@ -78,7 +78,7 @@ RANDOM_OPS = {"random_normal", "random_uniform", "dropout_mask"}  # take `genera
 
 # The compiler's passes: the graph rewrites of passes.py, then gradient checkpointing
 # (memory.py), last so that CSE cannot merge the recomputed values back.
-PIPELINE = passes_mod.PIPELINE + [("checkpoint", memory.checkpoint_pass)]
+PIPELINE = passes_mod.PIPELINE + [("checkpoint", sublinear.checkpoint_pass)]
 
 
 class NumericsError(ExecutionError):
@@ -400,8 +400,8 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     graph = passes_mod.run_pipeline(graph, ctx, passes=opts["passes"], disable=disable,
                                     pipeline=PIPELINE)
     # The schedule: with a memory plan, the topological order with the lowest peak
-    # of live bytes (memory.memory_order, as XLA picks among orders).
-    order = graph.nodes if opts["memory"] is None else memory.memory_order(graph)
+    # of live bytes (sublinear.memory_order, as XLA picks among orders).
+    order = graph.nodes if opts["memory"] is None else sublinear.memory_order(graph)
     slot_of = {id(n): i for i, n in enumerate(order)}
     user_of = {id(clone): user for user, clone in clones.items()}
     users = graph.consumers()
