@@ -14,6 +14,9 @@ matmul_12"). This follows NNVM's pass manager (the IR under the original TinyFlo
 each pass states what it needs and what it provides, and `PIPELINE` lists them in
 order; `compile(..., passes=[...], disable=[...])` chooses among them by name.
 
+The simplification rules are a table of their own, in `rules.py`, with `new_node`,
+the helper every pass uses to build a replacement.
+
 Every pass is a sweep in topological order built on `_rewrite`: a node's inputs are
 first pointed at their replacements, then the pass may replace the node itself. As
 inputs are final before their consumers are visited, one sweep reaches the pass's
@@ -44,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import fusion
+from tinyflow import fusion, rules
 from tinyflow.graph import (
     VARIABLE_WRITERS,
     FeedError,
@@ -55,6 +58,11 @@ from tinyflow.graph import (
     topological_order,
 )
 from tinyflow.ops import REGISTRY, ConstValue, infer_node
+from tinyflow.rules import (RULES, RULES_BY_OP, SOURCES, Rule, add_rule, clone,  # noqa: F401
+                            merged_phase, merged_provenance, new_node, same_type)
+
+# A rewrite: (node as it was, node with its inputs already rewritten) -> replacement.
+Rewrite = Callable[[Node, Node], Node]
 
 # ----------------------------------------------------------------------------------
 # Records and context
@@ -137,47 +145,6 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]]
 # The machinery every pass shares
 # ----------------------------------------------------------------------------------
 
-SOURCES = ("placeholder", "variable")  # bound by the executor by identity: never cloned
-
-
-def _merged_phase(*nodes: Node) -> str:
-    """A value needed in the forward pass is a forward value (an activation)."""
-    return "forward" if any(n.phase == "forward" for n in nodes) else nodes[0].phase
-
-
-def _merged_provenance(*nodes: Node) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(p for n in nodes for p in n.provenance))
-
-
-def _clone(node: Node, inputs: tuple[Node, ...] | None = None,
-           provenance: tuple[str, ...] | None = None, phase: str | None = None) -> Node:
-    """A copy of `node` (same name, op, attrs, shape) with new inputs or provenance."""
-    return Node(node.op, node.inputs if inputs is None else inputs, node.attrs,
-                name=node.name, shape=node.shape, dtype=node.dtype, where=node.where,
-                provenance=node.provenance if provenance is None else provenance,
-                phase=node.phase if phase is None else phase)
-
-
-def _new_node(op: str, inputs: list[Node] | tuple[Node, ...], attrs: dict, replaces: Node,
-              absorbed: tuple[Node, ...] = (), name: str | None = None,
-              same_value: bool = False) -> Node:
-    """A node built by a pass to stand for `replaces` (and the `absorbed` nodes):
-    it keeps their phase, merges their provenance, and its shape comes from the op's
-    rule (the one source of truth). A fused node computes exactly the value of the
-    node it replaces (`same_value`): it takes that shape, and the infer_shapes pass
-    checks it against the rule once, at the end."""
-    node = Node(op, inputs, attrs, name=name, where=replaces.where,
-                provenance=_merged_provenance(replaces, *absorbed),
-                phase=_merged_phase(replaces, *absorbed) if absorbed else replaces.phase)
-    if same_value:
-        node.shape, node.dtype = replaces.shape, replaces.dtype
-    else:
-        node.shape, node.dtype = infer_node(op, node.inputs, node.attrs, node.where)
-    return node
-
-
-Rewrite = Callable[[Node, Node], Node]
-
 
 def _rewrite(graph: Graph, rewrite: Rewrite) -> Graph:
     """The sweep under every pass: visit the nodes in topological order; point each
@@ -192,7 +159,7 @@ def _rewrite(graph: Graph, rewrite: Rewrite) -> Graph:
             inputs = tuple([replaced[id(i)] for i in node.inputs])
             for a, b in zip(inputs, node.inputs):
                 if a is not b:
-                    current = _clone(node, inputs)
+                    current = clone(node, inputs)
                     break
         result = rewrite(node, current)
         replaced[id(node)] = result
@@ -219,8 +186,8 @@ class _Adoptions:
         if target.op in SOURCES:
             return  # the executor binds placeholders and variables by identity
         if target.id >= self.first_new_id:
-            target.provenance = _merged_provenance(target, *merged)
-            target.phase = _merged_phase(target, *merged)
+            target.provenance = merged_provenance(target, *merged)
+            target.phase = merged_phase(target, *merged)
         else:
             self.pending.setdefault(id(target), []).extend(merged)
 
@@ -239,8 +206,8 @@ def _add_provenance(graph: Graph, extra: dict[int, list[Node]]) -> Graph:
         others = extra.get(id(old))
         if not others or node.op in SOURCES:
             return node
-        return _clone(node, node.inputs, _merged_provenance(node, *others),
-                      _merged_phase(node, *others))
+        return clone(node, node.inputs, merged_provenance(node, *others),
+                      merged_phase(node, *others))
     return _rewrite(graph, merge)
 
 
@@ -301,272 +268,6 @@ class _AfterAssign:
         return not fresh or not self(root)
 
 
-# ----------------------------------------------------------------------------------
-# simplify: algebraic identities, a table of pattern rules
-# ----------------------------------------------------------------------------------
-
-def _const_value(node: Node) -> float | None:
-    """The one value of a constant-like node (every element equal), else None."""
-    if node.op == "constant":
-        array = node.attrs["value"].array
-        if array.size == 0 or array.dtype.kind not in "biuf":
-            return None
-        first = array.flat[0]
-        if array.size == 1 or (array == first).all():
-            return float(first)
-        return None
-    return {"zeros": 0.0, "ones": 1.0}.get(node.op)
-
-
-def _is(node: Node, value: float) -> bool:
-    return _const_value(node) == value
-
-
-def _same_type(node: Node, x: Node) -> bool:
-    """`x` can stand in for `node`: same shape and dtype (no broadcast, no promotion)."""
-    return x.shape == node.shape and x.dtype == node.dtype
-
-
-def _keep(node: Node, x: Node) -> Node | None:
-    """`x` replaces `node` when it has node's shape and dtype. Never a variable: a
-    consumer of `node` that also depends on an assign to that variable would then
-    read it directly (see `_AfterAssign`); a reader node in between is cheap."""
-    return x if _same_type(node, x) and x.op != "variable" else None
-
-
-def _other_operand(node: Node, value: float) -> Node | None:
-    """For a binary `node` with the constant `value` as one operand: the other one."""
-    a, b = node.inputs
-    if _is(b, value):
-        return a
-    if REGISTRY[node.op].commutative and _is(a, value):
-        return b
-    return None
-
-
-# Ops whose value is never negative, so log() then exp() gives the value back.
-NON_NEGATIVE_OPS = ("exp", "sigmoid", "softmax", "sqrt", "relu", "abs", "ones")
-
-
-def _non_negative(node: Node) -> bool:
-    if node.op in NON_NEGATIVE_OPS:
-        return True
-    if node.op == "constant":
-        array = node.attrs["value"].array
-        return array.dtype.kind in "biuf" and bool(np.all(array >= 0))
-    return False
-
-
-def _rule_identity(value: float) -> Callable[[Node], Node | None]:
-    """op(x, value) -> x, e.g. mul(x, 1)."""
-    def rule(node: Node) -> Node | None:
-        x = _other_operand(node, value)
-        return None if x is None else _keep(node, x)
-    return rule
-
-
-def _rule_zero_minus(node: Node) -> Node | None:
-    a, x = node.inputs
-    if _is(a, 0.0) and _same_type(node, x):
-        return _new_node("neg", [x], {}, node)
-    return None
-
-
-def _rule_times_minus_one(node: Node) -> Node | None:
-    x = _other_operand(node, -1.0)
-    if x is not None and _same_type(node, x):
-        return _new_node("neg", [x], {}, node)
-    return None
-
-
-def _rule_pow(exponent: float, op: str | None) -> Callable[[Node], Node | None]:
-    """pow(x, exponent) -> x (op None), mul(x, x) or sqrt(x)."""
-    def rule(node: Node) -> Node | None:
-        x, p = node.inputs
-        if not _is(p, exponent) or not _same_type(node, x):
-            return None
-        if op is None:
-            return _keep(node, x)
-        return _new_node(op, [x, x] if op == "mul" else [x], {}, node, (p,))
-    return rule
-
-
-def _rule_inverse(inner_op: str) -> Callable[[Node], Node | None]:
-    """f(g(x)) -> x where g undoes f: neg(neg x), log(exp x)."""
-    def rule(node: Node) -> Node | None:
-        inner = node.inputs[0]
-        if inner.op != inner_op:
-            return None
-        return _keep(node, inner.inputs[0])
-    return rule
-
-
-def _rule_exp_log(node: Node) -> Node | None:
-    inner = node.inputs[0]
-    if inner.op == "log" and _non_negative(inner.inputs[0]):
-        return _keep(node, inner.inputs[0])
-    return None
-
-
-def _rule_add_neg(node: Node) -> Node | None:
-    """add(x, neg(y)) -> sub(x, y) (either order)."""
-    a, b = node.inputs
-    if b.op == "neg":
-        return _new_node("sub", [a, b.inputs[0]], {}, node, (b,))
-    if a.op == "neg":
-        return _new_node("sub", [b, a.inputs[0]], {}, node, (a,))
-    return None
-
-
-def _rule_sub_neg(node: Node) -> Node | None:
-    a, b = node.inputs
-    if b.op == "neg":
-        return _new_node("add", [a, b.inputs[0]], {}, node, (b,))
-    return None
-
-
-def _permutation(node: Node) -> tuple[int, ...]:
-    axes = node.attrs.get("axes")
-    rank = len(node.inputs[0].shape)
-    return tuple(reversed(range(rank))) if axes is None else tuple(a % rank for a in axes)
-
-
-def _rule_transpose(node: Node) -> Node | None:
-    """transpose(transpose(x, p), q) -> transpose(x, p then q); identity -> x."""
-    inner = node.inputs[0]
-    perm = _permutation(node)
-    if inner.op == "transpose":
-        first = _permutation(inner)
-        combined = tuple(first[a] for a in perm)
-        if combined == tuple(range(len(combined))):
-            return _keep(node, inner.inputs[0])
-        return _new_node("transpose", [inner.inputs[0]], {"axes": combined}, node, (inner,))
-    if perm == tuple(range(len(perm))):
-        return _keep(node, inner)
-    return None
-
-
-# Ops that only change a shape (the elements keep their order in memory).
-RESHAPES = ("reshape", "reshape_like", "expand_dims", "squeeze")
-
-
-def _rule_reshape(node: Node) -> Node | None:
-    """reshape of a reshape -> one reshape; a reshape to the same shape -> x."""
-    x = node.inputs[0]
-    if x.shape == node.shape:
-        return _keep(node, x)
-    if x.op in RESHAPES:
-        return _new_node("reshape", [x.inputs[0]], {"shape": tuple(node.shape)}, node, (x,))
-    return None
-
-
-def _rule_by_shape(op: str) -> Callable[[Node], Node | None]:
-    """reshape_like(x, ref) -> reshape(x, shape): after specialization the shape of
-    ref is a constant, and its value no longer has to stay alive until here."""
-    def rule(node: Node) -> Node | None:
-        return _new_node(op, [node.inputs[0]], {"shape": tuple(node.shape)}, node)
-    return rule
-
-
-def _rule_same_shape(node: Node) -> Node | None:
-    """broadcast or sum to the shape the input already has -> the input."""
-    return _keep(node, node.inputs[0])
-
-
-def _rule_cast(node: Node) -> Node | None:
-    return _keep(node, node.inputs[0])
-
-
-def _rule_same_operands(node: Node) -> Node | None:
-    """f(x, x) -> x for f in maximum, minimum; where(c, x, x) -> x."""
-    a, b = node.inputs[-2:]
-    return _keep(node, a) if a is b else None
-
-
-def _rule_fill_like(op: str) -> Callable[[Node], Node | None]:
-    """zeros_like(x) -> zeros(shape): the shape is known now, x's value is not needed."""
-    def rule(node: Node) -> Node | None:
-        return _new_node(op, [], {"shape": tuple(node.shape), "dtype": node.dtype.name}, node)
-    return rule
-
-
-def _rule_count_ratio(node: Node) -> Node | None:
-    """count_ratio(y, x) -> constant size(y)/size(x): only the shapes matter."""
-    y, x = node.inputs
-    size_x = math.prod(x.shape)
-    ratio = math.prod(y.shape) / size_x if size_x else 0.0
-    return _new_node("constant", [], {"value": ConstValue(np.asarray(ratio, node.dtype))}, node)
-
-
-def _rule_single_concat(node: Node) -> Node | None:
-    return _keep(node, node.inputs[0]) if len(node.inputs) == 1 else None
-
-
-def _rule_full_slice(node: Node) -> Node | None:
-    """x[:, :] -> x."""
-    full = all(item[0] == "slice" and item[1] in (None, 0) and item[2] is None
-               and item[3] in (None, 1) for item in node.attrs["index"])
-    return _keep(node, node.inputs[0]) if full else None
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One simplification: `pattern` (also the record's reason), the op it starts at,
-    and `rewrite(node) -> replacement or None`. A rule only returns a replacement of
-    the node's shape and dtype."""
-
-    pattern: str
-    op: str
-    rewrite: Callable[[Node], Node | None]
-
-
-# The rule table. Every rule holds for every input value, including inf and NaN
-# (which is why x * 0 -> 0 and x - x -> 0 are not here), except where the pattern
-# says when it applies.
-RULES: list[Rule] = [
-    Rule("add(x, 0) -> x", "add", _rule_identity(0.0)),
-    Rule("sub(x, 0) -> x", "sub", _rule_identity(0.0)),
-    Rule("mul(x, 1) -> x", "mul", _rule_identity(1.0)),
-    Rule("div(x, 1) -> x", "div", _rule_identity(1.0)),
-    Rule("pow(x, 1) -> x", "pow", _rule_pow(1.0, None)),
-    Rule("pow(x, 2) -> mul(x, x)", "pow", _rule_pow(2.0, "mul")),
-    Rule("pow(x, 0.5) -> sqrt(x)", "pow", _rule_pow(0.5, "sqrt")),
-    Rule("sub(0, x) -> neg(x)", "sub", _rule_zero_minus),
-    Rule("mul(x, -1) -> neg(x)", "mul", _rule_times_minus_one),
-    Rule("add(x, neg(y)) -> sub(x, y)", "add", _rule_add_neg),
-    Rule("sub(x, neg(y)) -> add(x, y)", "sub", _rule_sub_neg),
-    Rule("neg(neg(x)) -> x", "neg", _rule_inverse("neg")),
-    Rule("log(exp(x)) -> x", "log", _rule_inverse("exp")),
-    Rule("exp(log(x)) -> x, x known >= 0", "exp", _rule_exp_log),
-    Rule("maximum(x, x) -> x", "maximum", _rule_same_operands),
-    Rule("minimum(x, x) -> x", "minimum", _rule_same_operands),
-    Rule("where(c, x, x) -> x", "where", _rule_same_operands),
-    Rule("cast(x) to x's dtype -> x", "cast", _rule_cast),
-    Rule("transpose(transpose(x)) -> one transpose, or x", "transpose", _rule_transpose),
-    *[Rule(f"{op} of a reshape -> one reshape; to x's own shape -> x", op, _rule_reshape)
-      for op in RESHAPES],
-    *[Rule(f"{op}(x) to x's own shape -> x", op, _rule_same_shape)
-      for op in ("broadcast_to", "broadcast_like", "sum_to_like")],
-    Rule("reshape_like(x, ref) -> reshape(x, shape of ref)", "reshape_like",
-         _rule_by_shape("reshape")),
-    Rule("broadcast_like(x, ref) -> broadcast_to(x, shape of ref)", "broadcast_like",
-         _rule_by_shape("broadcast_to")),
-    Rule("x[:, ...] (every slice full) -> x", "getitem", _rule_full_slice),
-    Rule("concat([x]) -> x", "concat", _rule_single_concat),
-    Rule("zeros_like(x) -> zeros(shape of x)", "zeros_like", _rule_fill_like("zeros")),
-    Rule("ones_like(x) -> ones(shape of x)", "ones_like", _rule_fill_like("ones")),
-    Rule("count_ratio(y, x) -> constant size(y) / size(x)", "count_ratio", _rule_count_ratio),
-]
-RULES_BY_OP: dict[str, list[Rule]] = {}  # the table indexed by op, as simplify reads it
-for _rule in RULES:
-    RULES_BY_OP.setdefault(_rule.op, []).append(_rule)
-
-
-def add_rule(rule: Rule) -> None:
-    """Add `rule` to the table (and its index): simplify applies it from now on."""
-    RULES.append(rule)
-    RULES_BY_OP.setdefault(rule.op, []).append(rule)
-
 
 def simplify(graph: Graph, ctx: PassContext) -> Graph:
     """Apply the rules of `RULES` wherever they match, until none does.
@@ -584,7 +285,7 @@ def simplify(graph: Graph, ctx: PassContext) -> Graph:
 
     def apply(old: Node, node: Node) -> Node:
         for _ in range(16):  # each rule makes the graph smaller; 16 is a safety net
-            for rule in RULES_BY_OP.get(node.op, ()):
+            for rule in rules.RULES_BY_OP.get(node.op, ()):  # read at run time: add_rule
                 new = rule.rewrite(node)
                 if new is None or new is node:
                     continue
@@ -660,8 +361,8 @@ def cse(graph: Graph, ctx: PassContext) -> Graph:
             return built[id(twin)]
         duplicates = merged.get(id(old))
         if duplicates:
-            node = _clone(node, node.inputs, _merged_provenance(node, *duplicates),
-                          _merged_phase(node, *duplicates))
+            node = clone(node, node.inputs, merged_provenance(node, *duplicates),
+                          merged_phase(node, *duplicates))
         built[id(old)] = node
         return node
     return _finish(graph, _rewrite(graph, merge), ctx, first)
@@ -717,7 +418,7 @@ def fold(graph: Graph, ctx: PassContext) -> Graph:
         if not node.inputs:  # zeros/ones: usable by consumers, not worth a record
             values[id(node)] = value
             return node
-        const = _new_node("constant", [], {"value": ConstValue(value)}, node,
+        const = new_node("constant", [], {"value": ConstValue(value)}, node,
                           name=f"folded_{node.name}")
         values[id(const)] = value
         cone[id(const)] = [old] + [n for i in node.inputs for n in cone.get(id(i), [i])]
@@ -762,7 +463,7 @@ def dce(graph: Graph, ctx: PassContext) -> Graph:
             keep = list(dict.fromkeys(i for i in node.inputs if effect[id(i)]))
             dead = [i for i in node.inputs if not effect[id(i)]]
             if len(keep) < len(node.inputs):
-                new = _clone(node, tuple(keep))
+                new = clone(node, tuple(keep))
                 for i in dict.fromkeys(dead):
                     ctx.record([i], [], f"{node.name} runs {i.name} only for its effect, "
                                         "and it has none")
@@ -814,12 +515,12 @@ def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
         pos = adder.inputs.index(node)
         if adder.op == "bias_add" and (pos != 0 or len(node.shape) != 2):
             continue
-        if not _same_type(adder, node):
+        if not same_type(adder, node):
             continue
         root, act = adder, False
         reader = _only_consumer(adder, users, outputs)
         if (reader is not None and reader.op in fusion.DENSE_ACTIVATIONS
-                and _same_type(reader, adder)):
+                and same_type(reader, adder)):
             root, act = reader, True
         if not after_assign.fresh_read_is_safe([*node.inputs, *adder.inputs], [root], root):
             continue
@@ -836,7 +537,7 @@ def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
                  "transpose_b": bool(matmul.attrs.get("transpose_b", False)),
                  "activation": node.op if act else None}
         members = [matmul, adder] + ([node] if act else [])
-        fused = _new_node("fused_dense", [*matmul.inputs, adder.inputs[bias_pos]], attrs,
+        fused = new_node("fused_dense", [*matmul.inputs, adder.inputs[bias_pos]], attrs,
                           node, tuple(members[:-1]), name=f"fused_{node.name}",
                           same_value=True)
         ctx.record(members, [fused], " + ".join(m.op for m in members) + " -> fused_dense")
@@ -906,7 +607,7 @@ def fuse_elementwise(graph: Graph, ctx: PassContext) -> Graph:
                     name = f"x{inputs.index(i)}"
                 operands.append(name)
             program.append((m.op, tuple(operands), tuple(sorted(m.attrs.items()))))
-        fused = _new_node("fused_elementwise", inputs, {"program": tuple(program)}, node,
+        fused = new_node("fused_elementwise", inputs, {"program": tuple(program)}, node,
                           tuple(ordered[:-1]), name=f"fused_{node.name}", same_value=True)
         ops = ", ".join(m.op for m in ordered)
         ctx.record(ordered, [fused], f"fused {len(ordered)} elementwise ops ({ops}), each "
