@@ -22,6 +22,7 @@ from tinyflow.ops import (
     cast,
     exp,
     expand_dims,
+    float_dtype,
     make,
     ones_like,
     reduce_sum,
@@ -288,6 +289,8 @@ def avg_pool2d(x, ksize=2, stride=None, padding=0) -> Node:
 
 def _softmax_compute(xp, x, out=None):
     # Subtracting the row max keeps exp() from overflowing; it cancels in the ratio.
+    # (Integers become floats first: x - max would wrap around in uint8.)
+    x = x.astype(float_dtype(x.dtype), copy=False)
     shifted = x - x.max(axis=-1, keepdims=True)
     e = xp.exp(shifted, out=out)
     e /= e.sum(axis=-1, keepdims=True)
@@ -295,6 +298,7 @@ def _softmax_compute(xp, x, out=None):
 
 
 def _log_softmax_compute(xp, x, out=None):
+    x = x.astype(float_dtype(x.dtype), copy=False)
     shifted = x - x.max(axis=-1, keepdims=True)
     logsum = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
     return xp.subtract(shifted, logsum, out=out)
@@ -310,9 +314,14 @@ def _log_softmax_grad(n, g):
     return [g - exp(n) * reduce_sum(g, -1, keepdims=True)]
 
 
-register(OpDef("softmax", _softmax_compute, _infer_same, _softmax_grad,
+def _infer_float(shapes, dtypes, attrs):
+    """Shape of input 0; its dtype if a float, else the float numpy computes in."""
+    return tuple(shapes[0]), float_dtype(dtypes[0])
+
+
+register(OpDef("softmax", _softmax_compute, _infer_float, _softmax_grad,
                doc="exp(x) / sum(exp(x)) over the last axis"))
-register(OpDef("log_softmax", _log_softmax_compute, _infer_same, _log_softmax_grad,
+register(OpDef("log_softmax", _log_softmax_compute, _infer_float, _log_softmax_grad,
                doc="x - log(sum(exp(x))) over the last axis"))
 
 
@@ -323,7 +332,7 @@ def _xent_infer(shapes, dtypes, attrs):
     if len(labels) != len(logits) - 1 or any(
             a is not None and b is not None and a != b for a, b in zip(labels, logits[:-1])):
         raise _Mismatch("labels must have the logits' shape without the class axis")
-    return tuple(logits[:-1]), dtypes[0]
+    return tuple(logits[:-1]), float_dtype(dtypes[0])
 
 
 def _class_indices(labels, classes: int):
@@ -388,7 +397,7 @@ def _layer_norm_infer(shapes, dtypes, attrs):
     for p in (gamma[0], beta[0]):
         if x[-1] is not None and p is not None and p != x[-1]:
             raise _Mismatch(f"last dim {x[-1]} differs from the scale/shift size {p}")
-    return tuple(x), _result_dtype(dtypes)
+    return tuple(x), float_dtype(_result_dtype(dtypes))
 
 
 def _layer_norm_compute(xp, x, gamma, beta, out=None, eps=1e-5):
@@ -396,7 +405,8 @@ def _layer_norm_compute(xp, x, gamma, beta, out=None, eps=1e-5):
     centered = x - mu
     rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)
     result = centered * rstd * gamma + beta
-    return _write(xp, result.astype(x.dtype, copy=False), out)
+    dtype = float_dtype(xp.result_type(x.dtype, gamma.dtype, beta.dtype))
+    return _write(xp, result.astype(dtype, copy=False), out)
 
 
 def _layer_norm_grad(n, g):

@@ -146,8 +146,27 @@ def _result_dtype(dtypes: Sequence) -> Any:
     return np.result_type(*known) if known else None
 
 
-def _infer_broadcast(shapes, dtypes, attrs):
-    return broadcast_shapes(*shapes), _result_dtype(dtypes)
+def ufunc_dtype(ufunc_name: str, dtypes: Sequence) -> Any:
+    """The dtype numpy's ufunc `ufunc_name` produces for inputs of `dtypes`.
+
+    Rules infer with numpy's own casting rules so that they name the dtype the
+    kernel really produces: exp of int32 is float64, true division of ints is
+    float64. Raises `_Mismatch` where numpy has no kernel (minus of booleans).
+    """
+    if any(d is None for d in dtypes):
+        return _result_dtype(dtypes)
+    try:
+        resolved = getattr(np, ufunc_name).resolve_dtypes(tuple(dtypes) + (None,))
+    except TypeError as err:
+        raise _Mismatch(str(err)) from None
+    return np.dtype(resolved[-1])
+
+
+def float_dtype(dtype: Any) -> Any:
+    """`dtype` itself if it is a float; else the float numpy computes exp() in."""
+    if dtype is None or np.dtype(dtype).kind in "fc":
+        return dtype
+    return ufunc_dtype("exp", [np.dtype(dtype)])
 
 
 def _infer_compare(shapes, dtypes, attrs):
@@ -370,13 +389,20 @@ def unbroadcast(grad: Node, x: Node) -> Node:
 def _binary(name, ufunc_name, grad, commutative=False, doc=""):
     def compute(xp, a, b, out=None):
         return getattr(xp, ufunc_name)(a, b, out=out)
-    register(OpDef(name, compute, _infer_broadcast, grad, elementwise=True, inplace=0,
+
+    def infer(shapes, dtypes, attrs):
+        return broadcast_shapes(*shapes), ufunc_dtype(ufunc_name, dtypes)
+    register(OpDef(name, compute, infer, grad, elementwise=True, inplace=0,
                    commutative=commutative, doc=doc))
 
 
-def _unary(name, compute, grad, doc="", inplace=0):
-    register(OpDef(name, compute, _infer_same, grad, elementwise=True, inplace=inplace,
-                   doc=doc))
+def _unary(name, compute, grad, doc="", inplace=0, dtype_like=None):
+    """An elementwise op of one input; its dtype follows numpy's ufunc `dtype_like`
+    (exp: integers give floats), or stays the input's when that is None."""
+    def infer(shapes, dtypes, attrs):
+        dtype = dtypes[0] if dtype_like is None else ufunc_dtype(dtype_like, dtypes)
+        return tuple(shapes[0]), dtype
+    register(OpDef(name, compute, infer, grad, elementwise=True, inplace=inplace, doc=doc))
 
 
 # Gradients read the forward node's inputs (a, b) and, where it is cheaper, the
@@ -436,11 +462,14 @@ def _ufunc_compute(ufunc_name):
 
 
 def _relu_compute(xp, x, out=None):
-    return xp.maximum(x, 0, out=out)
+    # A zero of x's own dtype: a Python 0 would make booleans int64 under numpy 2.
+    return xp.maximum(x, x.dtype.type(0), out=out)
 
 
 def _sigmoid_compute(xp, x, out=None):
     # 1 / (1 + exp(-x)), written to stay finite for large |x|: exp(-|x|) <= 1.
+    # Integers and booleans become floats first (-x wraps around in uint8).
+    x = x.astype(float_dtype(x.dtype), copy=False)
     e = xp.exp(-xp.abs(x))
     pos = 1.0 / (1.0 + e)
     result = xp.where(x >= 0, pos, e * pos)
@@ -457,6 +486,7 @@ _GELU_A = 0.044715
 
 
 def _gelu_compute(xp, x, out=None):
+    x = x.astype(float_dtype(x.dtype), copy=False)
     inner = _GELU_C * (x + _GELU_A * x * x * x)
     result = 0.5 * x * (1.0 + xp.tanh(inner))
     if out is None:
@@ -472,15 +502,19 @@ def _gelu_grad(n, g):
     return [g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)]
 
 
-_unary("neg", _ufunc_compute("negative"), lambda n, g: [neg(g)], "-x")
-_unary("exp", _ufunc_compute("exp"), lambda n, g: [g * n], "e ** x")
-_unary("log", _ufunc_compute("log"), lambda n, g: [g / n.inputs[0]], "natural log")
-_unary("sqrt", _ufunc_compute("sqrt"), lambda n, g: [g / (2.0 * n)], "square root")
-_unary("tanh", _ufunc_compute("tanh"), lambda n, g: [g * (1.0 - n * n)], "tanh")
-_unary("sigmoid", _sigmoid_compute, lambda n, g: [g * n * (1.0 - n)], "1 / (1 + e^-x)")
+_unary("neg", _ufunc_compute("negative"), lambda n, g: [neg(g)], "-x", dtype_like="negative")
+_unary("exp", _ufunc_compute("exp"), lambda n, g: [g * n], "e ** x", dtype_like="exp")
+_unary("log", _ufunc_compute("log"), lambda n, g: [g / n.inputs[0]], "natural log",
+       dtype_like="log")
+_unary("sqrt", _ufunc_compute("sqrt"), lambda n, g: [g / (2.0 * n)], "square root",
+       dtype_like="sqrt")
+_unary("tanh", _ufunc_compute("tanh"), lambda n, g: [g * (1.0 - n * n)], "tanh",
+       dtype_like="tanh")
+_unary("sigmoid", _sigmoid_compute, lambda n, g: [g * n * (1.0 - n)], "1 / (1 + e^-x)",
+       dtype_like="exp")
 _unary("relu", _relu_compute,
        lambda n, g: [g * cast(n.inputs[0] > 0.0, g.dtype)], "max(x, 0)")
-_unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation")
+_unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation", dtype_like="exp")
 _unary("abs", _ufunc_compute("absolute"), lambda n, g: [g * sign(n.inputs[0])], "|x|")
 
 
@@ -648,14 +682,20 @@ register(OpDef("bias_grad", _bias_grad_compute, lambda s, d, a: ((s[0][1],), d[0
 # Reductions
 # ----------------------------------------------------------------------------------
 
-def _reduce_infer(shapes, dtypes, attrs):
-    shape = shapes[0]
-    axes = normalize_axes(attrs.get("axis"), len(shape))
-    if attrs.get("keepdims"):
-        out = tuple(1 if i in axes else d for i, d in enumerate(shape))
-    else:
-        out = tuple(d for i, d in enumerate(shape) if i not in axes)
-    return out, dtypes[0]
+def _reduce_infer(method):
+    def infer(shapes, dtypes, attrs):
+        shape = shapes[0]
+        axes = normalize_axes(attrs.get("axis"), len(shape))
+        if attrs.get("keepdims"):
+            out = tuple(1 if i in axes else d for i, d in enumerate(shape))
+        else:
+            out = tuple(d for i, d in enumerate(shape) if i not in axes)
+        # numpy's dtype for the reduction: a sum of booleans counts them (int64).
+        dtype = dtypes[0]
+        if dtype is not None:
+            dtype = getattr(np.ones(1, dtype), method)().dtype
+        return out, dtype
+    return infer
 
 
 def _reduce_compute(method):
@@ -691,11 +731,11 @@ def _max_grad(n, g):
     return [_expand_reduced(g, n) * share]
 
 
-register(OpDef("sum", _reduce_compute("sum"), _reduce_infer,
+register(OpDef("sum", _reduce_compute("sum"), _reduce_infer("sum"),
                lambda n, g: [_expand_reduced(g, n)], doc="sum over axes"))
-register(OpDef("mean", _reduce_compute("mean"), _reduce_infer, _mean_grad,
+register(OpDef("mean", _reduce_compute("mean"), _reduce_infer("mean"), _mean_grad,
                doc="mean over axes"))
-register(OpDef("max", _reduce_compute("max"), _reduce_infer, _max_grad,
+register(OpDef("max", _reduce_compute("max"), _reduce_infer("max"), _max_grad,
                doc="max over axes"))
 
 
