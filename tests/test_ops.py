@@ -1022,6 +1022,64 @@ def test_one_session_runs_many_short_lived_graphs():
         del node
 
 
+def _as_float(x):
+    """x in the float numpy computes exp() in (float16 for booleans and int8)."""
+    return x.astype(np.exp(x).dtype)
+
+
+UNARY_NUMPY = {"neg": (lambda x: -x, np.negative), "exp": (tf.exp, np.exp),
+               "log": (tf.log, np.log), "sqrt": (tf.sqrt, np.sqrt), "tanh": (tf.tanh, np.tanh),
+               "abs": (tf.abs, np.abs),
+               "relu": (tf.nn.relu, lambda x: np.maximum(x, np.zeros((), x.dtype))),
+               "sigmoid": (tf.sigmoid, lambda x: 1 / (1 + np.exp(-_as_float(x)))),
+               "sum": (tf.reduce_sum, np.sum), "max": (tf.reduce_max, np.max),
+               "softmax": (tf.nn.softmax, lambda x: np.exp(x) / np.exp(x).sum(-1))}
+BINARY_NUMPY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+                "maximum": np.maximum, "pow": np.power}
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "int32", "uint8", "float16", "float32"])
+def test_dtype_rules_follow_numpy_for_every_input_dtype(dtype):
+    """The dtype a rule infers is the one the kernel produces, as numpy would give it:
+    exp of int32 is float64, true division of ints a float, a sum of booleans counts
+    them. (A rule that says int while the kernel computes floats truncates them into
+    planned int memory, or fails there.)"""
+    x = np.array([1, 2, 3]).astype(dtype)
+    p, q = tf.placeholder(dtype, (3,)), tf.placeholder(dtype, (3,))
+    sess = session()
+    built = []  # keeps every node alive (see test_one_session_runs_many_short_lived_graphs)
+    for name, (build, reference) in UNARY_NUMPY.items():
+        with np.errstate(all="ignore"):
+            try:
+                expected = np.asarray(reference(x))
+            except TypeError:  # numpy has no kernel (minus of booleans): a build error
+                with pytest.raises(tf.ShapeError):
+                    build(p)
+                continue
+        node = build(p)
+        built.append(node)
+        got = sess.run(node, {p: x})
+        assert node.dtype == got.dtype == expected.dtype, (
+            f"{name} of {dtype}: inferred {node.dtype}, kernel {got.dtype}, numpy "
+            f"{expected.dtype}")
+        np.testing.assert_allclose(got.astype(F64), expected.astype(F64), rtol=1e-3,
+                                   err_msg=f"{name} of {dtype}")
+    for name, ufunc in BINARY_NUMPY.items():
+        try:
+            expected = ufunc(x, x)
+        except TypeError:  # no kernel in numpy (booleans minus booleans)
+            with pytest.raises(tf.ShapeError):
+                getattr(ops, name)(p, q)
+            continue
+        node = getattr(ops, name)(p, q)
+        built.append(node)
+        got = sess.run(node, {p: x, q: x})
+        assert node.dtype == got.dtype == expected.dtype, (
+            f"{name} of two {dtype}: inferred {node.dtype}, kernel {got.dtype}, numpy "
+            f"{expected.dtype}")
+        np.testing.assert_allclose(got.astype(F64), expected.astype(F64), rtol=1e-3)
+
+
 def test_getitem_shapes_with_unknown_dims():
     """Indexing a dim that is unknown at build time is checked when the feed comes;
     axes sliced from unknown dims stay unknown, the others are inferred exactly."""
