@@ -69,6 +69,25 @@ def test_reshape_to_a_wrong_size_names_both():
     assert where("reshape built") in message
 
 
+@pytest.mark.parametrize("build, words", [
+    (lambda x: tf.expand_dims(x, 3), "axis 3 is out of range"),
+    (lambda x: tf.expand_dims(x, -4), "axis -4 is out of range"),
+    (lambda x: tf.squeeze(x, 2), "axis 2 is out of range"),
+    (lambda x: x[::0], "step cannot be zero"),
+    (lambda x: x[0, 0, 0], "too many indices"),
+    (lambda x: tf.transpose(x, (0, 0)), "not a permutation"),
+    (lambda x: tf.reduce_sum(x, 2), "axis 2 is out of range"),
+    (lambda x: tf.concat([x, tf.transpose(x)], 0), "dimension 1 differs (3 vs 2)"),
+    (lambda x: tf.broadcast_to(x, (3,)), "cannot broadcast"),
+])
+def test_bad_axes_and_indices_are_shape_errors_at_construction(build, words):
+    x = tf.placeholder(tf.float32, (2, 3))
+    with pytest.raises(ShapeError) as info:
+        build(x)
+    message = str(info.value)
+    assert words in message and "(2, 3)" in message and f"{HERE}:" in message
+
+
 def test_the_same_error_when_the_feed_fixes_the_shapes():
     """Built with unknown dims, the matmul cannot be checked; the first run that
     feeds (3, 4) and (5, 6) raises the error construction would have raised, pointing

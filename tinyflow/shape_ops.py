@@ -130,6 +130,9 @@ def _expand_dims_infer(shapes, dtypes, attrs):
     axis = attrs["axis"]
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     ndim = len(shape) + len(axes)
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise _Mismatch(f"axis {a} is out of range for a result of rank {ndim}")
     for a in sorted(x % ndim for x in axes):
         shape.insert(a, 1)
     return tuple(shape), dtypes[0]
@@ -287,7 +290,7 @@ def _getitem_infer(shapes, dtypes, attrs):
     probe = np.broadcast_to(np.False_, [_PROBE_SIZE if d is None else d for d in shape])
     try:
         result = probe[_decode_index(index)].shape
-    except IndexError as err:
+    except (IndexError, ValueError) as err:  # out of bounds; a slice step of 0
         raise _Mismatch(str(err)) from None
     # An output axis sliced from an unknown dim stays unknown.
     return tuple(None if src is not None and shape[src] is None else d
@@ -376,6 +379,8 @@ def squeeze(x, axis=None):
 
 
 def concat(values, axis):
+    if not values:
+        raise ValueError("concat needs at least one value to join")
     return make("concat", *values, axis=int(axis))
 
 
