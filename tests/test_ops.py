@@ -285,6 +285,9 @@ GRAD_CASES: dict[str, Callable[[np.random.Generator], list[GradCase]]] = {
         C(lambda a, b, c: tf.concat([a, b, c], 1), normal(r, 2, 1), normal(r, 2, 3),
           normal(r, 2, 2), label="axis 1"),
         C(lambda a, b: tf.concat([a, b], 0), normal(r, 1, 3), normal(r, 2, 3), label="axis 0")],
+    "pad": lambda r: [
+        C(lambda x: ops.pad(x, dim=1, pad=2), normal(r, 2, 3), label="after"),
+        C(lambda x: ops.pad(x, dim=-2, pad=-1), normal(r, 2, 2, 3), label="before, dim -2")],
     "concat_part": lambda r: [
         C(lambda g, a, b: make("concat_part", g, a, b, axis=1, part=1), normal(r, 2, 5),
           normal(r, 2, 2), normal(r, 2, 3))],
@@ -818,6 +821,9 @@ FORWARD_CASES = [
     FwdCase("concat_part", "part 1", lambda g, a, b: make("concat_part", g, a, b, axis=1,
                                                           part=1),
             [X4, X4[:, :1], X4[:, 1:]], lambda g, a, b: g[:, 1:]),
+    FwdCase("pad", "dim 1, pad -3 then 3 (the original's test_pad)",
+            lambda x: ops.pad(ops.pad(x, dim=1, pad=-3), dim=1, pad=3), [X4],
+            lambda x: np.pad(x, ((0, 0), (3, 3), (0, 0)))),
     FwdCase("getitem", "[::-1, 1:]", lambda x: x[::-1, 1:], [A23], lambda x: x[::-1, 1:]),
     FwdCase("getitem", "[..., 0, None]", lambda x: x[..., 0, None], [X4],
             lambda x: x[..., 0, None]),

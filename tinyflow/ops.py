@@ -897,6 +897,7 @@ from tinyflow.shape_ops import (  # noqa: E402, F401
     expand_dims,
     gather,
     getitem,
+    pad,
     reshape,
     reshape_like,
     squeeze,

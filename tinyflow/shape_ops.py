@@ -352,7 +352,48 @@ register(OpDef("scatter_rows", _scatter_rows_compute,
 
 
 
+# pad (the original TinyFlow's, after Torch's nn.Padding): |pad| zeros along one
+# dimension, after the data when pad > 0 and before it when pad < 0. Its gradient is
+# the slice that drops them again.
+def _pad_infer(shapes, dtypes, attrs):
+    shape = list(shapes[0])
+    (dim,) = normalize_axes(attrs["dim"], len(shape))
+    if shape[dim] is not None:
+        shape[dim] += abs(attrs["pad"])
+    return tuple(shape), dtypes[0]
+
+
+def _pad_compute(xp, x, out=None, dim=0, pad=0):
+    widths = [(0, 0)] * x.ndim
+    widths[dim] = (-pad, 0) if pad < 0 else (0, pad)
+    result = xp.pad(x, widths)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _pad_grad(n, g):
+    dim, pad = n.attrs["dim"], n.attrs["pad"]
+    kept = slice(-pad, None) if pad < 0 else slice(None, -pad if pad else None)
+    # Index the padded axis by its position from the front or, if dim is negative,
+    # from the back, so the rank need not be known.
+    index = ((slice(None),) * dim + (kept,) if dim >= 0
+             else (Ellipsis, kept) + (slice(None),) * (-dim - 1))
+    return [getitem(g, index)]
+
+
+register(OpDef("pad", _pad_compute, _pad_infer, _pad_grad,
+               doc="|pad| zeros along dimension `dim`: after if pad > 0, before if < 0"))
+
+
 # Builders
+
+def pad(x, dim: int = 0, pad: int = 0):  # noqa: A002 - the original's keyword names
+    """The original TinyFlow's tf.pad(x, dim=, pad=): add |pad| zeros along `dim`,
+    after the data for pad > 0 and before it for pad < 0 (Torch's nn.Padding)."""
+    return make("pad", x, dim=int(dim), pad=int(pad))
+
 
 def getitem(x, index):
     return make("getitem", x, index=_encode_index(index))
