@@ -161,7 +161,8 @@ def test_argmax():
 
 
 @pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="tf.pad(x, dim=, pad=) is not in TinyFlow yet (reported)")
+                   reason="tinyflow/__init__.py does not export tf.pad yet (the op is "
+                          "tinyflow.ops.pad; reported)")
 def test_pad():
     out_filter = 10
     in_filter = 4
