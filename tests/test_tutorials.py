@@ -1,0 +1,253 @@
+"""The course runs: every lesson (tutorials/NN_*.py) and every training script
+(tutorials/train_*.py, with --quick) as a subprocess, with their printed results
+checked; every lesson opens as a notebook (jupytext); the course map lists them all.
+
+Each run is a fresh interpreter, exactly as a student runs the file, so a lesson's
+asserts (its exercises' checks) are part of the test. The checks on the printed
+output compare numbers the lesson printed with each other (a planned arena is
+between its lower bound and the naive size, a loss falls), not with constants.
+BLAS is limited to one thread per child so that parallel test workers do not fight
+over the cores; the whole file takes about 40 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
+LESSONS = ["01_tensors_and_ops", "02_autodiff", "03_graph_passes", "04_memory_planning",
+           "05_executor_and_streams", "06_allreduce", "07_gpu", "08_debugger_tour"]
+TIMEOUT = 300  # seconds; a lesson takes about one, a quick training run up to ~20
+
+
+def run_python(script: Path, args: list[str], cwd: Path) -> str:
+    """Run `python script args` in `cwd`; return stdout, failing with stderr shown."""
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, "1")
+    env.pop("TINYFLOW_TRACE", None)   # a recorder inherited from the caller would
+    env["PYTHONUNBUFFERED"] = "1"     # write its record at exit
+    done = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, (f"{script.name} exited with {done.returncode}\n"
+                                  f"--- stdout ---\n{done.stdout[-4000:]}\n"
+                                  f"--- stderr ---\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def number(pattern: str, text: str) -> float:
+    """The number captured by `pattern`'s first group in `text` (the test fails,
+    naming the pattern, when the lesson did not print it)."""
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, f"expected output matching {pattern!r}"
+    return float(match.group(1))
+
+
+SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def size(text: str) -> float:
+    """'1.5 MiB' -> bytes."""
+    value, unit = text.split()
+    return float(value) * SIZE_UNITS[unit]
+
+
+# ----------------------------------------------------------------------------------
+# What each lesson must print, beyond exiting 0 (its own asserts ran)
+# ----------------------------------------------------------------------------------
+
+def check_01(out: str) -> None:
+    assert re.search(r"^matmul: incompatible shapes \(\?, 3\), \(4, 5\).*\(at 01_tensors_and_ops"
+                     r"\.py:\d+\)$", out, re.MULTILINE)
+    assert re.search(r"^add: incompatible shapes \(2, 3\), \(4, 3\)", out, re.MULTILINE)
+    assert number(r"^(\d+) ops registered", out) >= 40
+    assert "row + column: (None, 3, 4)" in out
+
+
+def check_02(out: str) -> None:
+    assert number(r"largest difference: (\S+)", out) < 1e-7
+    row = re.search(r"H v = \[(.*)\]\s+expected \[(.*)\]", out)
+    assert row, "the Hessian-vector product was not printed"
+    got = [float(v) for v in row.group(1).split()]
+    want = [float(v) for v in row.group(2).split()]
+    assert got == pytest.approx(want, rel=1e-6)
+    assert re.search(r"'forward': \d+, 'backward': \d+", out)
+
+
+def check_03(out: str) -> None:
+    plain = number(r"^no passes: \d+ nodes, (\d+) steps", out)
+    optimized = number(r"^default: +\d+ nodes, (\d+) steps", out)
+    assert optimized < plain
+    assert "passes (nodes after each pass):" in out and "fused nodes (" in out
+    assert re.search(r"RewriteRecord\(pass_name='simplify', removed=\['relu_\d+'\], "
+                     r"added=\[\], reason='relu\(relu\(x\)\) -> relu\(x\)'\)", out)
+    before = number(r"^relus computed before our rule: (\d+)", out)
+    after = number(r"^relus computed after our rule: (\d+)", out)
+    assert after == before - 1
+    assert "reason='abs(neg(x)) -> abs(x)'" in out
+
+
+def check_04(out: str) -> None:
+    naive = size(re.search(r"^  naive \(no reuse\) +(\S+ \S+)", out, re.M).group(1))
+    bound = size(re.search(r"^  lower bound +(\S+ \S+)", out, re.M).group(1))
+    arenas = re.findall(r"^  (\w+) +(\d+\.?\d* \w?i?B) +([\d.]+) x lower bound", out, re.M)
+    assert len(arenas) >= 4, "the strategy table was not printed"
+    for _, arena, ratio in arenas:
+        assert bound * 0.99 <= size(arena) <= naive * 1.01
+        assert float(ratio) >= 1.0
+    assert "PlanError: unsafe plan:" in out
+    table = dict(re.findall(r"^(off|sqrt) +\d+ +(\S+ \S+)", out, re.M))
+    assert size(table["sqrt"]) < size(table["off"])
+    assert re.search(r"^\[checkpoint\] sqrt rule", out, re.M)
+
+
+def check_05(out: str) -> None:
+    assert "1 stream(s): total =" in out and "2 stream(s): total =" in out
+    totals = re.findall(r"stream\(s\): total = (\S+),", out)
+    assert float(totals[0]) == pytest.approx(float(totals[1]), rel=1e-5)
+    assert re.search(r"^ +compute1 \|", out, re.M)        # the two-stream timeline
+    assert "ScheduleError:" in out and "with no event between them" in out
+    assert re.search(r"NumericsError: check_numerics: log \S+ \(created at "
+                     r"05_executor_and_streams\.py:\d+\) produced 1 NaN", out)
+
+
+def check_06(out: str) -> None:
+    rows = re.findall(r"^ +(\d) +([\d.]+) +([\d.]+)$", out, re.M)
+    assert len(rows) == 4
+    ring = [float(r[1]) for r in rows]
+    naive = [float(r[2]) for r in rows]
+    assert max(ring) - min(ring) < 1e-9                    # balanced
+    assert naive[0] == pytest.approx(3 * naive[1])          # rank 0 carries it all
+    assert sum(ring) == pytest.approx(sum(naive))           # same total bytes
+    assert ring[0] == pytest.approx(number(r"= ([\d.]+) MiB per rank", out))
+    assert "all 24 recorded steps follow the formula" in out
+
+
+def check_07(out: str) -> None:
+    gpu = re.search(r"^GPU available: (True|False)$", out, re.M)
+    assert gpu
+    assert "cupy.ElementwiseKernel(" in out and "T t0 = x0 * x1;" in out
+    if gpu.group(1) == "True":
+        cpu_loss = number(r"\(CPU ([\d.]+)\)", out)
+        assert number(r"^GPU: loss ([\d.]+)", out) == pytest.approx(cpu_loss, rel=1e-4)
+        assert "generated kernel matches the CPU: True" in out
+    else:
+        cpu_loss = number(r"^CPU: loss ([\d.]+);", out)
+        assert number(r"with streams=2 on the CPU: loss ([\d.]+);", out) == pytest.approx(cpu_loss)
+
+
+def check_08(out: str) -> None:
+    path = Path(re.search(r"^wrote (\S+\.tfdbg\.json) ", out, re.M).group(1))
+    from tinyflow import trace
+    record = trace.load(path)            # the file the lesson wrote is a valid record
+    losses = record["scalars"]["loss"]
+    assert number(r"scalars: loss from ([\d.]+)", out) == pytest.approx(losses[0][1], abs=1e-3)
+    assert losses[-1][1] < losses[0][1]
+    assert f"tinyflow debug {path}" in out and f"python -m viz {path}" in out
+    assert "RecordError:" in out
+    assert re.search(r"^status line: .*lesson 8 MLP", out, re.M) or "viz is not installed" in out
+    path.unlink()
+    path.with_name("mlp.perfetto.json").unlink()
+    path.parent.rmdir()
+
+
+CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05,
+          "06": check_06, "07": check_07, "08": check_08}
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_lesson_runs_as_a_script(lesson, tmp_path):
+    out = run_python(TUTORIALS / f"{lesson}.py", [], tmp_path)
+    CHECKS[lesson[:2]](out)
+    assert list(tmp_path.iterdir()) == [], "a lesson left files in the working directory"
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_lesson_opens_as_a_notebook(lesson):
+    jupytext = pytest.importorskip("jupytext")
+    path = TUTORIALS / f"{lesson}.py"
+    notebook = jupytext.read(path)
+    kinds = [cell.cell_type for cell in notebook.cells]
+    assert kinds[0] == "markdown" and notebook.cells[0].source.startswith(
+        f"# Lesson {int(lesson[:2])}:")
+    assert kinds.count("markdown") >= 5 and kinds.count("code") >= 5
+    assert all(cell.source.strip() for cell in notebook.cells), "an empty cell"
+    # Every line of the script is in some cell: nothing is lost when it becomes a notebook.
+    code = "\n".join(c.source for c in notebook.cells if c.cell_type == "code")
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            assert line in code, f"{lesson}: {line!r} is not in any code cell"
+    # The exercises: a markdown cell titled "Exercise", then code that checks with asserts.
+    for k, cell in enumerate(notebook.cells):
+        if cell.cell_type == "markdown" and "### Exercise" in cell.source:
+            assert notebook.cells[k + 1].cell_type == "code"
+            assert "assert" in notebook.cells[k + 1].source
+    assert any("### Exercise" in c.source for c in notebook.cells), "no exercise"
+
+
+def test_course_map_lists_every_lesson_and_script():
+    course_map = (TUTORIALS / "README.md").read_text()
+    for lesson in LESSONS:
+        assert f"{lesson}.py" in course_map, f"README.md does not list {lesson}.py"
+    for script in sorted(TUTORIALS.glob("train_*.py")):
+        name = script.stem[len("train_"):]
+        assert f"tinyflow train {name}" in course_map, f"README.md does not list {name}"
+
+
+# ----------------------------------------------------------------------------------
+# Training scripts
+# ----------------------------------------------------------------------------------
+
+# name: (extra arguments, least test accuracy a --quick run reaches; chance is 0.1)
+TRAINING = {
+    "mlp": ([], 0.90),
+    "cnn": ([], 0.50),
+    "charlm": ([], None),
+    "data_parallel": (["--threads", "4"], 0.30),
+}
+SCRIPTS = sorted(set(TRAINING) | {p.stem[len("train_"):] for p in TUTORIALS.glob("train_*.py")})
+
+
+def results(out: str) -> dict[str, float]:
+    """The parseable `key=number` lines a training script prints."""
+    found = {}
+    for key, value in re.findall(r"^(\w+)=(-?[\d.]+(?:e-?\d+)?)$", out, re.MULTILINE):
+        found[key] = float(value)
+    # train_data_parallel.py prints one sentence ("4 threads: test accuracy 0.524,
+    # final loss 2.0649, ...") instead of key=value lines.
+    sentence = re.search(r"test accuracy ([\d.]+), final loss ([\d.]+)", out)
+    if sentence and "test_accuracy" not in found:
+        found["test_accuracy"] = float(sentence.group(1))
+        found.setdefault("final_loss", float(sentence.group(2)))
+    return found
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_training_script_quick_run(name, tmp_path):
+    script = TUTORIALS / f"train_{name}.py"
+    if not script.exists():
+        pytest.skip(f"tutorials/train_{name}.py is not written yet")
+    extra, least_accuracy = TRAINING.get(name, ([], None))
+    checkpoint = tmp_path / f"{name}.npz"
+    out = run_python(script, ["--quick", "--checkpoint", str(checkpoint), *extra], tmp_path)
+    found = results(out)
+    assert found, f"train_{name}.py printed no results:\n{out[-2000:]}"
+    assert checkpoint.exists(), f"train_{name}.py saved no checkpoint at {checkpoint}"
+    if least_accuracy is not None:
+        assert found["test_accuracy"] >= least_accuracy, found
+    if "restored_test_accuracy" in found:
+        assert found["restored_test_accuracy"] == found["test_accuracy"]
+    for start, end in (("first_loss", "final_loss"), ("loss_start", "loss_end")):
+        if start in found:
+            assert found[end] < found[start], found
+    if "restored_loss" in found:
+        assert found["restored_loss"] == pytest.approx(found["loss_end"], abs=1e-4)
+    if name == "charlm":
+        assert found["loss_end"] < found["loss_start"] - 0.5      # it learned something
+        assert "--- sample" in out
