@@ -160,9 +160,6 @@ def test_argmax():
     assert (np.mean(np.abs(ay - npy))) < 1e-6
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="tinyflow/__init__.py does not export tf.pad yet (the op is "
-                          "tinyflow.ops.pad; reported)")
 def test_pad():
     out_filter = 10
     in_filter = 4
@@ -517,9 +514,6 @@ def test_example_mnist_mlp_auto_shape_inference():
     assert result >= 0.75
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="tf.linear and tf.relu (the original's top-level names for "
-                          "tf.nn.linear, tf.nn.relu) are not exported yet (reported)")
 def test_example_mnist_with_auto_shape_inference():
     # Create the model
     x = tf.placeholder(tf.float32)

@@ -1013,8 +1013,6 @@ def test_reductions_of_every_axis_combination_match_numpy():
                     rtol=1e-12, err_msg=f"reduce_{name} axis={axes} keepdims={keepdims}")
 
 
-@pytest.mark.xfail(strict=True, reason="executor.py Session.program_for keys its program "
-                   "cache by id(node); a freed node's id is reused by a new one (reported)")
 def test_one_session_runs_many_short_lived_graphs():
     """A new node may reuse the memory (and id()) of a freed one: the Session must
     still compile the new node, not return the old node's cached program."""

@@ -27,6 +27,8 @@ from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float
 from tinyflow.executor import Program, Session, compile
 from tinyflow.passes import explain as explain  # tf.explain(program): what the passes did
 from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
+from tinyflow.nn import linear, relu  # the original TinyFlow's top-level names
+from tinyflow.shape_ops import pad
 from tinyflow.sublinear import checkpoint
 from tinyflow.ops import (abs, broadcast_to, cast, concat, constant, exp, expand_dims, gather,
                           greater, greater_equal, less, less_equal, log, matmul, maximum,
@@ -41,7 +43,8 @@ __all__ = [
     "gradients", "group", "infer_variable_shapes", "initialize_all_variables", "int32",
     "int64", "normal", "ones", "placeholder", "random_normal", "random_uniform",
     "reduce_max", "reduce_mean", "reduce_sum", "trainable_variables", "zeros",
-    "Program", "Session", "compile", "checkpoint", "FeedError", "Graph", "Node", "ShapeError",
+    "Program", "Session", "compile", "checkpoint", "linear", "relu", "pad",
+    "FeedError", "Graph", "Node", "ShapeError",
     "TinyFlowError", "abs", "broadcast_to", "cast", "concat", "constant", "exp",
     "expand_dims", "gather", "greater", "greater_equal", "less", "less_equal", "log",
     "matmul", "maximum", "minimum", "not_equal", "ones_like", "pow", "reshape",

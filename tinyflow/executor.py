@@ -67,7 +67,8 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
         ok = len(node.shape) == array.ndim and all(
             d is None or d == s for d, s in zip(node.shape, array.shape))
         if not ok:
-            declared = tuple("None" if d is None else d for d in node.shape)
+            declared = "(" + ", ".join(str(d) for d in node.shape) + \
+                ("," if len(node.shape) == 1 else "") + ")"
             raise FeedError(f"feed for placeholder {node.name!r} (created at {node.where}) "
                             f"has shape {array.shape}, expected {declared}")
     return array
@@ -647,9 +648,10 @@ class Session:
         """The compiled Program for these fetches and fed shapes (cached)."""
         var_specs = self._variable_specs(fetches, feeds)
         extra_options = extra_options or {}
-        key = (tuple(sorted(extra_options.items())), tuple(id(f) for f in fetches),
-               tuple((id(n), a.shape, a.dtype.str) for n, a in feeds.items()),
-               tuple((id(v), s, np.dtype(d).str) for v, (s, d) in var_specs.items()))
+        # Keyed by Node.id, never reused (id() of a freed node can come back).
+        key = (tuple(sorted(extra_options.items())), tuple(f.id for f in fetches),
+               tuple((n.id, a.shape, a.dtype.str) for n, a in feeds.items()),
+               tuple((v.id, s, np.dtype(d).str) for v, (s, d) in var_specs.items()))
         program = self._cache.get(key)
         if program is None:
             program = compile(fetches, {n: (a.shape, a.dtype) for n, a in feeds.items()},
@@ -662,11 +664,11 @@ class Session:
     def _variable_specs(self, fetches, feeds) -> dict[Node, tuple]:
         """The current (shape, dtype) of every variable the fetches read. Which
         variables those are is found once per fetches/feeds (a graph walk), not per run."""
-        key = (tuple(id(f) for f in fetches), frozenset(id(n) for n in feeds))
+        key = (tuple(f.id for f in fetches), frozenset(n.id for n in feeds))
         variables = self._variables_read.get(key)
         if variables is None:
             from tinyflow.graph import reachable
-            variables = [n for n in reachable(fetches, key[1])
+            variables = [n for n in reachable(fetches, frozenset(id(n) for n in feeds))
                          if n.op == "variable" and n not in feeds]
             self._variables_read[key] = variables
         specs = {}
