@@ -29,6 +29,7 @@ from tinyflow.ops import (
     register,
     sum_to_like,
     zero_gradient,
+    zeros_like,
 )
 
 # ----------------------------------------------------------------------------------
@@ -90,6 +91,39 @@ def _write(xp, result, out):
         return result
     out[...] = result
     return out
+
+
+
+# bias_add (the original TinyFlow's): add a (C,) bias along dimension 1, the channel
+# axis of NCHW images and the feature axis of (N, C) matrices.
+def _channel_view(b, ndim):
+    return b.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _bias_add_infer(shapes, dtypes, attrs):
+    x, b = shapes
+    if len(x) < 2 or len(b) != 1:
+        raise _Mismatch("bias_add needs x of rank >= 2 and a bias of rank 1")
+    if x[1] is not None and b[0] is not None and x[1] != b[0]:
+        raise _Mismatch(f"bias has {b[0]} entries but dimension 1 of x is {x[1]}")
+    return tuple(x), _result_dtype(dtypes)
+
+
+def _bias_add_compute(xp, x, b, out=None):
+    return xp.add(x, _channel_view(b, x.ndim), out=out)
+
+
+def _bias_grad_compute(xp, g, out=None):
+    axes = (0,) + tuple(range(2, g.ndim))
+    return _write(xp, g.sum(axis=axes), out)
+
+
+register(OpDef("bias_add", _bias_add_compute, _bias_add_infer,
+               lambda n, g: [g, make("bias_grad", g)], inplace=0,
+               doc="x + b along dimension 1 (channels)"))
+register(OpDef("bias_grad", _bias_grad_compute, lambda s, d, a: ((s[0][1],), d[0]),
+               lambda n, g: [make("bias_add", zeros_like(n.inputs[0]), g)],
+               doc="sum over every axis but 1 (gradient of bias_add)"))
 
 
 # ----------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ above asks the registry, never a chain of `if op == ...`:
 
 The user-facing builders (``add``, ``matmul``, ...) live here too, since a builder is
 just "check shapes with the rule, make the Node". Neural-network ops (convolution,
-pooling, softmax, losses, normalisation, dropout) are in `nn_ops.py`, which registers
-them into the same registry.
+pooling, bias_add, softmax, losses, normalisation, dropout) are in `nn_ops.py`, and
+shape ops in `shape_ops.py`; both register into the same registry.
 """
 
 from __future__ import annotations
@@ -637,45 +637,6 @@ def _matmul_grad(n, g):
 
 register(OpDef("matmul", _matmul_compute, _matmul_infer, _matmul_grad,
                doc="batched matrix product, batch dims broadcast like numpy"))
-
-
-# bias_add (the original TinyFlow's): add a (C,) bias along dimension 1, the channel
-# axis of NCHW images and the feature axis of (N, C) matrices.
-def _channel_view(b, ndim):
-    return b.reshape((1, -1) + (1,) * (ndim - 2))
-
-
-def _bias_add_infer(shapes, dtypes, attrs):
-    x, b = shapes
-    if len(x) < 2 or len(b) != 1:
-        raise _Mismatch("bias_add needs x of rank >= 2 and a bias of rank 1")
-    if x[1] is not None and b[0] is not None and x[1] != b[0]:
-        raise _Mismatch(f"bias has {b[0]} entries but dimension 1 of x is {x[1]}")
-    return tuple(x), _result_dtype(dtypes)
-
-
-def _bias_add_compute(xp, x, b, out=None):
-    return xp.add(x, _channel_view(b, x.ndim), out=out)
-
-
-def _bias_grad_compute(xp, g, out=None):
-    axes = (0,) + tuple(range(2, g.ndim))
-    return _write_out(g.sum(axis=axes), out)
-
-
-def _write_out(result, out):
-    if out is None:
-        return result
-    out[...] = result
-    return out
-
-
-register(OpDef("bias_add", _bias_add_compute, _bias_add_infer,
-               lambda n, g: [g, make("bias_grad", g)], inplace=0,
-               doc="x + b along dimension 1 (channels)"))
-register(OpDef("bias_grad", _bias_grad_compute, lambda s, d, a: ((s[0][1],), d[0]),
-               lambda n, g: [make("bias_add", zeros_like(n.inputs[0]), g)],
-               doc="sum over every axis but 1 (gradient of bias_add)"))
 
 
 # ----------------------------------------------------------------------------------
