@@ -1,12 +1,39 @@
 """Array backends: numpy on the CPU, CuPy on an NVIDIA GPU.
 
 Ops receive the array module as `xp` and never import cupy themselves; this file is
-the one place that finds out whether a GPU is there.
+the one place that finds out whether a GPU is there, and the one place that knows
+where numpy and CuPy spell the same thing differently. CuPy copies numpy's API, so
+an op's compute runs unchanged with ``xp = cupy`` except for the few calls below;
+each shim takes `xp` first and does the plain numpy thing when ``xp is numpy``::
+
+    shim           numpy                               CuPy
+    scatter_add    np.add.at                           cupy.add.at or cupyx.scatter_add
+    as_strided     np.lib.stride_tricks.as_strided     cupy.lib.stride_tricks.as_strided
+    errstate       np.errstate                         nothing to set: GPUs never trap
+                                                       floating-point errors
+    to_host        a copy                              ndarray.get() (device -> host)
+    Uploader       the array itself                    host -> device, staged in
+                                                       pinned (page-locked) memory
+    draw_random    numpy Generator                     the same draw, copied over
+    device_copy    the array itself                    one cached device copy
+    step_clock     time.perf_counter                   CUDA events
+
+Installing: ``pip install 'tinyflow[gpu]'`` installs ``cupy-cuda12x``, the CuPy
+wheel built for CUDA 12.x (it needs an NVIDIA driver that supports CUDA 12). On a
+machine with CUDA 11.x, install ``cupy-cuda11x`` instead. Without CuPy or without
+a GPU, ``compile(..., device="cuda")`` raises the TinyFlowError of
+`cuda_array_module`, and the GPU tests skip (`gpu_available`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from tinyflow.graph import TinyFlowError
 
@@ -35,3 +62,234 @@ def cuda_array_module() -> Any:
     if count == 0:
         raise TinyFlowError("device='cuda': CuPy is installed but sees no GPU")
     return cupy
+
+
+def array_module(device: str) -> Any:
+    """numpy for ``"cpu"``, cupy for ``"cuda"`` (or `cuda_array_module`'s error)."""
+    if device == "cpu":
+        return np
+    if device == "cuda":
+        return cuda_array_module()
+    raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
+
+
+def is_device_array(value: Any) -> bool:
+    """True for a CuPy array (found by its type's module: cupy need not be imported)."""
+    return type(value).__module__.split(".")[0] == "cupy"
+
+
+# ----------------------------------------------------------------------------------
+# Calls numpy and CuPy spell differently
+# ----------------------------------------------------------------------------------
+
+def scatter_add(xp: Any, target: Any, indices: Any, values: Any) -> None:
+    """``target[indices] += values`` where repeated indices all add (numpy's
+    ``np.add.at``): the gradient of a gather (the same row picked twice). Older
+    CuPy has no ``ufunc.at``; its spelling is ``cupyx.scatter_add`` (atomic adds, so
+    only the dtypes CUDA's atomicAdd supports: float32 and int32 everywhere)."""
+    add_at = getattr(xp.add, "at", None)  # numpy; CuPy from the version with ufunc.at
+    if add_at is not None:
+        add_at(target, indices, values)
+        return
+    import cupyx
+    cupyx.scatter_add(target, indices, values)
+
+
+def as_strided(xp: Any, x: Any, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    """A view of `x` with the given shape and byte strides (no copy): the windows of
+    im2col. numpy and CuPy keep it in their own ``lib.stride_tricks``."""
+    if xp is np:
+        return np.lib.stride_tricks.as_strided(x, shape=tuple(shape), strides=tuple(strides))
+    import cupy.lib.stride_tricks
+    return cupy.lib.stride_tricks.as_strided(x, shape=tuple(shape), strides=tuple(strides))
+
+
+def errstate(xp: Any, **settings: str | None) -> contextlib.AbstractContextManager:
+    """numpy's floating-point error context (``all="ignore"`` ...). On a GPU there is
+    nothing to set: CUDA kernels never trap or warn on overflow or 0/0, they write
+    Inf and NaN; check mode (executor.py) finds those by looking at the values."""
+    return np.errstate(**settings) if xp is np else contextlib.nullcontext()
+
+
+def to_host(value: Any) -> np.ndarray:
+    """A numpy copy of `value` (a numpy or CuPy array): what a fetch returns, so that
+    later runs never change what the caller holds. CuPy's ``get()`` waits for the
+    kernels that write `value` on the current stream, then copies device -> host."""
+    if is_device_array(value):
+        return value.get()
+    return np.array(value, copy=True)
+
+
+def synchronize(xp: Any) -> None:
+    """Wait until the device has finished everything queued (no-op on the CPU).
+    Kernel launches return at once; a timer read without this times the queueing."""
+    if xp is not np:
+        xp.cuda.Device().synchronize()
+
+
+# Host -> device copies of at least this many bytes are staged in pinned memory.
+# Pageable host memory cannot be read by the GPU's copy engine: the driver first
+# copies it into its own pinned bounce buffer, synchronously. Below ~1 MB the fixed
+# cost of a copy call dominates either way, and the plain copy is simpler.
+PINNED_MIN_BYTES = 1 << 20
+
+
+class Uploader:
+    """Copy host arrays to the device, through reusable pinned staging buffers.
+
+    One per Program: feeds arrive as numpy arrays every run, in the same shapes, so
+    each (shape, dtype) keeps one pinned host buffer. `__call__` copies the feed into
+    it (a host memcpy) and queues the device copy on the current stream
+    (cudaMemcpyAsync), which can overlap kernels already queued. An event recorded
+    after the copy guards the buffer: the next upload into it waits for the copy
+    out of it to finish. With numpy there is nothing to copy: the array is returned.
+    """
+
+    def __init__(self, xp: Any, min_pinned_bytes: int = PINNED_MIN_BYTES) -> None:
+        self.xp = xp
+        self.min_pinned_bytes = min_pinned_bytes
+        self.staging: dict[tuple, list] = {}   # (shape, dtype) -> [pinned array, event]
+        self.lock = threading.Lock()
+
+    def __call__(self, array: np.ndarray) -> Any:
+        xp = self.xp
+        if xp is np or is_device_array(array):
+            return array
+        array = np.ascontiguousarray(array)
+        if array.nbytes < self.min_pinned_bytes:
+            return xp.asarray(array)
+        with self.lock:
+            key = (array.shape, array.dtype.str)
+            entry = self.staging.get(key)
+            if entry is None:
+                import cupyx
+                entry = self.staging[key] = [cupyx.empty_pinned(array.shape, array.dtype),
+                                             None]
+            pinned, pending = entry
+            if pending is not None:
+                pending.synchronize()  # the last copy out of this buffer has finished
+            pinned[...] = array
+            stream = xp.cuda.get_current_stream()
+            device = xp.empty(array.shape, dtype=array.dtype)
+            device.set(pinned, stream=stream)
+            entry[1] = xp.cuda.Event(disable_timing=True)
+            entry[1].record(stream)
+            return device
+
+
+def to_device(xp: Any, array: Any) -> Any:
+    """`array` on the device of `xp` (a plain copy; `Uploader` for repeated feeds)."""
+    if xp is np:
+        return np.asarray(array)
+    return array if is_device_array(array) else xp.asarray(array)
+
+
+def draw_random(xp: Any, rng: np.random.Generator, kind: str, shape: Sequence[int],
+                dtype: Any, a: float = 0.0, b: float = 1.0) -> Any:
+    """Random values of `kind` ("normal": mean a, std b; "uniform": [a, b);
+    "random": [0, 1)) from the numpy Generator `rng`, as an array of `xp`.
+
+    The draw is made on the host even for the GPU, then copied over. cuRAND would
+    be faster, but it draws a different sequence from the same seed; drawing with
+    the one numpy Generator keeps a seeded program's numbers identical on both
+    devices, so a model initialized (or a dropout mask drawn) on the GPU replays on
+    the CPU, and the CPU-vs-GPU differential tests compare equal values. The cost
+    is the copy: 4 MB for a 1024x1024 float32 init, a fraction of a millisecond.
+    """
+    if kind == "normal":
+        draw = rng.normal(a, b, size=tuple(shape))
+    elif kind == "uniform":
+        draw = rng.uniform(a, b, size=tuple(shape))
+    elif kind == "random":
+        draw = rng.random(tuple(shape))
+    else:
+        raise ValueError(f"unknown random kind {kind!r}; use normal, uniform or random")
+    return to_device(xp, draw.astype(dtype, copy=False))
+
+
+# Device copies of constants, by the identity of the object that owns the host
+# array (a ConstValue: one per constant node, alive as long as its graph). The owner
+# is kept in the entry, so its id cannot be reused while the entry exists.
+_device_copies: dict[int, tuple[Any, Any]] = {}
+_device_copies_lock = threading.Lock()
+MAX_DEVICE_COPIES = 4096
+
+
+def device_copy(xp: Any, owner: Any, array: np.ndarray) -> Any:
+    """`array` (owned by `owner`, which never changes it) on the device, copied once.
+
+    A constant node's value is a host array; copying it on every run would put a
+    host -> device copy (and a synchronization) into every step that reads one.
+    With numpy the array itself is returned.
+    """
+    if xp is np:
+        return array
+    hit = _device_copies.get(id(owner))
+    if hit is not None and hit[0] is owner:
+        return hit[1]
+    copy = xp.asarray(array)
+    with _device_copies_lock:
+        if len(_device_copies) >= MAX_DEVICE_COPIES:
+            _device_copies.clear()
+        _device_copies[id(owner)] = (owner, copy)
+    return copy
+
+
+# ----------------------------------------------------------------------------------
+# Timing steps for the timeline
+# ----------------------------------------------------------------------------------
+
+class HostClock:
+    """Seconds since `start()` from the host's perf_counter: right on the CPU, where
+    a step's work is done when its call returns."""
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def mark(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def seconds(self, mark: float) -> float:
+        return mark
+
+    def resolve(self, events: list[dict]) -> None:
+        """Turn the marks in each event's "start" and "end" into seconds (in place)."""
+
+
+class CudaClock:
+    """Marks are CUDA events recorded on the current stream.
+
+    A kernel launch returns before the kernel runs, so a host clock read around a
+    step times the launch, not the work. An event is timestamped by the GPU when the
+    stream reaches it: events recorded before and after a step's kernels, on the
+    step's stream, bracket when they really ran, and steps on two streams show their
+    real overlap. Reading them (`resolve`) waits for the events, so it is done once,
+    after the run, not between steps.
+    """
+
+    def __init__(self, cupy: Any) -> None:
+        self.cupy = cupy
+
+    def start(self) -> None:
+        self.t0 = self.cupy.cuda.Event()
+        self.t0.record()
+
+    def mark(self) -> Any:
+        event = self.cupy.cuda.Event()
+        event.record()  # on the current stream: inside CudaStreams, the step's stream
+        return event
+
+    def seconds(self, mark: Any) -> float:
+        mark.synchronize()
+        return self.cupy.cuda.get_elapsed_time(self.t0, mark) / 1e3  # ms -> s
+
+    def resolve(self, events: list[dict]) -> None:
+        for event in events:
+            for key in ("start", "end"):
+                if not isinstance(event[key], float):
+                    event[key] = self.seconds(event[key])
+
+
+def step_clock(xp: Any) -> HostClock | CudaClock:
+    """The clock a timeline of a program on `xp` is timed with."""
+    return HostClock() if xp is np else CudaClock(xp)
