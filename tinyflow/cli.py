@@ -1,0 +1,209 @@
+"""The `tinyflow` command: train the small models, open the debugger, export, launch.
+
+    tinyflow train NAME [args...]         run tutorials/train_NAME.py (mlp, cnn, charlm, ...)
+    tinyflow debug FILE                   open a DebugRecord in the terminal debugger
+    tinyflow debug --run SCRIPT [args]    run SCRIPT recording a trace, then open it
+    tinyflow export FILE --dot OUT        the graph as Graphviz DOT (--after PASS)
+    tinyflow export FILE --perfetto OUT   the timelines as Perfetto / chrome://tracing JSON
+    tinyflow launch -n N SCRIPT [args]    data-parallel: N ranks running SCRIPT
+
+The debugger and the exporters live in the separate `viz` package (the `viz` extra),
+which reads the DebugRecord files TinyFlow writes; tinyflow never imports it. The
+commands here run `python -m viz ...` in a child process, so the core library keeps
+numpy as its only dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import tinyflow
+
+__all__ = ["main", "tutorials_dir", "training_scripts"]
+
+_VIZ_MISSING = ("the debugger and exporters are in the viz extra, which is not installed: "
+                "pip install 'tinyflow[viz]'")
+
+
+def tutorials_dir() -> Path:
+    """The tutorials folder of the checkout this tinyflow was imported from."""
+    return Path(tinyflow.__file__).resolve().parents[1] / "tutorials"
+
+
+def training_scripts() -> dict[str, Path]:
+    """{name: path} for every tutorials/train_NAME.py."""
+    folder = tutorials_dir()
+    if not folder.is_dir():
+        return {}
+    return {p.stem[len("train_"):]: p for p in sorted(folder.glob("train_*.py"))}
+
+
+class CommandError(Exception):
+    """A user mistake on the command line: printed as `tinyflow: error: ...`, exit 2."""
+
+
+# ----------------------------------------------------------------------------------
+# Commands
+# ----------------------------------------------------------------------------------
+
+def _train(args: argparse.Namespace) -> int:
+    scripts = training_scripts()
+    if args.name not in scripts:
+        if not scripts:
+            raise CommandError(f"no training scripts: {tutorials_dir()} is missing (the "
+                               "scripts ship with a checkout of the TinyFlow repository, "
+                               "not with the wheel)")
+        raise CommandError(f"no training script named {args.name!r}; available: "
+                           f"{', '.join(scripts)}")
+    return _run_script(scripts[args.name], args.script_args)
+
+
+def _run_script(path: Path, script_args: Sequence[str]) -> int:
+    """Run a Python file as __main__ in this process, as `python FILE args` would."""
+    saved_argv = sys.argv
+    sys.argv = [str(path), *script_args]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as stop:  # the script's own exit (argparse's --help, errors)
+        code = stop.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    finally:
+        sys.argv = saved_argv
+    return 0
+
+
+def _viz(arguments: Sequence[str]) -> int:
+    """Run `python -m viz ARGUMENTS` and return its exit status."""
+    if importlib.util.find_spec("viz") is None:
+        raise CommandError(_VIZ_MISSING)
+    return subprocess.call([sys.executable, "-m", "viz", *arguments])
+
+
+def _debug(args: argparse.Namespace) -> int:
+    if args.run is None:
+        if args.file is None:
+            raise CommandError("debug needs a DebugRecord FILE, or --run SCRIPT [args]")
+        if not Path(args.file).is_file():
+            raise CommandError(f"no such file: {args.file}")
+        return _viz([args.file])
+
+    # --run SCRIPT: the script runs in a child process with TINYFLOW_TRACE set, which
+    # makes tinyflow.debug record every Session.run into that file.
+    if args.file is not None:
+        raise CommandError("debug takes a FILE or --run SCRIPT, not both")
+    if not args.run:
+        raise CommandError("debug --run needs a SCRIPT")
+    if importlib.util.find_spec("viz") is None:
+        raise CommandError(_VIZ_MISSING)
+    script, script_args = Path(args.run[0]), args.run[1:]
+    if not script.is_file():
+        raise CommandError(f"no such script: {script}")
+    trace = Path(tempfile.mkdtemp(prefix="tinyflow-debug-")) / f"{script.stem}.trace.json"
+    env = dict(os.environ, TINYFLOW_TRACE=str(trace))
+    status = subprocess.call([sys.executable, str(script), *script_args], env=env)
+    if not trace.is_file():
+        raise CommandError(f"{script} wrote no trace to {trace} (exit status {status}); "
+                           "did it run a tf.Session?")
+    print(f"tinyflow: trace of {script} written to {trace}", file=sys.stderr)
+    return _viz([str(trace)])
+
+
+def _export(args: argparse.Namespace) -> int:
+    if not Path(args.file).is_file():
+        raise CommandError(f"no such file: {args.file}")
+    command = ["export", args.file]
+    if args.dot is not None:
+        command += ["--dot", args.dot]
+    else:
+        command += ["--perfetto", args.perfetto]
+    if args.after is not None:
+        command += ["--after", args.after]
+    return _viz(command)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    if args.n < 1:
+        raise CommandError(f"launch -n must be >= 1, got {args.n}")
+    if not Path(args.script).is_file():
+        raise CommandError(f"no such script: {args.script}")
+    try:
+        from tinyflow.allreduce import launch
+    except ImportError as err:
+        raise CommandError(f"launch needs tinyflow.allreduce, which failed to import: {err}"
+                           ) from None
+    status = launch(args.n, args.script, list(args.script_args))
+    return status if isinstance(status, int) else 0
+
+
+# ----------------------------------------------------------------------------------
+# Parser
+# ----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tinyflow", description="TinyFlow: train the small models, debug, export, "
+        "launch data-parallel runs.")
+    parser.add_argument("--version", action="version",
+                        version=f"tinyflow {tinyflow.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    names = ", ".join(training_scripts()) or "none found"
+    train = commands.add_parser(
+        "train", help="run a training script from tutorials/",
+        description=f"Run tutorials/train_NAME.py; the remaining arguments go to the "
+        f"script (`tinyflow train mlp --help` shows them). Available: {names}.")
+    train.add_argument("name", metavar="NAME")
+    train.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    train.set_defaults(handler=_train)
+
+    debug = commands.add_parser(
+        "debug", help="open a DebugRecord in the terminal debugger",
+        description="Open FILE (a DebugRecord) in the terminal debugger, or with --run "
+        "run SCRIPT with tracing on and then open what it recorded.")
+    debug.add_argument("file", nargs="?", metavar="FILE")
+    debug.add_argument("--run", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
+                       help="run SCRIPT (with ARGS) recording a trace, then open it")
+    debug.set_defaults(handler=_debug)
+
+    export = commands.add_parser(
+        "export", help="export a DebugRecord as Graphviz DOT or Perfetto JSON")
+    export.add_argument("file", metavar="FILE")
+    target = export.add_mutually_exclusive_group(required=True)
+    target.add_argument("--dot", metavar="OUT", help="write the graph as DOT")
+    target.add_argument("--perfetto", metavar="OUT", help="write the timelines as "
+                        "Perfetto (chrome://tracing) JSON")
+    export.add_argument("--after", metavar="PASS", help="the graph after this pass "
+                        "(default: the last)")
+    export.set_defaults(handler=_export)
+
+    launch = commands.add_parser(
+        "launch", help="run SCRIPT on N data-parallel ranks",
+        description="Run SCRIPT on N ranks that average gradients with a ring allreduce.")
+    launch.add_argument("-n", type=int, required=True, metavar="N", help="number of ranks")
+    launch.add_argument("script", metavar="SCRIPT")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
+    launch.set_defaults(handler=_launch)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `tinyflow` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except CommandError as err:
+        parser.exit(2, f"tinyflow: error: {err}\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
