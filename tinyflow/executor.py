@@ -20,14 +20,13 @@ a `None` batch dimension specializes at run time.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tinyflow import memory, sublinear
+from tinyflow import backend, memory, sublinear
 from tinyflow import passes as passes_mod
 from tinyflow.graph import FeedError, Graph, Node, TinyFlowError, ordering_dependencies
 from tinyflow.ops import REGISTRY
@@ -141,6 +140,7 @@ class Program:
     device: str = "cpu"
     xp: Any = np
     runner: Any = None
+    uploader: Any = None            # host -> device copies of feeds (GPU only)
     # The Session's variable store, shared with the assign kernels (set by `run`).
     store_ref: list = field(default_factory=lambda: [None])
     timelines: list = field(default_factory=list)
@@ -163,7 +163,8 @@ class Program:
         values = list(self.slot_template)
         xp = self.xp
         for node, slot in self.feed_slots:
-            values[slot] = feeds[node] if xp is np else xp.asarray(feeds[node])
+            # On a GPU, feeds go to the device once per run (through pinned buffers).
+            values[slot] = feeds[node] if xp is np else self.uploader(feeds[node])
         for var, slot, write_only in self.variable_slots:
             if var not in store:
                 if write_only:  # a first tf.assign gives it a value
@@ -171,7 +172,10 @@ class Program:
                 raise ExecutionError(f"variable {var.name!r} (created at {var.where}) is "
                                      "used before it has a value; run "
                                      "tf.global_variables_initializer() first")
-            values[slot] = store[var]
+            value = store[var]
+            if xp is not np and not backend.is_device_array(value):
+                value = store[var] = xp.asarray(value)  # a value the user set on the host
+            values[slot] = value
         self.runs += 1
         opts = self.options
         if self.runner is None and not (opts["trace"] or opts["poison"]
@@ -181,8 +185,9 @@ class Program:
             self.runner.run(lambda k: self._run_lean_step(k, values))
         else:
             timeline: list[dict] | None = [] if opts["trace"] else None
-            start = time.perf_counter()
-            run_step = lambda k: self._run_step(k, values, timeline, start)  # noqa: E731
+            clock = backend.step_clock(xp)  # host time on the CPU, CUDA events on a GPU
+            clock.start()
+            run_step = lambda k: self._run_step(k, values, timeline, clock)  # noqa: E731
             try:
                 if self.runner is None:
                     for k in range(len(self.steps)):
@@ -192,11 +197,11 @@ class Program:
             finally:
                 # Kept also when a step failed: the steps before a NaN show how it came.
                 if timeline is not None:
+                    clock.resolve(timeline)
                     timeline.sort(key=lambda e: e["start"])
                     self.timelines.append(timeline)
                     del self.timelines[:-MAX_KEPT_TIMELINES]
-        to_host = getattr(xp, "asnumpy", None)
-        return [None if v is None else (to_host(v) if to_host else np.array(v, copy=True))
+        return [None if v is None else backend.to_host(v)
                 for v in (values[s] for s in self.fetch_slots)]
 
     def _run_serial(self, values: list) -> None:
@@ -252,11 +257,11 @@ class Program:
         for slot in step.free_after:
             values[slot] = None
 
-    def _run_step(self, k: int, values: list, timeline: list | None, t0: float) -> None:
+    def _run_step(self, k: int, values: list, timeline: list | None, clock: Any) -> None:
         """Run step k with the instrumentation the options ask for (any stream)."""
         step = self.steps[k]
         xp = self.xp
-        began = time.perf_counter()
+        began = clock.mark()
         # Check mode reports NaN/Inf itself, naming the node: numpy's warnings would
         # only repeat it without saying where.
         with np.errstate(all="ignore" if self.options["check_numerics"] else None):
@@ -268,11 +273,9 @@ class Program:
                                                                summary["inf"]):
                 self._numerics_failure(step, result, summary)
         if timeline is not None:
-            if self.runner is not None and self.device == "cuda":
-                xp.cuda.get_current_stream().synchronize()  # real kernel end time
             timeline.append({"step": k, "node": step.node.name, "op": step.node.op,
-                             "stream": step.stream, "start": began - t0,
-                             "end": time.perf_counter() - t0, "bytes": step.nbytes,
+                             "stream": step.stream, "start": began,
+                             "end": clock.mark(), "bytes": step.nbytes,
                              "summary": summary if self.options["trace_values"] else None})
         for slot in step.free_after:
             values[slot] = None
@@ -443,8 +446,12 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     plan = arena = None
     if opts["memory"] is not None:
         plan, arena = _plan_and_bind(steps, deps, schedule, keep, slot_template, opts, xp)
-    else:
+    elif device != "cuda" or len(set(schedule.stream_of)) == 1:
+        # (On a GPU with several streams, dropping a value once its last reader is
+        # *issued* would let CuPy's pool hand its memory to another stream while the
+        # reader still runs: values then live to the end of the run.)
         _free_after_last_use(steps, keep, schedule)
+    if opts["memory"] is None:
         for step in steps:
             step.copy_views = (step.node.op not in NO_ARENA_OPS and
                                any(i.op == "variable" for i in step.node.inputs))
@@ -454,7 +461,8 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
         runner = runner_class(schedule, node_names, timeout=opts["wait_timeout"])
     program = Program(graph, steps, feed_slots, variable_slots,
                       [slot_of[id(f)] for f in graph.outputs], ctx, schedule, plan, arena,
-                      slot_template, opts, device, xp, runner, store_ref)
+                      slot_template, opts, device, xp, runner,
+                      backend.Uploader(xp) if device == "cuda" else None, store_ref)
     if opts["debug"]:
         from tinyflow import debug
         debug.attach(program, opts["debug"])

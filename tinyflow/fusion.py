@@ -321,6 +321,9 @@ def scratch_bytes(program: Program, shapes: Sequence[tuple], dtypes: Sequence[An
 
 
 def _fused_elementwise_compute(xp, *arrays, out=None, program=()):
+    if xp is not np:  # on a GPU the program becomes one generated CUDA kernel (gpu.py)
+        from tinyflow import gpu
+        return gpu.fused_compute(xp, *arrays, out=out, program=program)
     plan = _last_plan.get(id(program))  # the common case, inline: this node's plan
     if plan is None or plan.program is not program or plan.xp is not xp \
             or plan.signature != [(a.shape, a.dtype) for a in arrays]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tinyflow import backend
 from tinyflow.graph import Node
 from tinyflow.ops import (
     OpDef,
@@ -69,8 +70,7 @@ def _windows(xp, x, kh, kw, sh, sw, padding, fill=0.0):
     n, c, hp, wp = x.shape
     oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
     s0, s1, s2, s3 = x.strides
-    return xp.lib.stride_tricks.as_strided(
-        x, shape=(n, c, oh, ow, kh, kw), strides=(s0, s1, s2 * sh, s3 * sw, s2, s3))
+    return backend.as_strided(xp, x, (n, c, oh, ow, kh, kw), (s0, s1, s2 * sh, s3 * sw, s2, s3))
 
 
 def _scatter_windows(xp, cols, x_shape, kh, kw, sh, sw, padding):
@@ -479,8 +479,8 @@ def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Node:
 
 def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0, generators=None):
     from tinyflow.ops import generator
-    keep = generator(seed, generators).random(x.shape) >= rate
-    mask = xp.asarray(keep.astype(x.dtype) / (1.0 - rate))
+    keep = backend.to_device(xp, generator(seed, generators).random(x.shape) >= rate)
+    mask = keep.astype(x.dtype) / (1.0 - rate)
     return _write(xp, mask, out)
 
 

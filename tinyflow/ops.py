@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyflow import backend
 from tinyflow.graph import Node, ShapeError
 
 # ----------------------------------------------------------------------------------
@@ -237,7 +238,8 @@ for _name, _doc in [("placeholder", "A value fed at run time (feed_dict)."),
 
 
 def _constant_compute(xp, out=None, value=None):
-    return value.array if xp is np else xp.asarray(value.array)
+    # On a GPU, one device copy per constant, made on first use (not every run).
+    return value.array if xp is np else backend.device_copy(xp, value, value.array)
 
 
 register(OpDef("constant", _constant_compute,
@@ -287,8 +289,7 @@ def _random_compute(kind):
     def compute(xp, out=None, shape=(), dtype="float32", a=0.0, b=1.0, seed=0,
                 generators=None):
         rng = generator(seed, generators)
-        draw = rng.normal(a, b, size=shape) if kind == "normal" else rng.uniform(a, b, size=shape)
-        draw = xp.asarray(draw.astype(dtype))
+        draw = backend.draw_random(xp, rng, kind, shape, dtype, a, b)
         if out is not None:
             out[...] = draw
             return out

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyflow import backend
 from tinyflow.ops import (
     OpDef,
     _axis_attr,
@@ -338,7 +339,7 @@ def _scatter_rows_compute(xp, g, indices, ref, out=None):
         out.fill(0)
     rows = indices.astype(np.int64, copy=False).reshape(-1)
     # add.at sums repeated indices (the same token twice in a batch).
-    xp.add.at(result, rows, g.reshape((rows.size,) + ref.shape[1:]))
+    backend.scatter_add(xp, result, rows, g.reshape((rows.size,) + ref.shape[1:]))
     return result
 
 

@@ -366,6 +366,12 @@ class CudaStreams:
 
     def run(self, run_step: Callable[[int], None]) -> None:
         cuda = self.cupy.cuda
+        # Our streams are non-blocking: they would not wait for the feed uploads and
+        # the arena set-up queued on the default stream. One event makes them wait.
+        ready = cuda.Event(disable_timing=True)
+        ready.record()
+        for stream in self.streams:
+            stream.wait_event(ready)
         events = [cuda.Event(disable_timing=True) if r else None
                   for r in self.schedule.records]
         for b, s in enumerate(self.schedule.stream_of):
