@@ -1,4 +1,4 @@
-"""Checkpoints (tinyflow/checkpoint.py): round trips, refusals, no pickle, atomic writes."""
+"""Checkpoints (tinyflow/saver.py): round trips, refusals, no pickle, atomic writes."""
 
 import json
 import pickle
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tinyflow as tf
-from tinyflow.checkpoint import CheckpointError, Saver, read_checkpoint
+from tinyflow.saver import CheckpointError, Saver, read_checkpoint
 
 
 def _model():

@@ -2,6 +2,8 @@
 
 `Saver` follows TF1's `tf.train.Saver`: build it once over a list of Variables (all
 of them by default), then `saver.save(sess, path)` and `saver.restore(sess, path)`.
+(The module is `saver`, not `checkpoint`: `tf.checkpoint` is the gradient
+checkpointing marker, and a submodule of that name would replace it on import.)
 
 The file is a plain numpy `.npz` archive (a zip of `.npy` arrays) plus one manifest
 entry, a JSON document that names every array with its shape and dtype:

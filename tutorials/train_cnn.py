@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import tinyflow as tf
 from tinyflow import debug
-from tinyflow.checkpoint import Saver
+from tinyflow.saver import Saver
 from tinyflow.data import load_digits, minibatches
 
 
