@@ -132,11 +132,13 @@ def check_06(out: str) -> None:
 def check_07(out: str) -> None:
     gpu = re.search(r"^GPU available: (True|False)$", out, re.M)
     assert gpu
-    assert "cupy.ElementwiseKernel(" in out and "T t0 = x0 * x1;" in out
+    assert re.search(r"^// \w+: ElementwiseKernel$", out, re.M)       # generated without a GPU
+    assert re.search(r"^float t0 = x0 \* x1;", out, re.M)
+    assert re.search(r"^// \w+: ReductionKernel over axis=None", out, re.M)
     if gpu.group(1) == "True":
         cpu_loss = number(r"\(CPU ([\d.]+)\)", out)
         assert number(r"^GPU: loss ([\d.]+)", out) == pytest.approx(cpu_loss, rel=1e-4)
-        assert "generated kernel matches the CPU: True" in out
+        assert number(r"^generated kernels launched: (\d+)", out) >= 1
     else:
         cpu_loss = number(r"^CPU: loss ([\d.]+);", out)
         assert number(r"with streams=2 on the CPU: loss ([\d.]+);", out) == pytest.approx(cpu_loss)

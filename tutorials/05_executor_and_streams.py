@@ -38,7 +38,7 @@ rng = np.random.default_rng(0)
 # the final sum. Nothing orders the left chain against the right one.
 
 # %%
-N = 256
+N = 512
 a = tf.placeholder(tf.float32, (N, N), name="a")
 b = tf.placeholder(tf.float32, (N, N), name="b")
 left, right = a, b
@@ -104,6 +104,9 @@ assert np.isclose(serial.run(values, {})[0], parallel.run(values, {})[0], rtol=1
 #   inside a matrix product, so two threads really multiply at once on two cores.
 #   How much they overlap depends on your machine and what else it is doing; on a
 #   GPU the same schedule runs on CUDA streams.
+# * Overlap is not yet speedup: compare the two run times. Two streams finish
+#   sooner only when there are two cores' worth of compute free; on a busy machine
+#   each matmul simply takes twice as long while the other stream runs.
 # * If your BLAS library already uses every core for one matmul, two streams
 #   compete for the same cores; try `OMP_NUM_THREADS=1 python
 #   tutorials/05_executor_and_streams.py` to see the streams alone at work.

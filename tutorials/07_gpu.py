@@ -8,17 +8,20 @@
 #
 # 1. **`xp = cupy`**: arrays live in GPU memory and every `xp.*` call launches a
 #    kernel (asynchronously: the host only queues it);
-# 2. **generated kernels**: a fused elementwise node should be *one* GPU kernel
-#    (on the CPU it is one Python function calling numpy per instruction);
+# 2. **generated kernels**: a fused elementwise node becomes *one* CUDA kernel,
+#    generated from its program (on the CPU it is one Python function calling
+#    numpy per instruction);
 # 3. **CUDA streams**: `CudaStreams` issues every step from one host thread, each
 #    on its stream, with `stream.wait_event` where the schedule says "wait".
 #
 # This lesson runs the GPU part where a GPU is (`tinyflow.backend.gpu_available()`)
 # and explains it otherwise; the CPU part always runs.
 #
-# **Read along:** `tinyflow/backend.py` (twenty lines), `compile(device=...)` in
-# `tinyflow/executor.py`, `CudaStreams` in `tinyflow/streams.py`, and
-# `_generate` / `generated_source` in `tinyflow/fusion.py`.
+# **Read along:** `tinyflow/backend.py` (the module docstring's table of the few
+# calls numpy and CuPy spell differently), `compile(device=...)` in
+# `tinyflow/executor.py`, `CudaStreams` in `tinyflow/streams.py`,
+# `generated_source` in `tinyflow/fusion.py` and the module docstring and
+# `kernel_source` of `tinyflow/gpu.py`.
 
 # %%
 import inspect
@@ -26,7 +29,7 @@ import inspect
 import numpy as np
 
 import tinyflow as tf
-from tinyflow import fusion, ops
+from tinyflow import fusion, gpu, ops
 from tinyflow.backend import gpu_available
 
 HAVE_GPU = gpu_available()
@@ -40,7 +43,9 @@ if not HAVE_GPU:
 #
 # A kernel is written against the numpy API, which CuPy copies. Here are two
 # compute functions from `ops.py`; on the GPU they get `xp = cupy` and the very
-# same lines launch CUDA kernels.
+# same lines launch CUDA kernels. (Where the two libraries spell something
+# differently, `np.add.at` against `cupyx.scatter_add` for instance, the op calls
+# a shim in `backend.py` that takes `xp` first.)
 
 # %%
 print(inspect.getsource(ops._relu_compute))
@@ -76,88 +81,54 @@ print(f"CPU: loss {cpu_loss:.6f}; steps: {[s.node.op for s in cpu.steps]}")
 #
 # The fusion pass turned `tanh(h * c + 1) - h` into one `fused_elementwise` node
 # that holds a small program. On the CPU, `fusion.py` writes that program as a
-# Python function (one numpy call per instruction, temporaries reused):
+# Python function: still one numpy call per instruction, with the temporaries
+# reused.
 
 # %%
 fused = next(s.node for s in cpu.steps if s.node.op == "fused_elementwise")
 program = fused.attrs["program"]
+input_dtypes = [i.dtype for i in fused.inputs]
 print(fusion.format_program(program))
-print(fusion.generated_source(program, [i.shape for i in fused.inputs],
-                              [i.dtype for i in fused.inputs]))
+print(fusion.generated_source(program, [i.shape for i in fused.inputs], input_dtypes))
 
 # %% [markdown]
-# On a GPU each numpy call would be a separate kernel that reads and writes the
-# whole array in GPU memory: four trips through memory for four instructions.
-# A GPU compiler (XLA, TVM, Triton) instead generates *one* kernel whose loop body
-# does all instructions on one element held in registers. For elementwise
-# programs that code generator is short; here is one for CuPy's
-# `ElementwiseKernel` (a CUDA C loop body per element):
+# On a GPU, one call per instruction would be one kernel launch each, and every
+# launch reads its operands from device memory and writes its result back: four
+# trips through memory for four instructions, and elementwise kernels are bound
+# by exactly that traffic. `tinyflow/gpu.py` writes the whole program as *one*
+# CUDA kernel instead: each thread reads its element of every input once, keeps
+# the temporaries in registers (C local variables) and writes the output once.
+# Generating the source needs no GPU:
 
 # %%
-CUDA_EXPRESSIONS = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}",
-                    "div": "{0} / {1}", "neg": "-{0}", "exp": "exp({0})",
-                    "log": "log({0})", "tanh": "tanh({0})", "sqrt": "sqrt({0})",
-                    "relu": "max({0}, (T)0)", "sigmoid": "(T)1 / ((T)1 + exp(-{0}))"}
-
-
-def cuda_kernel_body(program) -> str:
-    """The CUDA C statements that compute `program` for one element: registers
-    t0, t1, ... become local variables, inputs x0, x1, ... are the kernel's inputs."""
-    lines = []
-    for k, (op, operands, attrs) in enumerate(program):
-        if op not in CUDA_EXPRESSIONS or attrs:
-            raise NotImplementedError(f"no CUDA expression for {op} {attrs}")
-        lines.append(f"T t{k} = {CUDA_EXPRESSIONS[op].format(*operands)};")
-    lines.append(f"y = t{len(program) - 1};")
-    return "\n".join(lines)
-
-
-body = cuda_kernel_body(program)
-inputs = ", ".join(f"T x{i}" for i in range(len(fused.inputs)))
-print(f'cupy.ElementwiseKernel("{inputs}", "T y",\n"""\n{body}\n""")')
-assert body.count("T t") == len(program)
+source = gpu.kernel_source(program, input_dtypes)
+print(source.listing())
+assert isinstance(source, gpu.ElementwiseSource)
+assert source.operation.count("/* t") == len(program)    # one line per instruction
 
 # %% [markdown]
-# To run such a kernel we need the fused node's inputs: here the matmul's output,
-# the placeholder `c` and a constant. The same function gives them as numpy or
-# CuPy arrays; on the CPU we check it against the fused node's own kernel.
-
-# %%
-fed = {"x": values[x], "w": values[w], "c": values[c]}
-
-
-def fused_input_values(xp) -> list:
-    """The values of the fused node's inputs, as arrays of array module `xp`."""
-    arrays = []
-    for node in fused.inputs:
-        if node.op == "constant":
-            arrays.append(xp.asarray(node.attrs["value"].array))
-        elif node.op == "placeholder":
-            arrays.append(xp.asarray(fed[node.name]))
-        elif node.op == "matmul":
-            arrays.append(xp.asarray(fed["x"]) @ xp.asarray(fed["w"]))
-        else:
-            raise NotImplementedError(f"input {node.name} ({node.op})")
-    return arrays
-
-
-on_cpu = ops.REGISTRY["fused_elementwise"].compute(np, *fused_input_values(np),
-                                                    program=program)
-assert np.allclose(on_cpu, cpu_y, rtol=1e-5, atol=1e-5)
-
-# %% [markdown]
-# ### Exercise: extend the code generator
+# Things to notice: each C type comes from the op's own shape/dtype rule (the
+# registry is the one source of truth), and the kernel takes `cupy`'s numpy-style
+# broadcasting for free (`x2` is the scalar constant 1.0). On the GPU, the fused
+# op's compute (`gpu.fused_compute`) builds this kernel once per program and
+# input dtypes, caches it, and launches it into the planned `out`.
 #
-# `cuda_kernel_body` knows a handful of ops. Add `abs` (CUDA's `fabs`) and check
-# it on a program that uses it. (Solution filled in; then try an op with an
-# attribute, such as `pow` with a constant exponent, and decide where the
-# constant should go.)
+# ### Exercise: a fused reduction
+#
+# A program that ends in a reduction becomes a `cupy.ReductionKernel`: the
+# elementwise part is its *map* expression, so the tensor being reduced is never
+# stored at all. Write the program for `sum((a - b) * (a - b))` and look at its
+# kernel. (Solution filled in; then try `max` instead of `sum`, or float16 inputs,
+# which the kernel computes in float and rounds at every store, as numpy does.)
 
 # %%
-CUDA_EXPRESSIONS["abs"] = "fabs({0})"
-test_program = (("abs", ("x0",), ()), ("mul", ("t0", "x1"), ()))
-print(cuda_kernel_body(test_program))
-assert "fabs(x0)" in cuda_kernel_body(test_program)
+squared_error = (("sub", ("x0", "x1"), ()),
+                 ("mul", ("t0", "t0"), ()),
+                 ("sum", ("t1",), (("axis", None), ("keepdims", False))))
+reduction = gpu.kernel_source(squared_error, [np.dtype("float32")] * 2)
+print(reduction.listing())
+assert isinstance(reduction, gpu.ReductionSource)
+assert "x0 - x1" in reduction.preamble and reduction.reduce_expr == "a + b"
 
 # %% [markdown]
 # ## 4. Running on the GPU
@@ -167,9 +138,9 @@ assert "fabs(x0)" in cuda_kernel_body(test_program)
 # are copied there, fetched values are copied back. With `streams=2`, a graph with
 # independent branches (lesson 5's) runs on `CudaStreams`: the same `Schedule` as
 # on the CPU, its waits now CUDA events. (This model is one chain, so it keeps to
-# one stream.)
-# Where a GPU is, this cell runs the model there, checks it against the CPU, and
-# runs our generated kernel; elsewhere it says what it would do.
+# one stream.) Where a GPU is, this cell runs the model there, checks it against
+# the CPU and counts the generated kernels it launched; elsewhere it says what it
+# would do, and runs the CPU side.
 
 # %%
 def describe_runner(program) -> str:
@@ -180,29 +151,26 @@ def describe_runner(program) -> str:
 
 
 if HAVE_GPU:
-    import cupy
-
-    gpu = tf.compile([loss, y], feeds, device="cuda", streams=2)
-    gpu_loss, gpu_y = gpu.run(values, {})
-    print(f"GPU: loss {gpu_loss:.6f} (CPU {cpu_loss:.6f}); {describe_runner(gpu)}; "
-          f"arena: {type(gpu.arena).__module__}.{type(gpu.arena).__name__}")
+    launches = gpu.stats["launches"]
+    on_gpu = tf.compile([loss, y], feeds, device="cuda", trace=True)
+    gpu_loss, gpu_y = on_gpu.run(values, {})
+    print(f"GPU: loss {gpu_loss:.6f} (CPU {cpu_loss:.6f}); {describe_runner(on_gpu)}; "
+          f"arena: {type(on_gpu.arena).__module__}.{type(on_gpu.arena).__name__}")
+    print(f"generated kernels launched: {gpu.stats['launches'] - launches}")
+    for event in on_gpu.last_timeline:
+        print(f"  {event['op']:<18} {(event['end'] - event['start']) * 1e6:8.1f} us")
     assert np.allclose(gpu_loss, cpu_loss, rtol=1e-4)
     assert np.allclose(gpu_y, cpu_y, rtol=1e-4, atol=1e-4)
-
-    kernel = cupy.ElementwiseKernel(inputs, "T y", body, "fused_tail")
-    generated = cupy.asnumpy(kernel(*fused_input_values(cupy)))
-    print("generated kernel matches the CPU:",
-          np.allclose(generated, cpu_y, rtol=1e-4, atol=1e-4))
-    assert np.allclose(generated, cpu_y, rtol=1e-4, atol=1e-4)
+    assert gpu.stats["launches"] > launches
 else:
     print("On a GPU this cell would:\n"
-          "  * compile with device='cuda', streams=2: arena = cupy.zeros(...) on the\n"
-          "    device, runner = CudaStreams (one host thread queues every step on its\n"
-          "    stream; waits become stream.wait_event(event));\n"
-          "  * run it and compare loss and y with the CPU run above (rtol 1e-4: GPU\n"
-          "    kernels sum in a different order);\n"
-          "  * compile the ElementwiseKernel printed above and check that it computes\n"
-          "    the fused node's values in one kernel.")
+          "  * compile with device='cuda': arena = one cupy.zeros(...) buffer in device\n"
+          "    memory; the fused node runs as the generated kernel printed above;\n"
+          "  * run it and compare loss and y with the CPU run (rtol 1e-4: GPU kernels\n"
+          "    sum in a different order), and count the generated kernels launched;\n"
+          "  * print the timeline, timed with CUDA events (backend.CudaClock): a kernel\n"
+          "    launch returns before the kernel runs, so host clocks would time the\n"
+          "    launch, not the work.")
     cpu2 = tf.compile([loss, y], feeds, device="cpu", streams=2)
     print(f"Meanwhile, with streams=2 on the CPU: loss {cpu2.run(values, {})[0]:.6f}; "
           f"{describe_runner(cpu2)}")
