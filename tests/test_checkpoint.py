@@ -1,6 +1,7 @@
 """Checkpoints (tinyflow/saver.py): round trips, refusals, no pickle, atomic writes."""
 
 import json
+import os
 import pickle
 import zipfile
 from pathlib import Path
@@ -193,3 +194,13 @@ def test_save_is_atomic(tmp_path, monkeypatch):
         saver.save(sess, path)
     assert path.read_bytes() == good          # the old checkpoint is whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz"]  # no temp file left
+
+
+def test_saved_file_has_ordinary_permissions(tmp_path):
+    sess, variables = _model()
+    umask = os.umask(0o022)
+    try:
+        path = Saver(variables).save(sess, tmp_path / "m.npz")
+    finally:
+        os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o644  # not mkstemp's private 0600

@@ -119,6 +119,11 @@ class Saver:
         handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
                                             dir=directory)
         try:
+            # mkstemp makes the file private (0600); give it the mode a plain open()
+            # would have (0666 less the umask), as users expect of a saved model.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp_name, 0o666 & ~umask)
             with os.fdopen(handle, "wb") as tmp:
                 np.savez(tmp, **entries)
                 tmp.flush()
