@@ -7,7 +7,8 @@ asserts (its exercises' checks) are part of the test. The checks on the printed
 output compare numbers the lesson printed with each other (a planned arena is
 between its lower bound and the naive size, a loss falls), not with constants.
 BLAS is limited to one thread per child so that parallel test workers do not fight
-over the cores; the whole file takes about 40 s on 2 cores.
+over the cores; the whole file takes 10-20 s on 2 cores, most of it the quick
+training runs.
 """
 
 from __future__ import annotations
