@@ -33,8 +33,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import tinyflow as tf
 from tinyflow import debug
-from tinyflow.saver import Saver
 from tinyflow.data import load_digits, minibatches
+from tinyflow.saver import Saver
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
