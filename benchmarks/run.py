@@ -56,6 +56,10 @@ def module_name(path: Path) -> str:
 def load_module(path: Path) -> ModuleType:
     """Import a benchmark file by path (benchmarks/ is a folder of scripts, not a
     package) under the name ``benchmarks.<stem>``."""
+    # Benchmark files may share helpers (executor_bench uses core_bench's timers):
+    # their folder goes on sys.path, as when a script there is run directly.
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(f"benchmarks.{path.stem}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
