@@ -116,3 +116,6 @@ class AdamOptimizer(Optimizer):
 SGD = GradientDescentOptimizer
 Momentum = MomentumOptimizer
 Adam = AdamOptimizer
+
+# tf.train.Saver lives in saver.py (checkpoints of Variables); TF1 spells it here.
+from tinyflow.saver import CheckpointError, Saver  # noqa: E402, F401
