@@ -22,12 +22,14 @@ What each rank does, every step (Horovod's recipe):
    rank would take with batch N*b, and the replicas never drift apart.
 
 Rank 0 starts everyone from its initial weights (broadcast_variables), shows the
-progress bar, reports test accuracy and time, and saves a checkpoint (.npz).
+progress bar, reports test accuracy and time, saves a checkpoint (tf.train.Saver), and
+with --trace FILE writes rank 0's DebugRecord.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -44,6 +46,7 @@ import tinyflow as tf
 from tinyflow.allreduce import ThreadTransport, init_communicator, ring_allreduce, run_threads
 from tinyflow.data import load_digits, minibatches
 from tinyflow.parallel import DistributedOptimizer, broadcast_variables
+from tinyflow.saver import Saver
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,6 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds a rank waits for a peer before giving up")
     parser.add_argument("--checkpoint", default="checkpoints/digits_data_parallel.npz")
+    parser.add_argument("--trace", metavar="FILE",
+                        help="write rank 0's DebugRecord (tinyflow debug FILE)")
     parser.add_argument("--quick", action="store_true", help="2 epochs, small model")
     args = parser.parse_args(argv)
     if args.quick:
@@ -104,6 +109,23 @@ def train_rank(comm, sess, graph, train_op, data, args) -> dict:
     bar = progress_bar(args.epochs * steps_per_epoch, comm.rank == 0)
     started = time.perf_counter()
     history = []
+    # Rank 0 records its runs for the debugger (the allreduce nodes on the comm stream).
+    recording = (tf.debug.record(args.trace) if args.trace and comm.rank == 0
+                 else contextlib.nullcontext())
+    with recording:
+        _train_epochs(comm, sess, graph, train_op, (x_train, y_train), args, shard, bar,
+                      history)
+    if bar is not None:
+        bar.stop()
+    seconds = time.perf_counter() - started
+    test_accuracy = float(sess.run(accuracy, {x: x_test, y: y_test}))
+    return {"rank": comm.rank, "accuracy": test_accuracy, "seconds": seconds,
+            "loss": history}
+
+
+def _train_epochs(comm, sess, graph, train_op, train_data, args, shard, bar, history):
+    x, y, loss, _ = graph
+    x_train, y_train = train_data
     for epoch in range(args.epochs):
         losses = []
         # Same seed on every rank: the same global batches, each rank takes its shard.
@@ -117,16 +139,9 @@ def train_rank(comm, sess, graph, train_op, data, args) -> dict:
         # The ring is an ordinary function too: average the epoch's loss over ranks.
         mean_loss = ring_allreduce(np.array([np.mean(losses)]), comm, "mean")[0]
         history.append(float(mean_loss))
+        tf.debug.scalar("loss", epoch, mean_loss)
         if bar is None and comm.rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs}: loss {mean_loss:.4f}", flush=True)
-    if bar is not None:
-        bar.stop()
-    seconds = time.perf_counter() - started
-    test_accuracy = float(sess.run(accuracy, {x: x_test, y: y_test}))
-    params = {v.name: sess.variables[v] for v in tf.trainable_variables()
-              if v in sess.variables}
-    return {"rank": comm.rank, "accuracy": test_accuracy, "seconds": seconds,
-            "loss": history, "params": params}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,10 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         mode = f"{size} threads" if args.threads else f"{size} {type(comms[0]).__name__} rank(s)"
         print(f"{mode}: test accuracy {first['accuracy']:.3f}, final loss "
               f"{first['loss'][-1]:.4f}, {first['seconds']:.2f} s for {args.epochs} epochs")
+        print(f"test_accuracy={first['accuracy']:.4f}")
+        print(f"final_loss={first['loss'][-1]:.4f}")
+        print(f"train_seconds={first['seconds']:.2f}")
+        if args.trace:
+            print(f"trace={args.trace}")
         if args.checkpoint:
-            os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
-            np.savez(args.checkpoint, **first["params"])
-            print(f"saved {len(first['params'])} arrays to {args.checkpoint}")
+            Saver(tf.trainable_variables()).save(sessions[0], args.checkpoint)
+            print(f"checkpoint={args.checkpoint}")
     return 0
 
 
