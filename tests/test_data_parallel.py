@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tinyflow as tf
+from tinyflow.saver import read_checkpoint
 from tinyflow.allreduce import ThreadTransport, launch, run_threads
 from tinyflow.ops import REGISTRY
 from tinyflow.parallel import (
@@ -196,8 +197,7 @@ def test_tutorial_under_launch_matches_threads(tmp_path):
             assert "2 threads: test accuracy" in done.stdout
         else:
             assert launch(2, str(TUTORIAL), args, use_mpi=False) == 0
-        with np.load(checkpoint) as saved:   # plain arrays, no pickle
-            runs[mode] = {k: saved[k] for k in saved.files}
+        runs[mode] = read_checkpoint(checkpoint)   # tf.train.Saver's file, no pickle
     assert len(runs["threads"]) == 6   # weights and biases of three layers
     assert runs["threads"].keys() == runs["processes"].keys()
     for name, value in runs["threads"].items():
