@@ -169,11 +169,14 @@ def _plan_figures(name, model, want) -> list[dict]:
                              f"{memory.format_bytes(order_peak)}"})
     if name == "mlp" and want("arena_over_naive_mlp"):
         rows.append({"name": "arena_over_naive_mlp",
-                     "value": plan.arena_bytes / plan.naive_bytes, "goal": "<= 0.25",
+                     "value": plan.arena_bytes / plan.naive_bytes, "goal": "<= 0.5",
                      "unit": "x",
                      "note": f"arena {memory.format_bytes(plan.arena_bytes)} vs every "
                              f"intermediate its own bytes {memory.format_bytes(plan.naive_bytes)}"
-                             " (goal set here: reuse at least 4x)"})
+                             "; the issue sets no goal, ours: planning at least halves it. "
+                             "No plan can beat lower bound / naive = "
+                             f"{plan.lower_bound_bytes / plan.naive_bytes:.3f} (a training "
+                             "step keeps its activations alive for the backward pass)"})
     return rows
 
 
