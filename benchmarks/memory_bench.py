@@ -29,49 +29,17 @@ Threads: $TINYFLOW_BENCH_THREADS (default: the usable CPUs), set with threadpool
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
+from core_bench import bench_threads, limit_threads
 
 import tinyflow as tf
-from tinyflow import memory, passes, sublinear
+from tinyflow import memory, sublinear
 from tinyflow.graph import reachable
-
-
-def bench_threads() -> int:
-    if os.environ.get("TINYFLOW_BENCH_THREADS"):
-        return int(os.environ["TINYFLOW_BENCH_THREADS"])
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def limit_threads(stack: ExitStack, threads: int) -> str:
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return "threads: library defaults (threadpoolctl not installed)"
-    stack.enter_context(threadpool_limits(limits=threads))
-    return f"{threads} thread{'s' if threads > 1 else ''} (threadpoolctl)"
-
-
-@contextmanager
-def checkpoint_pass_registered():
-    """The executor runs the checkpoint pass at the end of its pipeline; until it is
-    registered there, add it for the duration of the benchmark."""
-    added = "checkpoint" not in dict(passes.PIPELINE)
-    if added:
-        passes.PIPELINE.append(("checkpoint", sublinear.checkpoint_pass))
-    try:
-        yield
-    finally:
-        if added:
-            passes.PIPELINE.remove(("checkpoint", sublinear.checkpoint_pass))
 
 
 # ----------------------------------------------------------------------------------
@@ -185,9 +153,8 @@ def _checkpoint_figures(config, want, rounds) -> list[dict]:
     if not (want("checkpoint_memory_saving") or want("checkpoint_time_ratio")):
         return rows
     fetches, feeds, params = mlp_model(*config)
-    with checkpoint_pass_registered():
-        plain = compile_program(fetches, feeds, params)
-        ckpt = compile_program(fetches, feeds, params, checkpoint="sqrt")
+    plain = compile_program(fetches, feeds, params)
+    ckpt = compile_program(fetches, feeds, params, checkpoint="sqrt")
     graphs = (plain.graph, ckpt.graph)
     if want("checkpoint_memory_saving"):
         arena = [p.memory_plan.arena_bytes for p in (plain, ckpt)]

@@ -30,16 +30,15 @@ three models.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from core_bench import bench_threads, limit_threads, time_interleaved
 
 import tinyflow as tf
 from tinyflow import passes
@@ -159,37 +158,6 @@ def count_rows(model: Model) -> list[dict]:
 # ----------------------------------------------------------------------------------
 # Step time, fused vs unfused
 # ----------------------------------------------------------------------------------
-
-def bench_threads() -> int:
-    """BLAS threads: $TINYFLOW_BENCH_THREADS, else 1 (as core_bench: one thread
-    measures cost per core, reproducibly, on a machine shared with other work)."""
-    return int(os.environ.get("TINYFLOW_BENCH_THREADS") or 1)
-
-
-def limit_threads(stack: ExitStack, threads: int) -> str:
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return "threads: library defaults (threadpoolctl not installed)"
-    stack.enter_context(threadpool_limits(limits=threads))
-    return f"{threads} BLAS thread{'s' if threads > 1 else ''}"
-
-
-def time_interleaved(steps: dict[str, Callable[[], Any]], warmup: int, rounds: int
-                     ) -> dict[str, list[float]]:
-    """Seconds per call of each function, round-robin with a rotating start."""
-    names = list(steps)
-    for _ in range(warmup):
-        for name in names:
-            steps[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
-
 
 def step_ratio_row(model: Model, rounds: int, threads_note: str) -> dict:
     fused, _ = compiled(model, {})

@@ -6,7 +6,6 @@ checkpointing (same gradients, fewer stored activations)."""
 from __future__ import annotations
 
 import tracemalloc
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -384,13 +383,6 @@ def test_deep_chains_need_no_recursion():
 # Gradient checkpointing
 # ----------------------------------------------------------------------------------
 
-@pytest.fixture
-def checkpoint_in_pipeline(monkeypatch):
-    """Run the checkpoint pass at the end of the pipeline, as the executor will."""
-    if "checkpoint" not in dict(passes.PIPELINE):
-        monkeypatch.setattr(passes, "PIPELINE",
-                            passes.PIPELINE + [("checkpoint", sublinear.checkpoint_pass)])
-
 
 def _initial_values():
     """Fresh values for every variable created so far (one initializer run)."""
@@ -413,8 +405,7 @@ def _assert_same(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
-def test_sqrt_checkpointing_keeps_gradients_and_drops_stored_activations(
-        checkpoint_in_pipeline):
+def test_sqrt_checkpointing_keeps_gradients_and_drops_stored_activations():
     fetches, feed, params = _mlp_training_graph(layers=16, batch=64, optimizer=False)
     initial = _initial_values()
     want, base = _run(fetches, feed, initial)
@@ -433,7 +424,7 @@ def test_sqrt_checkpointing_keeps_gradients_and_drops_stored_activations(
     assert peak[1] < peak[0] / 1.5
 
 
-def test_checkpointing_a_training_step_updates_the_same_weights(checkpoint_in_pipeline):
+def test_checkpointing_a_training_step_updates_the_same_weights():
     # Random masks (impure: recomputing one would redraw it) after every layer. The
     # mask is drawn for a constant-shaped input so it is off the gradient path.
     batch, width = 8, 16
@@ -459,7 +450,7 @@ def test_checkpointing_a_training_step_updates_the_same_weights(checkpoint_in_pi
     assert len(masks) == 8 and not any(n.name.endswith("/recompute") for n in masks)
 
 
-def test_manual_checkpoint_markers(checkpoint_in_pipeline):
+def test_manual_checkpoint_markers():
     x = tf.placeholder(tf.float32, (4, 8))
     layers = [tf.nn.Linear(8, 8, name=f"m{i}") for i in range(8)]
     h = x
@@ -549,18 +540,6 @@ needs_random_graphs = pytest.mark.skipif(random_graph_cases is None,
                                          reason="tests/random_graphs.py is missing")
 
 
-@contextmanager
-def checkpoint_pass_registered():
-    added = "checkpoint" not in dict(passes.PIPELINE)
-    if added:
-        passes.PIPELINE.append(("checkpoint", sublinear.checkpoint_pass))
-    try:
-        yield
-    finally:
-        if added:
-            passes.PIPELINE.remove(("checkpoint", sublinear.checkpoint_pass))
-
-
 @needs_random_graphs
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(st.deferred(lambda: random_graph_cases()))
@@ -594,6 +573,5 @@ def test_planned_and_checkpointed_runs_match_unplanned(case, strategy):
     expected = run_case(case, passes=[], memory=None)
     got = run_case(case, memory=strategy, poison=True)
     assert_same_results(got, expected, case, f"memory={strategy}, poisoned")
-    with checkpoint_pass_registered():
-        got = run_case(case, memory="auto", poison=True, checkpoint="sqrt")
+    got = run_case(case, memory="auto", poison=True, checkpoint="sqrt")
     assert_same_results(got, expected, case, "checkpoint='sqrt', poisoned")
