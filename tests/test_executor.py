@@ -295,3 +295,20 @@ def test_random_graph_programs_repeat_on_one_session():
     for _ in range(3):
         for got, want in zip(sess.run([out, grad], feed), expected):
             np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_nodes_named_alike_get_unique_names_in_the_program(tmp_path):
+    """Two Variables both named "W": the plan and the DebugRecord need unique names."""
+    x = tf.placeholder(tf.float32, (2, 3))
+    w1 = tf.Variable(np.ones((3, 3), np.float32), name="W")
+    w2 = tf.Variable(np.full((3, 3), 2.0, np.float32), name="W")
+    out = tf.matmul(tf.matmul(x, w1), w2)
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    path = tmp_path / "same_names.tfdbg.json"
+    with tf.debug.record(path):
+        got = sess.run(out, {x: np.ones((2, 3), np.float32)})
+    np.testing.assert_allclose(got, np.full((2, 3), 18.0))
+    names = [n.name for n in sess.last_program.graph.nodes]
+    assert len(names) == len(set(names)) and {"W", "W_1"} <= set(names)
+    tf.trace.load(path)  # validates: every node id unique, every reference resolves

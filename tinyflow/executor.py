@@ -445,7 +445,8 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     slot_template: list = [None] * len(order)
     plan = arena = None
     if opts["memory"] is not None:
-        plan, arena = _plan_and_bind(steps, deps, schedule, keep, slot_template, opts, xp)
+        plan, arena = _plan_and_bind(graph, order, steps, schedule, keep, slot_template,
+                                     opts, xp)
     elif device != "cuda" or len(set(schedule.stream_of)) == 1:
         # (On a GPU with several streams, dropping a value once its last reader is
         # *issued* would let CuPy's pool hand its memory to another stream while the
@@ -513,30 +514,17 @@ def _free_after_last_use(steps: list[Step], keep: set[int], schedule: Schedule) 
         step.free_after = tuple(frees.get(k, ()))
 
 
-def _plan_and_bind(steps: list[Step], deps: list[list[int]], schedule: Schedule,
+def _plan_and_bind(graph: Graph, order: list[Node], steps: list[Step], schedule: Schedule,
                    keep: set[int], slot_template: list, opts: dict, xp: Any):
     """Plan the arena (memory.py), check the plan, and bind each planned step's
     output slot to its view of the arena; set up poisoning when asked."""
-    names = _unique_names(steps)
-    name_of_slot = {s.output: names[k] for k, s in enumerate(steps)}
-    plan_steps = []
-    for k, step in enumerate(steps):
-        node = step.node
-        planned = node.op not in NO_ARENA_OPS
-        inplace = REGISTRY[node.op].inplace
-        if inplace is not None and not _inplace_legal(step, inplace, name_of_slot, keep):
-            inplace = None
-        plan_steps.append(memory.PlanStep(
-            name=names[k], inputs=[name_of_slot.get(i, source.name)
-                                   for i, source in zip(step.inputs, node.inputs)],
-            nbytes=node_nbytes(node) if planned else 0, inplace_input=inplace,
-            stream=step.stream))
+    # The planner's steps are the program's steps (feeds and variables are external).
+    plan_steps, external, keep_names = memory.steps_from_graph(graph, order)
+    for plan_step, step in zip(plan_steps, steps, strict=True):
+        plan_step.stream = step.stream
+    name_of_slot = {s.output: s.node.name for s in steps}
     multi = len(schedule.names) > 1
     happens_before = schedule.happens_before if multi else None
-    keep_names = {name_of_slot[s] for s in keep if s in name_of_slot}
-    external = {source.name: memory.EXTERNAL_OPS.get(source.op, "feed")
-                for s in steps for i, source in zip(s.inputs, s.node.inputs)
-                if i not in name_of_slot}
     strategy = "auto" if opts["memory"] is True else opts["memory"]
     plan = memory.plan_memory(plan_steps, external=external, keep=keep_names,
                               strategy=strategy, happens_before=happens_before)
@@ -545,8 +533,8 @@ def _plan_and_bind(steps: list[Step], deps: list[list[int]], schedule: Schedule,
     if opts["poison"]:
         arena.fill(POISON_BYTE)
     placed = {t.name: t for t in plan.tensors}
-    for k, step in enumerate(steps):
-        tensor = placed.get(names[k])
+    for step in steps:
+        tensor = placed.get(step.node.name)
         if step.node.op in NO_ARENA_OPS or tensor is None or tensor.offset is None:
             continue
         node = step.node
@@ -568,33 +556,6 @@ def _plan_and_bind(steps: list[Step], deps: list[list[int]], schedule: Schedule,
         for k, step in enumerate(steps):
             step.poison_after = tuple(poison.get(k, ()))
     return plan, arena
-
-
-def _inplace_legal(step: Step, index: int, name_of_slot: dict, keep: set[int]) -> bool:
-    """An op may overwrite input `index` only if that input is an intermediate of the
-    same size and dtype (a broadcast input is smaller) that nobody fetches."""
-    if index >= len(step.inputs):
-        return False
-    slot = step.inputs[index]
-    source = step.node.inputs[index]
-    return (slot in name_of_slot and slot not in keep and source.dtype == step.node.dtype
-            and source.shape == step.node.shape and source.op not in NO_ARENA_OPS
-            and step.inputs.count(slot) == 1)
-
-
-def _unique_names(steps: list[Step]) -> list[str]:
-    """Node names, made unique (a user may name two nodes alike)."""
-    seen: dict[str, int] = {}
-    names = []
-    for step in steps:
-        name = step.node.name
-        if name in seen:
-            seen[name] += 1
-            name = f"{name}#{seen[name]}"
-        else:
-            seen[name] = 0
-        names.append(name)
-    return names
 
 
 class Session:

@@ -113,15 +113,23 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]]
     but not fed, and ShapeError (op, shapes, user's line) for shapes that disagree.
 
     The passes below never clone a placeholder or variable of this graph again: the
-    executor binds feeds and variables to exactly these nodes.
+    executor binds feeds and variables to exactly these nodes. Clones get unique names
+    (a user may name two nodes alike: the second "W" becomes "W_1"), since the memory
+    plan and the DebugRecord refer to nodes by name.
     """
     leaves = frozenset(id(n) for n in sources)
     clones: dict[Node, Node] = {}
+    taken: dict[str, int] = {}
     for node in topological_order(fetches, leaves):
+        name = node.name
+        while name in taken:
+            taken[node.name] += 1
+            name = f"{node.name}_{taken[node.name]}"
+        taken[name] = 0
         if node in sources:
             shape, dtype = sources[node]
             op = "variable" if node.op == "variable" else "placeholder"
-            clone = Node(op, (), {"shape": tuple(shape), "dtype": dtype.name}, name=node.name,
+            clone = Node(op, (), {"shape": tuple(shape), "dtype": dtype.name}, name=name,
                          shape=shape, dtype=dtype, where=node.where, provenance=node.provenance,
                          phase=node.phase)
         elif node.op == "placeholder":
@@ -134,7 +142,7 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]]
                             "or assign it first")
         else:
             inputs = [clones[i] for i in node.inputs]
-            clone = Node(node.op, inputs, node.attrs, name=node.name, where=node.where,
+            clone = Node(node.op, inputs, node.attrs, name=name, where=node.where,
                          provenance=node.provenance, phase=node.phase)
             clone.shape, clone.dtype = infer_node(node.op, inputs, node.attrs, node.where)
         clones[node] = clone
