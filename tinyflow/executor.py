@@ -437,8 +437,14 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
                           attrs, nbytes=nbytes))
 
     schedule, deps = _schedule(steps, opts["streams"])
+    workspaces: list[dict] = [{} for _ in schedule.names]  # scratch, one per stream
     for step, stream in zip(steps, schedule.stream_of):
         step.stream = stream
+        bind = REGISTRY[step.node.op].bind
+        if bind is not None:  # a kernel specialized to its static shapes, if the op can
+            inputs = step.node.inputs
+            step.compute = bind(xp, [i.shape for i in inputs], [i.dtype for i in inputs],
+                                step.attrs, workspaces[stream]) or step.compute
     node_names = [s.node.name for s in steps]
     validate_schedule(schedule, deps, node_names)
     keep = {slot_of[id(f)] for f in graph.outputs}

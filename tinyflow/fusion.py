@@ -345,8 +345,36 @@ def generated_source(program: Program, shapes: Sequence[tuple], dtypes: Sequence
 
 # inplace is None: the output buffer serves as a temporary before the inputs are all
 # read, so it must not share memory with an input.
+def _fused_elementwise_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
+                            attrs: dict, workspace: dict) -> Any:
+    """The fused node specialized to its static shapes (OpDef.bind): its plan made
+    once, its temporaries taken once from the stream's `workspace`. Fused nodes of one
+    stream run one at a time, so they share those buffers (the i-th temporary of a
+    (shape, dtype) is the same array in every node), and a run then allocates and looks
+    up nothing. On a GPU the generic compute (a generated kernel) is kept."""
+    if xp is not np:
+        return None
+    plan = _make_plan(attrs["program"], shapes, dtypes, xp)
+    temporaries, used = [], {}
+    for shape, dtype in plan.buffers[OUT + 1:]:
+        key = (tuple(shape), np.dtype(dtype))
+        index = used[key] = used.get(key, -1) + 1
+        shared = workspace.setdefault(key, [])
+        if len(shared) <= index:
+            shared.append(np.empty(shape, dtype=dtype))
+        temporaries.append(shared[index])
+    out_shape, out_dtype = plan.buffers[OUT]
+    kernel = plan.kernel
+
+    def bound_compute(xp, *arrays, out=None, **attrs):
+        if out is None:
+            out = np.empty(out_shape, dtype=out_dtype)
+        return kernel(xp, *arrays, out, *temporaries)
+    return bound_compute
+
+
 register(OpDef("fused_elementwise", _fused_elementwise_compute, _fused_infer, None,
-               elementwise=True, differentiable=False,
+               elementwise=True, differentiable=False, bind=_fused_elementwise_bind,
                doc="several elementwise ops run as one node (attribute: program)"))
 
 

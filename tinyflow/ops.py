@@ -51,6 +51,11 @@ class OpDef:
     commutative: bool = False   # f(a, b) == f(b, a)
     differentiable: bool = True  # False: has no gradient (comparisons, argmax, ...)
     doc: str = ""
+    # Optional: bind(xp, shapes, dtypes, attrs, workspace) -> a compute specialized to
+    # these static input shapes (or None). The executor calls it once per step when it
+    # compiles, so per-run work (finding a plan) disappears; `workspace` is a dict of
+    # scratch buffers shared by the steps of one stream, which never run at once.
+    bind: Callable[..., Any] | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}
