@@ -73,11 +73,11 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
     return array
 
 
-NO_ARENA_OPS = {"assign"}  # an assign's value is the variable's own buffer
+NO_ARENA_OPS = memory.NO_ARENA_OPS  # an assign's value is the variable's own buffer
 RANDOM_OPS = {"random_normal", "random_uniform", "dropout_mask"}  # take `generators`
 
 # The compiler's passes: the graph rewrites of passes.py, then gradient checkpointing
-# (memory.py), last so that CSE cannot merge the recomputed values back.
+# (sublinear.py), last so that CSE cannot merge the recomputed values back.
 PIPELINE = passes_mod.PIPELINE + [("checkpoint", sublinear.checkpoint_pass)]
 
 
@@ -150,10 +150,6 @@ class Program:
     @property
     def last_timeline(self) -> list[dict] | None:
         return self.timelines[-1] if self.timelines else None
-
-    @property
-    def tensor_names(self) -> list[str]:
-        return [s.node.name for s in self.steps]
 
     def run(self, feeds: dict[Node, np.ndarray], store: dict[Node, np.ndarray]) -> list:
         """Execute once. `feeds` maps the user's fed nodes to checked arrays; `store`
@@ -342,9 +338,7 @@ def _make_assign(store_ref: list, var: Node):
     return assign
 
 
-def node_nbytes(node: Node) -> int:
-    """Bytes of the node's value (its shape is concrete after specialization)."""
-    return int(np.prod(node.shape, dtype=np.int64)) * node.dtype.itemsize
+node_nbytes = memory.node_nbytes  # bytes of a node's value (shapes are concrete here)
 
 
 DEFAULT_OPTIONS = {"passes": None, "disable": (), "streams": 1, "memory": "auto",
@@ -371,7 +365,7 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
                    this graph) or a strategy name from memory.STRATEGIES
     poison         fill each freed arena region with 0xFF bytes (NaN), to catch plans
                    that free too early
-    checkpoint     None, "sqrt" or a byte budget: gradient checkpointing (memory.py)
+    checkpoint     None, "sqrt" or a byte budget: gradient checkpointing (sublinear.py)
     trace          record a timeline of every run (program.timelines)
     trace_values   also summarize every step's value (min/max/mean/NaN/Inf)
     check_numerics stop at the first step that produces a NaN or Inf (NumericsError)
