@@ -183,9 +183,14 @@ def json_safe(rows: list[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few runs")
-    parser.add_argument("--only", metavar="SUBSTR",
-                        help="run modules, or keep figures, whose name contains SUBSTR")
-    parser.add_argument("--json", metavar="OUT", help="write the rows as JSON to OUT")
+    parser.add_argument("--only", metavar="NAME", nargs="+",
+                        help="run modules, or keep figures, whose name contains NAME "
+                             "(several names: the union)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object {figure: number} instead of the table")
+    parser.add_argument("--json-file", metavar="OUT",
+                        help="also write every row (goal, note, verdict) and the machine "
+                             "as JSON to OUT")
     parser.add_argument("--threads", type=int,
                         help="BLAS/OpenMP threads for every library (default 1)")
     args = parser.parse_args(argv)
@@ -194,23 +199,30 @@ def main(argv: list[str] | None = None) -> int:
     # The repository root on sys.path, so modules import `tinyflow` uninstalled too.
     sys.path.insert(0, str(BENCH_DIR.parent))
 
-    paths = discover()
-    if args.only and any(args.only in p.stem for p in paths):
-        # SUBSTR names modules: run just those, whole.
-        paths = [p for p in paths if args.only in p.stem]
+    all_paths = discover()
     rows: list[dict] = []
     seconds: dict[str, float] = {}
-    for path in paths:
-        module_rows, took = run_module(path, args.quick, args.only)
-        rows += module_rows
-        seconds[module_name(path)] = round(took, 2)
-    if args.only and not rows:
-        print(f"no benchmark module or figure matches {args.only!r}", file=sys.stderr)
-        return 1
-    title = "TinyFlow benchmarks" + (" (quick)" if args.quick else "")
-    print_table(rows, title)
+    for only in args.only or [None]:
+        paths = all_paths
+        if only and any(only in p.stem for p in paths):
+            # NAME names modules: run just those, whole.
+            paths = [p for p in paths if only in p.stem]
+        found = []
+        for path in paths:
+            module_rows, took = run_module(path, args.quick, only)
+            found += module_rows
+            seconds[module_name(path)] = round(took, 2)
+        if only and not found:
+            print(f"no benchmark module or figure matches {only!r}", file=sys.stderr)
+            return 1
+        known = {r["name"] for r in rows}
+        rows += [r for r in found if r["name"] not in known]
     if args.json:
-        Path(args.json).write_text(json.dumps(
+        print(json.dumps({r["name"]: r["value"] for r in json_safe(rows)}))
+    else:
+        print_table(rows, "TinyFlow benchmarks" + (" (quick)" if args.quick else ""))
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(
             {"quick": args.quick, "machine": machine(), "seconds": seconds,
              "figures": json_safe(rows)}, indent=1) + "\n")
     return 1 if any(r["met"] == "error" for r in rows) else 0

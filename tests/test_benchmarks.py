@@ -83,7 +83,7 @@ def test_broken_module_is_an_error_row_and_others_still_run(tmp_path, monkeypatc
     monkeypatch.setattr(run, "discover", lambda bench_dir=tmp_path: sorted(
         tmp_path.glob("*_bench.py")))
     out = tmp_path / "out.json"
-    status = run.main(["--quick", "--json", str(out)])
+    status = run.main(["--quick", "--json-file", str(out)])
     assert status == 1  # a module errored
     result = json.loads(out.read_text())
     rows = {r["name"]: r for r in result["figures"]}
@@ -96,10 +96,15 @@ def test_broken_module_is_an_error_row_and_others_still_run(tmp_path, monkeypatc
 
     # --only naming a module runs just that module; naming a figure runs every module
     # and keeps that figure (and the error rows, which might have held it).
-    assert run.main(["--only", "good", "--json", str(out)]) == 0
+    assert run.main(["--only", "good", "--json-file", str(out)]) == 0
     assert [r["name"] for r in json.loads(out.read_text())["figures"]] == ["answer", "other"]
-    assert run.main(["--only", "answ", "--json", str(out)]) == 1
+    assert run.main(["--only", "answ", "--json-file", str(out)]) == 1
     assert [r["name"] for r in json.loads(out.read_text())["figures"]] == ["broken", "answer"]
+    # Several names: the union. --json prints one object {figure: number}, no table.
+    capsys.readouterr()
+    assert run.main(["--only", "answer", "other", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == {"broken": None, "answer": 42.0,
+                                                    "other": 1}
 
 
 def test_torch_figure_is_skipped_without_torch(monkeypatch):
