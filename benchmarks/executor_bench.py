@@ -9,6 +9,10 @@ overhead_us_per_node_2streams
     A chain has no independent branches, so stream assignment keeps it on one stream
     and the cost is the 1-stream cost; the goal is <= 2x the 1-stream figure, which
     the note gives.
+overhead_us_per_node_2chains
+    Two independent 500-op chains of the same tiny ops, joined at the end: with
+    streams=2 each chain gets its own stream (two threads really running, taking
+    turns on the GIL), per node / the same program on 1 stream. Goal <= 2.
 planned_vs_unplanned_mlp_step
     A training step of a 784-1024-1024-10 MLP (batch 512, SGD) with the memory plan
     (every intermediate a view of one arena, kernels writing through out=) / without
@@ -78,6 +82,34 @@ def overhead_2streams_figure(length: int, rounds: int) -> dict:
                     f"used); 1 stream: {per_node[1]:.2f} us/node (goal: at most 2x that)"}
 
 
+def two_chains_figure(length: int, rounds: int) -> dict:
+    x = tf.placeholder(tf.float32, (1,))
+    c = tf.constant(np.float32(0.5))
+    ends = []
+    for _ in range(2):
+        y = x
+        for i in range(length):
+            kind = i % 4
+            y = y + c if kind == 0 else y * c if kind == 1 else tf.tanh(y) if kind == 2 else -y
+        ends.append(y)
+    out = ends[0] + ends[1]
+    feeds = {x: np.full((1,), 0.25, np.float32)}
+    programs = {s: tf.compile([out], {x: ((1,), np.float32)}, passes=[], streams=s)
+                for s in (1, 2)}
+    one, two = (p.run(feeds, {})[0] for p in programs.values())
+    if not np.allclose(one, two):
+        raise AssertionError("two chains on 2 streams compute a different result")
+    times = time_interleaved({s: (lambda p=p: p.run(feeds, {})) for s, p in programs.items()},
+                             warmup=3, rounds=rounds)
+    nodes = 2 * length + 1
+    per_node = {s: 1e6 * statistics.median(t) / nodes for s, t in times.items()}
+    used = len(set(programs[2].schedule.stream_of))
+    return {"name": "overhead_us_per_node_2chains", "goal": "<= 2", "unit": "x",
+            "value": paired_ratio(times[2], times[1]),
+            "note": f"2 chains of {length} tiny ops: {per_node[2]:.2f} us/node on 2 streams "
+                    f"({used} used) vs {per_node[1]:.2f} us/node on 1"}
+
+
 def mlp_step(sizes: list[int], batch: int, memory: str | None):
     rng = np.random.default_rng(0)
     x = tf.placeholder(tf.float32, (batch, sizes[0]))
@@ -124,6 +156,8 @@ def figures(quick: bool = False, only: str | None = None) -> list[dict]:
             rows.append(row)
         if want("overhead_us_per_node_2streams"):
             rows.append(overhead_2streams_figure(100 if quick else 1000, 5 if quick else 30))
+        if want("overhead_us_per_node_2chains"):
+            rows.append(two_chains_figure(50 if quick else 500, 5 if quick else 30))
         if want("planned_vs_unplanned_mlp_step"):
             sizes, batch = ([64, 128, 128, 10], 64) if quick else ([784, 1024, 1024, 10], 512)
             row = planned_figure(sizes, batch, 3 if quick else 9)
