@@ -4,17 +4,26 @@
 placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimizer`,
 `tf.nn.*`. The layers underneath, one module each, bottom to top:
 
-    graph.py     the IR: Node, Graph, topological order
-    ops.py       op registry: compute, gradient, shape/dtype rule, flags
-    nn_ops.py    the neural-network ops, in the same registry
-    autodiff.py  reverse-mode gradients as new graph nodes
-    passes.py    graph rewrites, each one recorded
-    memory.py    the static memory planner (arena, in place, validator)
-    sublinear.py memory-aware order and gradient checkpointing
-    streams.py   stream assignment, events, stream runners
-    executor.py  compile + run: Program, Session
-    trace.py     the DebugRecord the debugger reads; debug.py records one
-    nn.py, optim.py, data.py   layers, optimizers, datasets
+    graph.py                the IR: Node, Graph, topological order
+    ops.py, shape_ops.py,   the op registry: compute, gradient, shape/dtype rule and
+      nn_ops.py, backend.py   flags per op; numpy/CuPy shims
+    autodiff.py             reverse-mode gradients as new graph nodes
+    rules.py, passes.py,    graph rewrites, each one recorded; the simplification
+      fusion.py, gpu.py       rule table; fused kernels (and their CUDA source)
+    memory.py               the static memory planner (arena, in place, validator)
+    sublinear.py            memory-aware order and gradient checkpointing
+    streams.py              stream assignment, events, stream runners
+    executor.py             compile + run: Program, Session
+    trace.py, debug.py      the DebugRecord the debugger reads, and recording one
+    transports.py,          ring allreduce over threads, processes, MPI, NCCL;
+      allreduce.py,           data-parallel training with bucketed allreduce
+      parallel.py
+    nn.py, optim.py,        layers, optimizers, datasets, checkpoints of Variables
+      data.py, saver.py
+    cli.py                  the `tinyflow` command (train, debug, export, launch)
+
+The terminal debugger is the separate package `viz/`, which reads DebugRecords;
+tinyflow never imports it.
 """
 
 from tinyflow import debug, nn, ops, trace
