@@ -328,7 +328,7 @@ def _specialized(fetches, feed, params):
 def test_plan_of_a_training_graph_is_valid_and_tight():
     graph = _specialized(*_mlp_training_graph())
     steps, external, keep = memory.steps_from_graph(graph)
-    assert set(external.values()) == {"feed", "variable"}
+    assert set(external.values()) == {"feed", "variable", "constant"}
     assert any(s.inplace_input is not None for s in steps)
     plan = plan_memory(steps, external, keep)
     validate_plan(plan, steps)

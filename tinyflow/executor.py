@@ -406,8 +406,12 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     store_ref: list = [None]
     steps: list[Step] = []
     feed_slots, variable_slots = [], []
+    slot_template: list = [None] * len(order)   # values bound before any run
     for node in order:
         slot = slot_of[id(node)]
+        if node.op == "constant":  # bound once, here: not a step, not in the arena
+            slot_template[slot] = REGISTRY["constant"].compute(xp, **node.attrs)
+            continue
         if node.op == "placeholder":
             feed_slots.append((user_of[id(node)], slot))
             continue
@@ -442,7 +446,6 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     node_names = [s.node.name for s in steps]
     validate_schedule(schedule, deps, node_names)
     keep = {slot_of[id(f)] for f in graph.outputs}
-    slot_template: list = [None] * len(order)
     plan = arena = None
     if opts["memory"] is not None:
         plan, arena = _plan_and_bind(graph, order, steps, schedule, keep, slot_template,

@@ -115,7 +115,7 @@ class TensorSpec:
 
     first_step, last_step  alive over these steps, both included (list positions)
     kind         "intermediate", "output" (fetched: alive to the end), or "feed" /
-                 "variable" (outside the arena: offset stays None)
+                 "variable" / "constant" (outside the arena: offset stays None)
     inplace_of   the input whose bytes this tensor overwrites, if any
     defined_at   the step that writes it (None for a feed that no step writes)
     uses         the steps that read it
@@ -736,7 +736,9 @@ def _check_pair(a: TensorSpec, b: TensorSpec, a_last: int,
 # Planner input from a graph (used by tests, benchmarks and the debugger)
 # ----------------------------------------------------------------------------------
 
-EXTERNAL_OPS = {"placeholder": "feed", "variable": "variable"}
+# Values that live outside the arena: feeds (the caller's arrays), variables (the
+# Session's store) and constants (bound once when the program is compiled).
+EXTERNAL_OPS = {"placeholder": "feed", "variable": "variable", "constant": "constant"}
 NO_ARENA_OPS = {"assign"}   # an assign's value is the variable's own buffer
 
 
@@ -752,8 +754,8 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
                      ) -> tuple[list[PlanStep], dict[str, str], set[str]]:
     """(steps, external, keep) for plan_memory, from a specialized graph.
 
-    The steps follow `order` (default: the graph's topological order); placeholders
-    and variables are external; an assign's value is the variable's buffer, so it
+    The steps follow `order` (default: the graph's topological order); placeholders,
+    variables and constants are external (EXTERNAL_OPS); an assign's value is the variable's buffer, so it
     needs 0 arena bytes. An op's in-place input is offered when it has the output's
     shape and dtype and is not read twice by the op.
     """

@@ -31,7 +31,8 @@ Schema, version 1 (``FORMAT = "tinyflow.debugrecord"``)::
                    "tensors": [{"node": id, "offset": int | null, "nbytes": int,
                                 "first_step": int, "last_step": int,
                                 "inplace_of": id | null,
-                                "kind": "intermediate" | "feed" | "variable" | "output",
+                                "kind": "intermediate" | "feed" | "variable" |
+                                        "constant" | "output",
                                 "reason": str}]},
      "timelines": [{"run": int, "label": str,
                     "events": [{"step": int | null, "node": id, "op": str,
@@ -458,7 +459,7 @@ def _validate_plan(plan: Any, last_ids: set[str]) -> None:
     for name, size in _dict(_need(plan, "strategies", "memory_plan"),
                             "memory_plan.strategies").items():
         _int(size, f"memory_plan.strategies[{name!r}]")
-    kinds = ("intermediate", "feed", "variable", "output")
+    kinds = ("intermediate", "feed", "variable", "constant", "output")
     for k, tensor in enumerate(_list(_need(plan, "tensors", "memory_plan"),
                                      "memory_plan.tensors")):
         path = f"memory_plan.tensors[{k}]"
