@@ -18,7 +18,7 @@ from random_graphs import assert_same_results, random_graph_cases, run_case
 
 import tinyflow as tf
 from tinyflow import fusion, nn_ops, ops, passes
-from tinyflow.graph import Graph, Node, TinyFlowError
+from tinyflow.graph import VARIABLE_WRITERS, Graph, Node, TinyFlowError
 
 F64 = np.float64
 PASS_NAMES = [name for name, _ in passes.PIPELINE]
@@ -405,7 +405,7 @@ def test_read_before_assign_keeps_its_meaning():
     graph, ctx = optimize([out], variables=[v])
     for node in graph.nodes:
         assert not (any(i.op == "variable" for i in node.inputs)
-                    and any(i.op == "assign" for i in node.inputs)), node
+                    and any(i.op in VARIABLE_WRITERS for i in node.inputs)), node
     for p in (None, [], ["simplify"], ["fuse_elementwise"]):
         session = tf.Session(passes=p)
         session.run(init)
@@ -424,6 +424,105 @@ def test_assigns_are_never_merged_or_removed():
     session.run(step, {x: np.array([1.0, 5.0])})
     np.testing.assert_array_equal(session.run(u), [2.0, 6.0])
     np.testing.assert_array_equal(session.run(v), [2.0, 6.0])
+
+
+# ----------------------------------------------------------------------------------
+# fuse_assign: updates written straight into their variable
+# ----------------------------------------------------------------------------------
+
+def test_fuse_assign_writes_every_adam_update_into_its_variable():
+    fetches, feeds, variables = mlp_training_graph()
+    plain_graph, _ = optimize(fetches, feeds, variables, only=[])
+    graph, ctx = optimize(fetches, feeds, variables)
+    # m, v and the weight of 4 variables, and Adam's step counter: all fused.
+    assert ops_of(plain_graph)["assign"] == 13
+    assert ops_of(graph)["fused_assign"] == 13 and ops_of(graph)["assign"] == 0
+    assert all("straight into" in r for r in reasons(ctx, "fuse_assign"))
+    fused = [n for n in graph.nodes if n.op == "fused_assign"]
+    assert all(n.inputs[0].op == "variable" and n.shape == n.inputs[0].shape for n in fused)
+
+    init = tf.global_variables_initializer()
+    optimized, plain = tf.Session(), tf.Session(passes=[])
+    for session in (optimized, plain):
+        session.run(init)
+    buffers = {v: optimized.variables[v] for v in variables}
+    for _ in range(3):
+        loss = optimized.run(fetches, feeds)[1]
+        np.testing.assert_allclose(loss, plain.run(fetches, feeds)[1], rtol=1e-5)
+    for v in variables:
+        assert optimized.variables[v] is buffers[v], f"{v.name} was not updated in place"
+        np.testing.assert_allclose(optimized.variables[v], plain.variables[v],
+                                   rtol=1e-5, atol=1e-7, err_msg=v.name)
+
+
+@pytest.mark.parametrize("options", [{}, {"streams": 2}, {"memory": None}])
+def test_fuse_assign_runs_after_every_other_reader(options):
+    """y reads v; the update is fused into a node that writes v: y must still see
+    the value from before the run, on one stream, two, or without a memory plan."""
+    v = tf.Variable(np.array([1.0, 2.0, 4.0]))
+    y = tf.exp(v) * 2.0
+    z = tf.reshape(v, (3, 1))                  # a view of v, if nothing copied it
+    update = tf.assign(v, v * 0.5 + 1.0)
+    graph, _ = optimize([y, z, update], variables=[v])
+    assert ops_of(graph)["fused_assign"] == 1
+    session = tf.Session(**options)
+    session.run(tf.global_variables_initializer())
+    got_y, got_z, got_v = session.run([y, z, update])
+    np.testing.assert_allclose(got_y, np.exp([1.0, 2.0, 4.0]) * 2.0)
+    np.testing.assert_allclose(got_z, [[1.0], [2.0], [4.0]])
+    np.testing.assert_allclose(got_v, [1.5, 2.0, 3.0])
+    np.testing.assert_allclose(session.run(v), [1.5, 2.0, 3.0])
+
+
+def test_fuse_assign_refuses_what_would_change_the_meaning():
+    x, x64 = tf.placeholder(tf.float32, (3,)), tf.placeholder(F64, (3,))
+    v, w = tf.Variable(np.ones(3)), tf.Variable(np.full(3, 2.0))   # float32
+    cases = {
+        "fetched value": (lambda: [tf.assign(v, v * 2.0 + x), v * 2.0 + x], 0),
+        "reads another variable": (lambda: [tf.assign(v, v * 2.0 + w)], 0),
+        "last op cannot overwrite v": (lambda: [tf.assign(v, 1.0 - v)], 0),
+        "another dtype": (lambda: [tf.assign(v, x64 * 2.0)], 0),
+        "two writers of v": (lambda: [tf.group(tf.assign(v, v + x), tf.assign(v, x * 3.0))], 0),
+        "fusable": (lambda: [tf.assign(v, (v + x) * 3.0)], 1),
+    }
+    for what, (build, expected) in cases.items():
+        graph, _ = optimize(build(), {x: np.zeros(3, np.float32), x64: np.zeros(3)}, [v, w])
+        assert ops_of(graph)["fused_assign"] == expected, what
+    # The refused ones still compute the right thing.
+    update = tf.assign(v, 1.0 - v)
+    session = tf.Session()
+    session.run(tf.global_variables_initializer())
+    np.testing.assert_allclose(session.run(update), [0.0, 0.0, 0.0])
+
+
+def test_fuse_assign_gives_a_write_only_variable_its_first_value():
+    x = tf.placeholder(tf.float32, (2, 2))
+    v = tf.Variable(np.zeros((2, 2), np.float32))
+    update = tf.assign(v, tf.tanh(x) * 2.0)     # never initialized: written first
+    session = tf.Session()
+    data = np.array([[0.0, 1.0], [2.0, -1.0]], np.float32)
+    np.testing.assert_allclose(session.run(update, {x: data}), np.tanh(data) * 2.0, rtol=1e-6)
+    assert session.last_program.graph.nodes[-1].op == "fused_assign"
+    np.testing.assert_allclose(session.run(v), np.tanh(data) * 2.0, rtol=1e-6)
+
+
+def test_plan_with_output_as_input_never_uses_it_as_a_temporary():
+    """A fused_assign's output buffer is the variable, which the program reads: no
+    instruction but the last may write it (the plain plan does use it as scratch)."""
+    chain = (("mul", ("x0", "x1"), ()), ("exp", ("t0",), ()), ("tanh", ("t1",), ()),
+             ("sub", ("x0", "t2"), ()))
+    shapes, dtypes = [(4, 5), ()], [np.dtype(F64)] * 2
+    plain = fusion._make_plan(chain, shapes, dtypes)
+    aliased = fusion._make_plan(chain, shapes, dtypes, out_is_input=True)
+    assert any(buffer == fusion.OUT for *_, buffer in plain.steps[:-1])
+    assert all(buffer != fusion.OUT for *_, buffer in aliased.steps[:-1])
+    rng = np.random.default_rng(3)
+    var, scale = rng.standard_normal((4, 5)), np.array(0.3)
+    expected = var - np.tanh(np.exp(var * scale))
+    temporaries = [np.empty(s, d) for s, d in aliased.buffers[1:]]
+    result = aliased.kernel(np, var, scale, var, *temporaries)
+    assert result is var
+    np.testing.assert_allclose(var, expected)
 
 
 # ----------------------------------------------------------------------------------
@@ -448,7 +547,7 @@ def test_pipeline_order_names_and_switches():
     assert len(graph.nodes) < len(ctx.snapshots[0][1].nodes)
     with pytest.raises(ValueError, match="unknown pass 'fusion'"):
         optimize(fetches, feeds, variables, only=["fusion"])
-    session = tf.Session(disable=["fuse_elementwise", "fuse_dense"])
+    session = tf.Session(disable=["fuse_elementwise", "fuse_dense", "fuse_assign"])
     session.run(tf.global_variables_initializer())
     session.run(fetches, feeds)
     assert not any(n.op.startswith("fused") for n in session.last_program.graph.nodes)

@@ -28,7 +28,14 @@ import numpy as np
 
 from tinyflow import backend, memory, sublinear
 from tinyflow import passes as passes_mod
-from tinyflow.graph import FeedError, Graph, Node, TinyFlowError, ordering_dependencies
+from tinyflow.graph import (
+    VARIABLE_WRITERS,
+    FeedError,
+    Graph,
+    Node,
+    TinyFlowError,
+    ordering_dependencies,
+)
 from tinyflow.ops import REGISTRY
 from tinyflow.streams import (
     CpuStreams,
@@ -338,6 +345,25 @@ def _make_assign(store_ref: list, var: Node):
     return assign
 
 
+def _make_fused_assign(store_ref: list, var: Node, kernel: Any, node: Node):
+    """A fused_assign kernel bound to user variable `var`: `kernel` computes the update
+    straight into the Session's buffer of `var`, which keeps its identity (the planner
+    relies on it). Should that buffer not be of the compiled shape and dtype, or not
+    exist yet (a variable only written), the update goes to a new buffer instead."""
+    shape, dtype = node.shape, node.dtype
+
+    def fused_assign(xp, current, *arrays, out=None, **attrs):
+        store = store_ref[0]
+        held = store.get(var)
+        if held is None or held.shape != shape or held.dtype != dtype:
+            held = xp.empty(shape, dtype=dtype)
+            kernel(xp, held, *arrays, **attrs)
+            store[var] = held
+            return held
+        return kernel(xp, held, *arrays, **attrs)
+    return fused_assign
+
+
 node_nbytes = memory.node_nbytes  # bytes of a node's value (shapes are concrete here)
 
 
@@ -416,16 +442,18 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
             feed_slots.append((user_of[id(node)], slot))
             continue
         if node.op == "variable":
-            write_only = all(u.op == "assign" and u.inputs[0] is node and u.inputs[1] is not node
+            write_only = all(u.op in VARIABLE_WRITERS and u.inputs[0] is node
+                             and all(i is not node for i in u.inputs[1:])
                              for u in users[node])
             variable_slots.append((user_of[id(node)], slot, write_only))
             continue
         compute = REGISTRY[node.op].compute
-        if node.op == "assign":
+        if node.op in VARIABLE_WRITERS:
             target = node.inputs[0]
             if target.op != "variable":
                 raise TinyFlowError(f"tf.assign at {node.where}: the target must be a "
                                     f"Variable, got {target.op}")
+        if node.op == "assign":
             compute = _make_assign(store_ref, user_of[id(target)])
         attrs = dict(node.attrs)
         if node.op in RANDOM_OPS:
@@ -443,6 +471,9 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
             inputs = step.node.inputs
             step.compute = bind(xp, [i.shape for i in inputs], [i.dtype for i in inputs],
                                 step.attrs, workspaces[stream]) or step.compute
+        if step.node.op == "fused_assign":  # its kernel, bound to the variable store
+            step.compute = _make_fused_assign(store_ref, user_of[id(step.node.inputs[0])],
+                                              step.compute, step.node)
     node_names = [s.node.name for s in steps]
     validate_schedule(schedule, deps, node_names)
     keep = {slot_of[id(f)] for f in graph.outputs}

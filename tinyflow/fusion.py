@@ -1,7 +1,7 @@
 """Fused ops: several small kernels run as one graph node.
 
 The fusion passes (passes.py: `fuse_elementwise`, `fuse_dense`) replace groups of
-nodes by one of the two ops registered here:
+nodes by one of the three ops registered here:
 
 ``fused_elementwise``
     A chain or tree of elementwise ops, each used only by the next, held as a small
@@ -28,6 +28,13 @@ nodes by one of the two ops registered here:
     the bias is added and the activation applied in place, so the layer makes one
     array where it made three. Attributes: ``transpose_a``, ``transpose_b`` (as
     matmul's) and ``activation`` (None or the name of a unary elementwise op).
+
+``fused_assign``
+    ``assign(v, program(...))``, the update of an optimizer: the program's last
+    instruction writes the variable's own buffer, so an update needs neither a
+    temporary for the new value nor the copy into the variable (MXNet's
+    ``kWriteInplace`` for optimizer updates; TF's ApplyAdam kernels do the same).
+    Input 0 is the variable; the executor binds it to the Session's store.
 
 Fused nodes are made by passes, which run at compile time after `gradients` has
 built the backward graph, so they need no gradient (``differentiable=False``).
@@ -216,7 +223,7 @@ MAX_PLANS = 512  # distinct (program, shapes) pairs kept; beyond that the cache 
 
 
 def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any],
-               xp: Any = np) -> _Plan:
+               xp: Any = np, out_is_input: bool = False) -> _Plan:
     """Register allocation for the temporaries, as a compiler does for a basic block.
 
     Each instruction's result gets a buffer; a buffer returns to the free pool after
@@ -227,6 +234,11 @@ def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any],
     serves as a temporary too (a value still warm in the cache when the last
     instruction overwrites it), as long as whatever it holds is dead, or is the
     operand the last instruction may overwrite, by the time the last one runs.
+
+    `out_is_input`: the output buffer is one of the inputs (a ``fused_assign``
+    writes a variable's update into the variable, which the program also reads).
+    Then it is never a temporary: only the last instruction writes it, each
+    element after reading it (the pass checks that the last op may overwrite it).
     """
     num_inputs = len(shapes)
     reg_shapes, reg_dtypes = _infer_registers(program, shapes, dtypes)
@@ -265,8 +277,8 @@ def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any],
                     and buffers[buffer_of[target]] == key
                     and (buffer_of[target] != OUT or may_hold_output(me))):
                 buffer = buffer_of[target]
-        if buffer is None and holder[OUT] is None and buffers[OUT] == key \
-                and may_hold_output(me):
+        if buffer is None and not out_is_input and holder[OUT] is None \
+                and buffers[OUT] == key and may_hold_output(me):
             buffer = OUT
         if buffer is None:
             buffer = next((b for b, r in holder.items()
@@ -343,6 +355,20 @@ def generated_source(program: Program, shapes: Sequence[tuple], dtypes: Sequence
     return _make_plan(program, shapes, dtypes).source
 
 
+def _workspace_buffers(plan: _Plan, workspace: dict) -> list[Any]:
+    """The plan's temporaries, from a stream's workspace: the i-th temporary of a
+    (shape, dtype) is the same array for every node bound on that stream."""
+    temporaries, used = [], {}
+    for shape, dtype in plan.buffers[OUT + 1:]:
+        key = (tuple(shape), np.dtype(dtype))
+        index = used[key] = used.get(key, -1) + 1
+        shared = workspace.setdefault(key, [])
+        if len(shared) <= index:
+            shared.append(np.empty(shape, dtype=dtype))
+        temporaries.append(shared[index])
+    return temporaries
+
+
 # inplace is None: the output buffer serves as a temporary before the inputs are all
 # read, so it must not share memory with an input.
 def _fused_elementwise_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
@@ -355,14 +381,7 @@ def _fused_elementwise_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[A
     if xp is not np:
         return None
     plan = _make_plan(attrs["program"], shapes, dtypes, xp)
-    temporaries, used = [], {}
-    for shape, dtype in plan.buffers[OUT + 1:]:
-        key = (tuple(shape), np.dtype(dtype))
-        index = used[key] = used.get(key, -1) + 1
-        shared = workspace.setdefault(key, [])
-        if len(shared) <= index:
-            shared.append(np.empty(shape, dtype=dtype))
-        temporaries.append(shared[index])
+    temporaries = _workspace_buffers(plan, workspace)
     out_shape, out_dtype = plan.buffers[OUT]
     kernel = plan.kernel
 
@@ -376,6 +395,55 @@ def _fused_elementwise_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[A
 register(OpDef("fused_elementwise", _fused_elementwise_compute, _fused_infer, None,
                elementwise=True, differentiable=False, bind=_fused_elementwise_bind,
                doc="several elementwise ops run as one node (attribute: program)"))
+
+
+# ----------------------------------------------------------------------------------
+# fused_assign: a variable's update computed straight into the variable
+# ----------------------------------------------------------------------------------
+
+def _fused_assign_infer(shapes, dtypes, attrs):
+    value_shape, value_dtype = _fused_infer(shapes[1:], dtypes[1:], attrs)
+    if tuple(shapes[0]) != tuple(value_shape) or np.dtype(dtypes[0]) != value_dtype:
+        raise _Mismatch(f"the update {tuple(value_shape)} {value_dtype} is not the "
+                        f"variable's {tuple(shapes[0])} {np.dtype(dtypes[0])}")
+    return tuple(shapes[0]), np.dtype(dtypes[0])
+
+
+def _fused_assign_compute(xp, var, *arrays, out=None, program=()):
+    """The reference: compute the program's value, then write it into `var`."""
+    var[...] = _fused_elementwise_compute(xp, *arrays, program=program)
+    return var
+
+
+def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
+                       attrs: dict, workspace: dict) -> Any:
+    """The update kernel specialized to its shapes: the program's plan made with the
+    output being an input (`out_is_input`), so the last instruction writes each
+    element of the variable after reading it, and nothing else writes it. On a GPU
+    the generated kernel reads and writes each element in one thread, so the
+    variable is passed as its `out` as it is."""
+    if xp is not np:
+        from tinyflow import gpu
+
+        def gpu_update(xp, var, *arrays, out=None, program=()):
+            return gpu.fused_compute(xp, *arrays, out=var, program=program)
+        return gpu_update
+    plan = _make_plan(attrs["program"], shapes[1:], dtypes[1:], xp, out_is_input=True)
+    temporaries = _workspace_buffers(plan, workspace)
+    kernel = plan.kernel
+
+    def bound_update(xp, var, *arrays, out=None, **attrs):
+        # (`var` has the compiled shape and dtype: the executor sees to it)
+        return kernel(xp, *arrays, var, *temporaries)
+    return bound_update
+
+
+# The executor binds a fused_assign to the Session's variable store, as it does an
+# assign (graph.VARIABLE_WRITERS): input 0 is the variable, the rest the program's.
+register(OpDef("fused_assign", _fused_assign_compute, _fused_assign_infer, None,
+               pure=False, differentiable=False, bind=_fused_assign_bind,
+               doc="write the value of a fused elementwise program straight into "
+                   "variable input 0 (attribute: program; inputs 1.. are its x0, x1..)"))
 
 
 # ----------------------------------------------------------------------------------

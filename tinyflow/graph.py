@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 
-# Ops that write the variable given as their first input (tf.assign). The order
-# rule in `topological_order` keeps TF1's semantics for them: inside one run, every
-# other reader of a variable sees the value from *before* the run's updates.
-VARIABLE_WRITERS = {"assign"}
+# Ops that write the variable given as their first input (tf.assign, and the
+# fused_assign the fuse_assign pass makes of an assign and its update, which also
+# reads that variable and no other). The order rule in `topological_order` keeps
+# TF1's semantics for them: inside one run, every other reader of a variable sees
+# the value from *before* the run's updates.
+VARIABLE_WRITERS = {"assign", "fused_assign"}
 
 
 class TinyFlowError(Exception):

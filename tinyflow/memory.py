@@ -739,7 +739,8 @@ def _check_pair(a: TensorSpec, b: TensorSpec, a_last: int,
 # Values that live outside the arena: feeds (the caller's arrays), variables (the
 # Session's store) and constants (bound once when the program is compiled).
 EXTERNAL_OPS = {"placeholder": "feed", "variable": "variable", "constant": "constant"}
-NO_ARENA_OPS = {"assign"}   # an assign's value is the variable's own buffer
+# An assign's value is the variable's own buffer (a fused_assign writes it directly).
+NO_ARENA_OPS = {"assign", "fused_assign"}
 
 
 def node_nbytes(node: Node) -> int:
@@ -755,9 +756,10 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
     """(steps, external, keep) for plan_memory, from a specialized graph.
 
     The steps follow `order` (default: the graph's topological order); placeholders,
-    variables and constants are external (EXTERNAL_OPS); an assign's value is the variable's buffer, so it
-    needs 0 arena bytes. An op's in-place input is offered when it has the output's
-    shape and dtype and is not read twice by the op.
+    variables and constants are external (EXTERNAL_OPS); an assign's value is the
+    variable's buffer, so it needs 0 arena bytes (NO_ARENA_OPS). An op's in-place
+    input is offered when it has the output's shape and dtype and is not read twice
+    by the op.
     """
     order = graph.nodes if order is None else order
     external: dict[str, str] = {}

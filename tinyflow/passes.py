@@ -626,6 +626,92 @@ def fuse_elementwise(graph: Graph, ctx: PassContext) -> Graph:
 
 
 # ----------------------------------------------------------------------------------
+# fuse_assign: an optimizer's update computed straight into its variable
+# ----------------------------------------------------------------------------------
+
+def _update_program(value: Node) -> tuple[fusion.Program, list[Node]] | None:
+    """(program, inputs) computing `value`: a fused node's own, or one instruction
+    for a single elementwise op; None for anything else."""
+    if value.op == "fused_elementwise":
+        return value.attrs["program"], list(value.inputs)
+    if not _fusable(value):
+        return None
+    inputs: list[Node] = []
+    for i in value.inputs:
+        if i not in inputs:
+            inputs.append(i)
+    operands = tuple(f"x{inputs.index(i)}" for i in value.inputs)
+    return ((value.op, operands, tuple(sorted(value.attrs.items()))),), inputs
+
+
+def _last_op_may_overwrite(program: fusion.Program, register: str) -> bool:
+    """Can the program's last instruction write the buffer that holds `register`?
+    Yes when it does not read it, or when its op may overwrite exactly that operand
+    (OpDef.inplace: each element is read before it is written)."""
+    op, operands, _ = program[-1]
+    if register not in operands:
+        return True
+    inplace = REGISTRY[op].inplace
+    return (inplace is not None and inplace < len(operands)
+            and operands[inplace] == register and operands.count(register) == 1)
+
+
+def fuse_assign(graph: Graph, ctx: PassContext) -> Graph:
+    """assign(v, elementwise update) -> one `fused_assign` node that writes v in place.
+
+    Needs: shapes; fused_elementwise nodes. Provides: fused_assign nodes (fusion.py).
+    An optimizer's update (``v - lr * g``, Adam's moments) is an elementwise program
+    whose value exists only to be copied into the variable: computed straight into
+    the variable's buffer, it needs neither a temporary nor the copy. Fused when
+    * the value is a fused_elementwise (or one elementwise op) that nothing else
+      reads or fetches, with the variable's shape and dtype;
+    * the program reads no variable but v, and this assign is v's only writer: the
+      fused node is a writer (graph.VARIABLE_WRITERS) and runs where the assign ran,
+      after every other reader of v, so it still reads v's value from before the
+      run; a read of another variable, or a second writer of v, would lose its order;
+    * the last instruction may overwrite v where it reads it (`_last_op_may_overwrite`);
+      earlier instructions read v freely, since only the last one writes it.
+    """
+    first = len(ctx.records)
+    users = graph.consumers()
+    outputs = {id(o) for o in graph.outputs}
+    writers = Counter(id(n.inputs[0]) for n in graph.nodes
+                      if n.op in VARIABLE_WRITERS and n.inputs)
+    updates: set[int] = set()  # ids of the assigns to fuse
+    for node in graph.nodes:
+        if node.op != "assign" or len(node.inputs) != 2:
+            continue
+        var, value = node.inputs
+        if (var.op != "variable" or writers[id(var)] != 1 or not same_type(value, var)
+                or _only_consumer(value, users, outputs) is not node):
+            continue
+        found = _update_program(value)
+        if found is None:
+            continue
+        program, inputs = found
+        if any(i.op == "variable" and i is not var for i in inputs):
+            continue
+        if var in inputs and not _last_op_may_overwrite(program, f"x{inputs.index(var)}"):
+            continue
+        updates.add(id(node))
+
+    def fuse(old: Node, node: Node) -> Node:
+        if id(old) not in updates:
+            return node
+        var, value = node.inputs
+        program, inputs = _update_program(value)  # the value's inputs as rewritten
+        fused = new_node("fused_assign", [var, *inputs], {"program": program}, node,
+                         (value,), name=f"fused_{node.name}", same_value=True)
+        ctx.record([value, node], [fused],
+                   f"{value.op} read only by assign({var.name}, ...) -> fused_assign: "
+                   f"the update is computed straight into {var.name}'s buffer (no "
+                   "temporary, no copy)")
+        return fused
+    result = _rewrite(graph, fuse)
+    return _finish(graph, result, ctx, first)
+
+
+# ----------------------------------------------------------------------------------
 # infer_shapes: the op rules, once more, over the rewritten graph
 # ----------------------------------------------------------------------------------
 
@@ -681,6 +767,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dce", dce),                            # provides group inputs with effects only
     ("fuse_dense", fuse_dense),              # provides fused_dense nodes
     ("fuse_elementwise", fuse_elementwise),  # provides fused_elementwise nodes
+    ("fuse_assign", fuse_assign),            # provides updates written in place
     ("infer_shapes", infer_shapes),          # provides shapes checked against the rules
 ]
 
@@ -769,12 +856,17 @@ def explain(program_or_ctx: Any, max_rewrites: int = 40) -> str:
         if ctx.snapshots else []
     lines.append(f"fused nodes ({len(fused)}):")
     for node in fused:
+        program_inputs = node.inputs
         if node.op == "fused_elementwise":
             body = fusion.format_program(node.attrs["program"])
+        elif node.op == "fused_assign":  # input 0 is the variable written
+            body = (f"{node.inputs[0].name} <- last of: "
+                    + fusion.format_program(node.attrs["program"]))
+            program_inputs = node.inputs[1:]
         else:
             act = node.attrs.get("activation")
             body = "matmul + bias" + (f" + {act}" if act else "")
-        inputs = ", ".join(f"x{k}={i.name}" for k, i in enumerate(node.inputs))
+        inputs = ", ".join(f"x{k}={i.name}" for k, i in enumerate(program_inputs))
         lines.append(f"  {node.name} ({node.op}): {body}")
         lines.append(f"      inputs {inputs}; stands for {', '.join(node.provenance)}")
     return "\n".join(lines)
