@@ -113,7 +113,7 @@ def _ring_vs_mpi(quick: bool, want) -> list[dict]:
         sizes = [s for s in sizes if want(f"ring_vs_mpi_n{n}_{s}MiB")]
         if not sizes:
             continue
-        reps = 3 if quick else 15
+        reps = 3 if quick else 31  # (the machine is shared: more rounds, a steadier median)
         command = [mpiexec, "-n", str(n), sys.executable, str(HERE), "mpi-child",
                    "--reps", str(reps), "--sizes-mib", *map(str, sizes)]
         out = _run_child(command, timeout=600)
