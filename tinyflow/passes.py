@@ -860,8 +860,9 @@ def explain(program_or_ctx: Any, max_rewrites: int = 40) -> str:
         if node.op == "fused_elementwise":
             body = fusion.format_program(node.attrs["program"])
         elif node.op == "fused_assign":  # input 0 is the variable written
-            body = (f"{node.inputs[0].name} <- last of: "
-                    + fusion.format_program(node.attrs["program"]))
+            program = node.attrs["program"]
+            body = (f"{node.inputs[0].name} <- t{len(program) - 1}, where "
+                    + fusion.format_program(program))
             program_inputs = node.inputs[1:]
         else:
             act = node.attrs.get("activation")

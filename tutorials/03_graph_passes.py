@@ -13,7 +13,8 @@
 #
 # 1. compile one graph with no passes and with the default pipeline, and compare;
 # 2. read `explain()`, the compiler's report;
-# 3. add your own pattern rule to the simplification table and watch it fire.
+# 3. add your own pattern rule to the simplification table and watch it fire;
+# 4. see an optimizer's update computed straight into its variable.
 #
 # **Read along:** `tinyflow/passes.py`: the module docstring, `simplify`, `cse`,
 # `fuse_dense`, `PIPELINE` and `explain`; `tinyflow/rules.py`: the rule table
@@ -209,11 +210,35 @@ a_value = np.array([-np.inf, -2, -0.5, 0, 0.5, 2, np.inf, np.nan], dtype=np.floa
 assert np.array_equal(program.run({a: a_value}, {})[0], np.abs(a_value), equal_nan=True)
 
 # %% [markdown]
+# ## 4. An optimizer step: the update written into the variable
+#
+# `w - lr * g` is computed, then `assign` copies it into `w`. The value exists only
+# to be copied, so `fuse_assign` computes it straight into `w`'s own buffer: one
+# node, no temporary, no copy. It runs where the assign ran, after every other
+# reader of `w` (the read-before-write edges of `graph.topological_order`), so a
+# read of `w` in the same run still sees the old value.
+
+# %%
+w = tf.Variable(np.ones((4, 3), np.float32), name="w")
+g = tf.placeholder(tf.float32, (4, 3), name="g")
+old_w_times_2 = w * 2.0
+step = tf.assign(w, w - 0.1 * g)
+session = tf.Session()
+session.run(tf.global_variables_initializer())
+buffer = session.variables[w]
+doubled, _ = session.run([old_w_times_2, step], {g: np.ones((4, 3), np.float32)})
+print("\n".join(tf.explain(session.last_program, max_rewrites=0).splitlines()[-2:]))
+assert count_op(session.last_program.graph, "fused_assign") == 1
+assert session.variables[w] is buffer             # updated in place
+assert np.allclose(doubled, 2.0) and np.allclose(session.run(w), 0.9)
+
+# %% [markdown]
 # ## What to remember
 #
 # * A pass is a function from graph to graph; `PIPELINE` lists them in order and
 #   `compile(passes=..., disable=...)` picks among them.
 # * Every rewrite leaves a record; `explain()` and the debugger read them.
 # * A simplification is a row in a table: a pattern, an op, a rewrite function.
+# * Fusion also saves copies: an update computed into its variable needs none.
 #
 # Next: lesson 4 plans the memory of the optimized program.
