@@ -413,6 +413,39 @@ def test_read_before_assign_keeps_its_meaning():
         np.testing.assert_allclose(session.run(v), [3.0, 6.0])
 
 
+@pytest.mark.parametrize("options", [{}, {"passes": []}, {"streams": 2}, {"memory": None}])
+def test_an_assign_reading_another_variable_copies_its_old_value(options):
+    """assign(w, v) reads v like any node: it runs before v's update (TF1), and a
+    swap, where each assign would have to run first, is an error with the fix."""
+    v, w = tf.Variable(np.array([1.0, 2.0, 3.0])), tf.Variable(np.zeros(3))
+    init = tf.global_variables_initializer()
+    session = tf.Session(**options)
+    session.run(init)
+    session.run(tf.group(tf.assign(v, v * 2.0 + 1.0), tf.assign(w, v)))
+    np.testing.assert_array_equal(session.run(v), [3.0, 5.0, 7.0])
+    np.testing.assert_array_equal(session.run(w), [1.0, 2.0, 3.0])
+    with pytest.raises(TinyFlowError, match=r"cycle .* swap, copy one first"):
+        session.run(tf.group(tf.assign(v, w), tf.assign(w, v)))
+    session.run(tf.group(tf.assign(v, w * 1.0), tf.assign(w, v)))
+    np.testing.assert_array_equal(session.run(v), [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(session.run(w), [3.0, 5.0, 7.0])
+
+
+@pytest.mark.parametrize("options", [{}, {"passes": []}, {"memory": None}])
+def test_a_fed_variable_is_read_from_the_feed(options):
+    v = tf.Variable(np.ones(3, np.float32))
+    doubled = v * 2.0
+    init = tf.global_variables_initializer()
+    session = tf.Session(**options)
+    session.run(init)
+    np.testing.assert_array_equal(session.run(doubled, {v: np.full(3, 5.0, np.float32)}),
+                                  [10.0, 10.0, 10.0])
+    np.testing.assert_array_equal(session.run(v), [1.0, 1.0, 1.0])   # store untouched
+    np.testing.assert_array_equal(session.run(doubled), [2.0, 2.0, 2.0])
+    with pytest.raises(tf.FeedError, match="fed in this run and also assigned"):
+        session.run([tf.assign(v, v + 1.0), doubled], {v: np.zeros(3, np.float32)})
+
+
 def test_assigns_are_never_merged_or_removed():
     x = tf.placeholder(F64, (2,))
     u, v = tf.Variable(np.zeros(2)), tf.Variable(np.zeros(2))

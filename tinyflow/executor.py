@@ -414,7 +414,8 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     fetches = list(fetches)
     sources = {**(variables or {}), **(feeds or {})}
     sources = {n: (tuple(s), np.dtype(d)) for n, (s, d) in sources.items()}
-    graph, clones = passes_mod.specialize(fetches, sources)
+    graph, clones = passes_mod.specialize(fetches, sources,
+                                          fed=frozenset(id(n) for n in feeds or {}))
     ctx = passes_mod.PassContext(device=device, options=opts)
     disable = tuple(opts["disable"])
     if opts["check_numerics"]:
@@ -450,6 +451,10 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
         compute = REGISTRY[node.op].compute
         if node.op in VARIABLE_WRITERS:
             target = node.inputs[0]
+            if target.op == "placeholder" and user_of[id(target)].op == "variable":
+                raise FeedError(f"variable {target.name!r} is fed in this run and also "
+                                f"assigned (at {node.where}): a fed variable is only "
+                                "read; feed it or update it, not both")
             if target.op != "variable":
                 raise TinyFlowError(f"tf.assign at {node.where}: the target must be a "
                                     f"Variable, got {target.op}")

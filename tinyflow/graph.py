@@ -160,11 +160,16 @@ def ordering_dependencies(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
 
     Returns {writer: [readers that must run first]}. Without these edges, a
     `tf.assign(W, ...)` could run before another op that reads W in the same
-    step, and that op would see the updated value.
+    step, and that op would see the updated value. A writer's input 0 is its
+    target, not a read; its other inputs are reads like any node's, so
+    `tf.assign(U, W)` runs before W's writer and copies W's old value. Writers of
+    the same variable are not ordered among themselves (TF1 leaves two updates of
+    one variable in one run unordered too).
     """
     readers: dict[Node, list[Node]] = {}
     for node in nodes:
-        for inp in node.inputs:
+        reads = node.inputs[1:] if node.op in VARIABLE_WRITERS else node.inputs
+        for inp in reads:
             if inp.op == "variable":
                 readers.setdefault(inp, []).append(node)
     extra: dict[Node, list[Node]] = {}
@@ -172,7 +177,7 @@ def ordering_dependencies(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
         if node.op in VARIABLE_WRITERS and node.inputs:
             target = node.inputs[0]
             extra[node] = [r for r in readers.get(target, ()) if r is not node
-                           and r.op not in VARIABLE_WRITERS]
+                           and not (r.op in VARIABLE_WRITERS and r.inputs[0] is target)]
     return extra
 
 
@@ -232,8 +237,11 @@ def topological_order(outputs: Sequence[Node],
                     continue
                 if mark == 1:
                     raise TinyFlowError(
-                        f"cycle through {child.name} ({child.where}): a node both reads "
-                        "a variable and depends on an assign to it")
+                        f"cycle through {child.name} ({child.where}): every read of a "
+                        "variable must run before its assign, and here that is "
+                        "impossible: a node both reads a variable and depends on an "
+                        "assign to it, or two assigns each read the other's variable "
+                        "(for a swap, copy one first: tf.assign(v, w * 1.0))")
                 state[id(child)] = 1
                 stack.append((child, _deps(child, leaves, extra), 0))
             else:

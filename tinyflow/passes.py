@@ -102,15 +102,17 @@ class PassContext:
                                           [n.name for n in added], reason))
 
 
-def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]]
-               ) -> tuple[Graph, dict[Node, Node]]:
+def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
+               fed: frozenset[int] = frozenset()) -> tuple[Graph, dict[Node, Node]]:
     """Clone the graph under `fetches` with concrete shapes (shape inference).
 
     `sources` maps each fed node and each variable to its (shape, dtype) for this
-    run. Fed nodes become placeholders in the clone (feeding an intermediate tensor
-    cuts the graph there, as in TF1). Returns the specialized graph and a map from
-    each user node to its clone. Raises FeedError for a placeholder that is needed
-    but not fed, and ShapeError (op, shapes, user's line) for shapes that disagree.
+    run; `fed` holds the ids of those that are fed. Fed nodes become placeholders in
+    the clone (feeding an intermediate tensor cuts the graph there, as in TF1; a fed
+    Variable is read from the feed in that run, its stored value untouched).
+    Returns the specialized graph and a map from each user node to its clone.
+    Raises FeedError for a placeholder that is needed but not fed, and ShapeError
+    (op, shapes, user's line) for shapes that disagree.
 
     The passes below never clone a placeholder or variable of this graph again: the
     executor binds feeds and variables to exactly these nodes. Clones get unique names
@@ -128,7 +130,7 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]]
         taken[name] = 0
         if node in sources:
             shape, dtype = sources[node]
-            op = "variable" if node.op == "variable" else "placeholder"
+            op = "variable" if node.op == "variable" and id(node) not in fed else "placeholder"
             clone = Node(op, (), {"shape": tuple(shape), "dtype": dtype.name}, name=name,
                          shape=shape, dtype=dtype, where=node.where, provenance=node.provenance,
                          phase=node.phase)
