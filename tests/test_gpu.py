@@ -860,3 +860,25 @@ def test_gpu_fused_chain_is_one_kernel_launch():
     assert gpu.stats["launches"] == before + 1  # needs fusion.py to call gpu.fused_compute
     np.testing.assert_allclose(got, np.tanh(np.maximum(value * 2 + 1, 0) - 0.5) * 3,
                                rtol=1e-5, atol=1e-6)
+
+
+@needs_gpu
+def test_gpu_fused_assign_updates_the_variable_in_place():
+    """An update fused into its variable (fuse_assign) writes the device buffer the
+    Session holds, one generated kernel, and matches the CPU."""
+    start = np.random.default_rng(2).standard_normal((64, 32)).astype(F32)
+    results = {}
+    for device in ("cpu", "cuda"):
+        v = tf.Variable(start)
+        g = tf.placeholder(tf.float32, (64, 32))
+        old = tf.exp(v) * 1.0                  # a reader: must see the value before
+        step = tf.assign(v, v * 0.9 - 0.1 * tf.tanh(g))
+        session = tf.Session(device=device)
+        session.run(tf.global_variables_initializer())
+        buffer = session.variables[v]
+        got_old, _ = session.run([old, step], {g: start * 0.5})
+        assert [s.node.op for s in session.last_program.steps].count("fused_assign") == 1
+        assert session.variables[v] is buffer
+        results[device] = (backend.to_host(got_old), backend.to_host(session.variables[v]))
+    for got, want in zip(results["cuda"], results["cpu"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
