@@ -356,10 +356,7 @@ def _make_fused_assign(store_ref: list, var: Node, kernel: Any, node: Node):
         store = store_ref[0]
         held = store.get(var)
         if held is None or held.shape != shape or held.dtype != dtype:
-            held = xp.empty(shape, dtype=dtype)
-            kernel(xp, held, *arrays, **attrs)
-            store[var] = held
-            return held
+            held = store[var] = xp.empty(shape, dtype=dtype)
         return kernel(xp, held, *arrays, **attrs)
     return fused_assign
 
