@@ -565,6 +565,11 @@ def _plan_and_bind(graph: Graph, order: list[Node], steps: list[Step], schedule:
     plan = memory.plan_memory(plan_steps, external=external, keep=keep_names,
                               strategy=strategy, happens_before=happens_before)
     memory.validate_plan(plan, plan_steps, happens_before=happens_before)
+    writes_variable = {s.node.name for s in steps if s.node.op in NO_ARENA_OPS}
+    for tensor in plan.tensors:  # (0 bytes to the planner; say what they really are)
+        if tensor.name in writes_variable:
+            tensor.offset = None
+            tensor.reason = "the variable's own buffer, written in place: not in the arena"
     arena = xp.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
     if opts["poison"]:
         arena.fill(POISON_BYTE)

@@ -98,7 +98,7 @@ class Inspector(Static):
         if tensor:
             text.append("memory ", styles["dim"])
             if tensor["offset"] is None:
-                text.append(f"outside the arena ({tensor['kind']})")
+                text.append(tensor.get("reason") or f"outside the arena ({tensor['kind']})")
             else:
                 text.append(f"offset {tensor['offset']} +{fmt_bytes(tensor['nbytes'])}"
                             f" steps {tensor['first_step']}–{tensor['last_step']}")
