@@ -203,12 +203,16 @@ class NumpyStep:
 
 
 class TorchStep:
-    """The same step in idiomatic PyTorch (CPU): nn.Sequential and optim.SGD."""
+    """The same step in idiomatic PyTorch: nn.Sequential and optim.SGD, on the CPU or
+    (`device="cuda"`, gpu_bench's reference) on a GPU, where the batch is copied to
+    the device every step as tinyflow's feeds are. `config` is unused (every step
+    class takes the same arguments)."""
 
-    def __init__(self, config: MLPConfig, x: np.ndarray, labels: np.ndarray,
-                 params: list[np.ndarray]) -> None:
+    def __init__(self, config: MLPConfig | None, x: np.ndarray, labels: np.ndarray,
+                 params: list[np.ndarray], device: str = "cpu") -> None:
         import torch
         self.torch = torch
+        self.device = device
         layers: list[Any] = []
         for layer in range(len(params) // 2):
             weight, bias = params[2 * layer], params[2 * layer + 1]
@@ -217,15 +221,14 @@ class TorchStep:
                 linear.weight.copy_(torch.from_numpy(weight.T.copy()))
                 linear.bias.copy_(torch.from_numpy(bias))
             layers += [linear, torch.nn.ReLU()]
-        self.model = torch.nn.Sequential(*layers[:-1])
+        self.model = torch.nn.Sequential(*layers[:-1]).to(device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LEARNING_RATE)
-        self.x, self.labels = x, labels
+        self.x, self.labels = torch.from_numpy(x), torch.from_numpy(labels)  # no copies
 
     def step(self) -> float:
-        torch = self.torch
-        x, labels = torch.from_numpy(self.x), torch.from_numpy(self.labels)  # no copies
+        x, labels = self.x.to(self.device), self.labels.to(self.device)  # CPU: no copy
         self.optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(self.model(x), labels)
+        loss = self.torch.nn.functional.cross_entropy(self.model(x), labels)
         loss.backward()
         self.optimizer.step()
         return float(loss.item())
@@ -234,7 +237,8 @@ class TorchStep:
         out = []
         for module in self.model:
             if isinstance(module, self.torch.nn.Linear):
-                out += [module.weight.detach().numpy().T, module.bias.detach().numpy()]
+                out += [module.weight.detach().cpu().numpy().T,
+                        module.bias.detach().cpu().numpy()]
         return out
 
 

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from core_bench import TorchStep
+
 import tinyflow as tf
 from tinyflow import backend
 from tinyflow.ops import REGISTRY
@@ -128,39 +130,6 @@ class TinyFlowCudaStep:
         return [backend.to_host(self.session.variables[v]) for v in self.variables]
 
 
-class TorchCudaStep:
-    def __init__(self, x, labels, params) -> None:
-        import torch
-        self.torch = torch
-        layers: list[Any] = []
-        for layer in range(len(params) // 2):
-            weight, bias = params[2 * layer], params[2 * layer + 1]
-            linear = torch.nn.Linear(*weight.shape)
-            with torch.no_grad():  # torch keeps W as (out, in)
-                linear.weight.copy_(torch.from_numpy(weight.T.copy()))
-                linear.bias.copy_(torch.from_numpy(bias))
-            layers += [linear, torch.nn.ReLU()]
-        self.model = torch.nn.Sequential(*layers[:-1]).cuda()
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LEARNING_RATE)
-        self.x, self.labels = torch.from_numpy(x), torch.from_numpy(labels)
-
-    def step(self) -> float:
-        x, labels = self.x.cuda(), self.labels.cuda()  # the batch arrives every step
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.torch.nn.functional.cross_entropy(self.model(x), labels)
-        loss.backward()
-        self.optimizer.step()
-        return float(loss.item())
-
-    def weights(self) -> list[np.ndarray]:
-        out = []
-        for module in self.model:
-            if isinstance(module, self.torch.nn.Linear):
-                out += [module.weight.detach().cpu().numpy().T,
-                        module.bias.detach().cpu().numpy()]
-        return out
-
-
 def check_same_step(steps: dict[str, Any]) -> None:
     losses = {name: impl.step() for name, impl in steps.items()}
     (ref_name, ref), *others = steps.items()
@@ -186,7 +155,7 @@ def mlp_figure(name: str, sizes: tuple[int, ...], batch: int, rounds: int, xp: A
     torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS in float32, as CuPy's
     x, labels, params = make_problem(sizes, batch)
     impls = {"tinyflow": TinyFlowCudaStep(x, labels, params),
-             "torch": TorchCudaStep(x, labels, params)}
+             "torch": TorchStep(None, x, labels, params, device="cuda")}
     check_same_step(impls)
     times = time_interleaved({n: i.step for n, i in impls.items()}, 3, rounds, xp)
     ms = {n: 1e3 * statistics.median(t) for n, t in times.items()}
