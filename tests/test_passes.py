@@ -61,7 +61,7 @@ def mlp_training_graph():
 
 def test_simplify_removes_identities_with_their_reasons():
     x = tf.placeholder(F64, (2, 3), name="x")
-    one, zero = tf.constant(1.0, F64), tf.constant(0.0, F64)
+    one, zero = tf.constant(1.0, F64), tf.constant(-0.0, F64)  # x + -0.0 is x, bitwise
     times_one = x * one
     plus_zero = times_one + zero
     inner = ops.neg(plus_zero)
@@ -70,7 +70,7 @@ def test_simplify_removes_identities_with_their_reasons():
     assert graph.outputs[0].op == "placeholder" and graph.outputs[0].name == "x"
     assert [(r.reason, r.removed, r.added) for r in ctx.records] == [
         ("mul(x, 1) -> x", [times_one.name], []),
-        ("add(x, 0) -> x", [plus_zero.name], []),
+        ("add(x, -0.0) -> x", [plus_zero.name], []),
         ("neg(neg(x)) -> x", [outer.name], []),
         ("no longer used after the rewrites above", [one.name, zero.name, inner.name], [])]
     assert len(graph.nodes) == 1
@@ -90,15 +90,14 @@ def test_simplify_keeps_broadcasts_promotions_and_variables():
     assert [o.op for o in graph.outputs] == ["mul", "mul", "mul"]
 
 
-def test_simplify_exp_log_only_where_valid():
+def test_simplify_leaves_inexact_identities():
+    # log(exp(x)) is inf at x = 200 and 1 ulp off x for many float32 values; exp(log(x))
+    # likewise; a float x + 0.0 turns -0.0 into +0.0 (tests/test_rules_exact.py).
     x = tf.placeholder(F64, (4,))
-    unknown_sign = tf.exp(tf.log(x))                     # NaN for x < 0: must stay
-    positive = tf.exp(tf.log(tf.sigmoid(x)))             # sigmoid > 0: -> sigmoid(x)
-    log_exp = tf.log(tf.exp(x))                          # valid for every x
-    graph, ctx = optimize([unknown_sign, positive, log_exp], {x: np.zeros(4)},
-                          only=["simplify"])
-    assert [o.op for o in graph.outputs] == ["exp", "sigmoid", "placeholder"]
-    assert reasons(ctx)[:2] == ["exp(log(x)) -> x, x known >= 0", "log(exp(x)) -> x"]
+    graph, ctx = optimize([tf.exp(tf.log(tf.sigmoid(x))), tf.log(tf.exp(x)), x + 0.0],
+                          {x: np.zeros(4)}, only=["simplify"])
+    assert [o.op for o in graph.outputs] == ["exp", "log", "add"]
+    assert ctx.records == []
 
 
 def test_simplify_composes_transposes_and_reshapes():

@@ -43,8 +43,8 @@ def count_op(graph, op: str) -> int:
 # ## 1. A graph with some waste in it
 #
 # Real graphs are full of small redundancies: layers that multiply by a scale of
-# 1, an `exp` after a `log` from two different helper functions, the same
-# subexpression written twice. Here is a tiny layer with all three.
+# 1, a negation undone by another helper function, the same subexpression
+# written twice. Here is a tiny layer with all three.
 
 # %%
 x = tf.placeholder(tf.float32, (4, 8), name="x")
@@ -52,8 +52,9 @@ W = tf.placeholder(tf.float32, (8, 16), name="W")
 b = tf.placeholder(tf.float32, (16,), name="b")
 
 hidden = tf.nn.relu(tf.matmul(x, W) + b)        # a dense layer
-scaled = hidden * 1.0 + 0.0                      # a "scale and shift" with defaults
-z = tf.exp(tf.log(tf.exp(scaled)))               # log(exp(.)) from two helpers
+scaled = hidden * 1.0 - 0.0                      # a "scale and shift" with defaults
+flipped = -scaled                                # a helper negates ...
+z = tf.exp(-flipped)                             # ... and another negates back
 out = tf.reduce_sum(tf.tanh(z) * 2.0 - tf.tanh(z))  # tanh(z) written twice
 
 feeds = {x: ((4, 8), np.float32), W: ((8, 16), np.float32), b: ((16,), np.float32)}
@@ -93,8 +94,10 @@ print(tf.explain(optimized))
 # %% [markdown]
 # Things to notice:
 #
-# * `simplify` removed `mul(x, 1)`, `add(x, 0)` and `log(exp(x))`, then listed
-#   the nodes those rewrites left unused.
+# * `simplify` removed `mul(x, 1)`, `sub(x, 0)` and `neg(neg(x))`, then listed
+#   the nodes those rewrites left unused. Each rule gives exactly the value it
+#   replaces, for every input: `log(exp(x)) -> x` is not one (exp(200.) is inf in
+#   float32), nor is a float `x + 0.0 -> x` (-0.0 + 0.0 is +0.0).
 # * `cse` found the second `tanh(z)`: same op, same inputs, same attributes.
 # * `fuse_dense` turned matmul + add + relu into one `fused_dense` node, and
 #   `fuse_elementwise` fused the remaining elementwise chains; each fused node

@@ -1,0 +1,157 @@
+"""Every simplification rule is exact: bitwise the value of the unsimplified graph.
+
+A rule may sit in `rules.RULES` only if it holds for every input, including +-0,
++-inf, NaN, subnormals and the largest values (issue 14, item 2: `log(exp(x)) -> x`
+made x = 200 finite where the program gives inf, and `x + 0 -> x` kept -0.0 where
+the program gives +0.0). Each rule has a case below that makes it fire; the test runs
+the case with no passes and with `simplify` alone, on special values and random
+ones of every dtype the ops accept, and compares the bits (any NaN equals any NaN:
+IEEE leaves a NaN's sign to the hardware). A rule without a case fails the coverage
+test, so a new rule comes with its proof.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import tinyflow as tf
+from tinyflow import ops, passes, rules
+from tinyflow.graph import ShapeError
+
+N = 64  # values per case
+
+
+def _values(dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """Special values first, then ordinary random ones, N in all."""
+    if dtype.kind == "f":
+        info = np.finfo(dtype)
+        special = [0.0, -0.0, np.inf, -np.inf, np.nan, info.smallest_subnormal,
+                   -info.smallest_subnormal, info.tiny, info.max, -info.max, 1.0, -1.0,
+                   0.5, 2.0, 200.0, -200.0, 1e-30, 88.7, 709.8, 3.0]
+        rest = np.concatenate([rng.standard_normal(N // 2) * 10.0,
+                               rng.standard_normal(N) * 1e3])
+    elif dtype.kind == "b":
+        return rng.integers(0, 2, N).astype(bool)
+    else:
+        info = np.iinfo(dtype)
+        special = [0, 1, -1, 2, info.max, info.min, info.max - 1, info.min + 1]
+        rest = rng.integers(-1000, 1000, N)
+    return np.concatenate([np.array(special, dtype), np.asarray(rest).astype(dtype)])[:N]
+
+
+# pattern -> builder(x, y) of a graph in which that rule fires; x and y are fed
+# placeholders of shape (N,) of the case's dtype (y holds x's values reversed).
+CASES: dict[str, Callable] = {
+    "add(x, -0.0) -> x": lambda x, y: x + (-0.0),
+    "add(x, 0) -> x, x integer": lambda x, y: x + 0,
+    "sub(x, 0) -> x": lambda x, y: x - 0,
+    "mul(x, 1) -> x": lambda x, y: x * 1,
+    "div(x, 1) -> x": lambda x, y: x / 1,
+    "pow(x, 1) -> x": lambda x, y: x ** 1,
+    "pow(x, 2) -> mul(x, x)": lambda x, y: x ** 2,
+    "pow(x, 0.5) -> sqrt(x)": lambda x, y: x ** 0.5,  # numpy's own power calls sqrt
+    "sub(0, x) -> neg(x), x integer": lambda x, y: 0 - x,
+    "mul(x, -1) -> neg(x)": lambda x, y: x * -1,
+    "add(x, neg(y)) -> sub(x, y)": lambda x, y: x + ops.neg(y),
+    "sub(x, neg(y)) -> add(x, y)": lambda x, y: x - ops.neg(y),
+    "neg(neg(x)) -> x": lambda x, y: ops.neg(ops.neg(x)),
+    "maximum(x, x) -> x": lambda x, y: tf.maximum(x, x),
+    "minimum(x, x) -> x": lambda x, y: tf.minimum(x, x),
+    "where(c, x, x) -> x": lambda x, y: tf.where(tf.greater(x, y), x, x),
+    "cast(x) to x's dtype -> x": lambda x, y: ops.make("cast", x, dtype=x.dtype.name),
+    "transpose(transpose(x)) -> one transpose, or x":
+        lambda x, y: tf.transpose(tf.transpose(tf.reshape(x, (8, 8)), (1, 0)), (1, 0)),
+    "reshape of a reshape -> one reshape; to x's own shape -> x":
+        lambda x, y: tf.reshape(tf.reshape(x, (8, 8)), (N,)),
+    "reshape_like of a reshape -> one reshape; to x's own shape -> x":
+        lambda x, y: ops.reshape_like(tf.reshape(x, (8, 8)), y),
+    "expand_dims of a reshape -> one reshape; to x's own shape -> x":
+        lambda x, y: tf.expand_dims(tf.reshape(x, (8, 8)), 0),
+    "squeeze of a reshape -> one reshape; to x's own shape -> x":
+        lambda x, y: tf.squeeze(tf.expand_dims(x, 0), 0),
+    "broadcast_to(x) to x's own shape -> x": lambda x, y: tf.broadcast_to(x, (N,)),
+    "broadcast_like(x) to x's own shape -> x": lambda x, y: ops.broadcast_like(x, y),
+    "sum_to_like(x) to x's own shape -> x": lambda x, y: ops.sum_to_like(x, y),
+    "reshape_like(x, ref) -> reshape(x, shape of ref)":
+        lambda x, y: ops.reshape_like(x, tf.reshape(y, (8, 8))),
+    "broadcast_like(x, ref) -> broadcast_to(x, shape of ref)":
+        lambda x, y: ops.broadcast_like(x[:1], y),
+    "x[:, ...] (every slice full) -> x": lambda x, y: x[:],
+    "concat([x]) -> x": lambda x, y: tf.concat([x], 0),
+    "zeros_like(x) -> zeros(shape of x)": lambda x, y: tf.zeros_like(x),
+    "ones_like(x) -> ones(shape of x)": lambda x, y: tf.ones_like(x),
+    "count_ratio(y, x) -> constant size(y) / size(x)":
+        lambda x, y: ops.count_ratio(x[:5], y),
+}
+
+DTYPES = [np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64, np.bool_)]
+
+
+def test_every_rule_has_a_case():
+    missing = [r.pattern for r in rules.RULES if r.pattern not in CASES]
+    assert not missing, f"rules without a case in tests/test_rules_exact.py: {missing}"
+    stale = sorted(set(CASES) - {r.pattern for r in rules.RULES})
+    assert not stale, f"cases for rules that are gone: {stale}"
+
+
+def _fired(fetch, x, y, dtype) -> list[str]:
+    graph, _ = passes.specialize([fetch], {x: ((N,), dtype), y: ((N,), dtype)})
+    ctx = passes.PassContext()
+    passes.run_pipeline(graph, ctx, passes=["simplify"])
+    return [r.reason for r in ctx.records]
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind == "f":
+        nan = np.isnan(a)
+        if not np.array_equal(nan, np.isnan(b)):
+            return False
+        a, b = np.where(nan, 0, a), np.where(nan, 0, b)
+        return np.array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
+    return np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("pattern", sorted(CASES))
+def test_rule_is_exact_on_special_and_random_values(pattern):
+    rng = np.random.default_rng(14)
+    fired_somewhere = False
+    for dtype in DTYPES:
+        x = tf.placeholder(dtype, (N,), name="x")
+        y = tf.placeholder(dtype, (N,), name="y")
+        try:
+            with np.errstate(all="ignore"):
+                fetch = CASES[pattern](x, y)
+        except ShapeError:  # the op has no kernel for this dtype (neg of booleans)
+            continue
+        if pattern not in _fired(fetch, x, y, dtype):
+            continue
+        fired_somewhere = True
+        xv = _values(dtype, rng)
+        feeds = {x: xv, y: xv[::-1].copy()}
+        with np.errstate(all="ignore"):
+            plain = tf.Session(passes=[], memory=None).run(fetch, feeds)
+            simplified = tf.Session(passes=["simplify"], memory=None).run(fetch, feeds)
+        assert _same_bits(np.asarray(plain), np.asarray(simplified)), (
+            f"{pattern} changes values for {dtype}: {xv} -> {plain} vs {simplified}")
+    assert fired_somewhere, f"the case for {pattern} never makes the rule fire"
+
+
+@pytest.mark.parametrize("build, dtype", [
+    (lambda x: tf.log(tf.exp(x)), np.float32),            # x = 200: inf unsimplified
+    (lambda x: tf.exp(tf.log(tf.sigmoid(x))), np.float32),
+    (lambda x: x + 0.0, np.float64),                       # -0.0 + 0.0 is +0.0
+    (lambda x: 0.0 - x, np.float64),                       # 0 - 0 = +0, neg(0) = -0
+])
+def test_inexact_identities_are_not_applied(build, dtype):
+    x = tf.placeholder(dtype, (N,))
+    fetch = build(x)
+    xv = _values(np.dtype(dtype), np.random.default_rng(0))
+    with np.errstate(all="ignore"):
+        plain = tf.Session(passes=[], memory=None).run(fetch, {x: xv})
+        optimized = tf.Session().run(fetch, {x: xv})
+    assert _same_bits(plain, optimized)
