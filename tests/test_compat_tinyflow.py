@@ -6,9 +6,11 @@ examples (example/*.py) follow, each as one test with the script's own calls in 
 script's own order. Only the data source differs: MNIST is a download, so
 `get_mnist` below serves scikit-learn's bundled 8x8 digits upsampled to 28x28 (each
 pixel a 3x3 block, padded by 2), which keeps the examples' 784-input placeholders
-and weights unchanged. LeNet alone trains on the 8x8 images as they are (1x8x8; its
-layers fit any size, and a numpy LeNet step on 28x28 costs ~0.4 s). Epoch and
-batch counts are cut to keep each example to a few seconds; accuracies are asserted.
+and weights unchanged. LeNet trains on the digits upsampled to 16x16 only (1x16x16:
+its VALID 5x5 convolutions need at least 16 pixels, and a numpy LeNet step on 28x28
+costs ~0.4 s); the CIFAR ResNet on the digits padded to 10x10 and stacked into three
+channels (`get_cifar10` below). Epoch and batch counts are cut to keep each example
+to a few seconds; accuracies (or falling losses) are asserted.
 """
 
 from __future__ import annotations
@@ -207,6 +209,26 @@ def test_mul_grad():
     np.testing.assert_almost_equal(agx, np.ones((2, 3)) * 14)
 
 
+def test_sum_grad():
+    x = tf.placeholder(tf.float32)
+    ax = np.ones((2, 3))
+    z = -tf.reduce_sum(x) * 14
+    gx = tf.gradients(z, [x])[0]
+    sess = tf.Session()
+    agx = sess.run(gx, feed_dict={x: ax})
+    np.testing.assert_almost_equal(agx, -np.ones((2, 3)) * 14)
+
+
+def test_mean_grad():
+    x = tf.placeholder(tf.float32)
+    ax = np.ones((2, 3))
+    z = -tf.reduce_mean(x) * 14
+    gx = tf.gradients(z, [x])[0]
+    sess = tf.Session()
+    agx = sess.run(gx, feed_dict={x: ax})
+    np.testing.assert_almost_equal(agx, -np.ones((2, 3)) * 14 / 6.0)
+
+
 def test_matmul_grad():
     x = tf.placeholder(tf.float32)
     y = tf.placeholder(tf.float32)
@@ -287,14 +309,15 @@ _DIGITS: dict = {}
 
 
 def get_mnist(flatten=False, onehot=False, side=28):
-    """The original's get_mnist, on the 8x8 digits: upsampled to MNIST's 28x28, or
-    as they are with side=8."""
+    """The original's get_mnist, on the 8x8 digits: upsampled to MNIST's 28x28 (or to
+    16x16), or as they are with side=8."""
     if "target" not in _DIGITS:
         from sklearn.datasets import load_digits
         digits = load_digits()
         small = digits.images.astype(np.float32) / 16.0                 # (N, 8, 8)
         big = np.kron(small, np.ones((1, 3, 3), np.float32))            # (N, 24, 24)
         _DIGITS[8] = small
+        _DIGITS[16] = np.kron(small, np.ones((1, 2, 2), np.float32))    # (N, 16, 16)
         _DIGITS[28] = np.pad(big, ((0, 0), (2, 2), (2, 2)))              # (N, 28, 28)
         _DIGITS["target"] = digits.target.astype(np.float64)
     np.random.seed(1234)  # set seed for deterministic ordering (as the original)
@@ -578,7 +601,7 @@ def test_example_mnist_lenet():
     sess = _gpu_session(device='gpu')
 
     # Auromatic variable shape inference API, infers the shape and initialize the weights.
-    known_shape = {x: [100, 1, 8, 8], label: [100]}
+    known_shape = {x: [100, 1, 16, 16], label: [100]}
     stdev = 0.03  # 0.01 in the original: from there a 4-layer tanh net idles for
     # ~250 steps before it learns; MNIST's 6,000 steps hid that, our 90 would not
     init_step = []
@@ -589,14 +612,15 @@ def test_example_mnist_lenet():
         print("shape[%s]=%s" % (name, str(shape)))  # noqa: UP031
         shapes[name] = shape
     sess.run(init_step)
-    # As in the original, conv2d pads SAME by default: 8 -> conv 8 -> pool 4 ->
-    # conv 4 -> pool 2, and fc1 sees 50*2*2 (on MNIST: 28, 28, 14, 14, 7 and 50*7*7).
+    # As in the original (python/tinyflow/nn.py), conv2d pads VALID by default:
+    # 16 -> conv 12 -> pool 6 -> conv 2 -> pool 1, and fc1 sees 50*1*1 (on MNIST: 28,
+    # 24, 12, 8, 4 and 50*4*4).
     assert shapes == {"conv1_weight": (20, 1, 5, 5), "conv1_bias": (20,),
                       "conv2_weight": (50, 20, 5, 5), "conv2_bias": (50,),
-                      "fc1_weight": (500, 200), "fc2_weight": (10, 500)}
+                      "fc1_weight": (500, 50), "fc2_weight": (10, 500)}
 
     # get the mnist dataset
-    mnist = get_mnist(flatten=False, onehot=False, side=8)
+    mnist = get_mnist(flatten=False, onehot=False, side=16)
 
     epoch_losses = []
     for epoch in range(6):
@@ -616,3 +640,171 @@ def test_example_mnist_lenet():
     print(result)
     assert epoch_losses[-1] < epoch_losses[0]
     assert result >= 0.85
+
+
+def test_example_mnist_lenet_adam():
+    """example/mnist_lenet.py as it is now: Adam, minimize before the shapes are known
+    (its slots are zeros_like the weights), the slots set by initialize_all_variables."""
+    # Create the model
+    x = tf.placeholder(tf.float32)
+    conv1 = tf.nn.conv2d(x, num_filter=20, ksize=[1, 5, 5, 1], name="conv1", no_bias=False)
+    tanh1 = tf.tanh(conv1)
+    pool1 = tf.nn.max_pool(tanh1, ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1])
+    conv2 = tf.nn.conv2d(pool1, num_filter=50, ksize=[1, 5, 5, 1], name="conv2", no_bias=False)
+    tanh2 = tf.tanh(conv2)
+    pool2 = tf.nn.max_pool(tanh2, ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1])
+    flatten = tf.nn.flatten_layer(pool2)
+    fc1 = tf.nn.linear(flatten, num_hidden=500, name="fc1")
+    tanh3 = tf.tanh(fc1)
+    fc2 = tf.nn.linear(tanh3, num_hidden=10, name="fc2")
+
+    # define loss
+    label = tf.placeholder(tf.float32)
+    cross_entropy = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(fc2, label)
+    train_step = tf.train.AdamOptimizer(0.005).minimize(cross_entropy)
+
+    sess = _gpu_session(config='gpu')
+
+    # Auromatic variable shape inference API, infers the shape and initialize the weights.
+    known_shape = {x: [100, 1, 16, 16], label: [100]}
+    stdev = 0.01
+    init_step = []
+    for v, name, shape in tf.infer_variable_shapes(
+            cross_entropy, feed_dict=known_shape):
+        init_step.append(tf.assign(v, tf.normal(shape, stdev)))
+        print("shape[%s]=%s" % (name, str(shape)))  # noqa: UP031
+    sess.run(init_step)
+    sess.run(tf.initialize_all_variables())
+
+    # get the mnist dataset
+    mnist = get_mnist(flatten=False, onehot=False, side=16)
+
+    epoch_losses = []
+    for epoch in range(4):
+        sum_loss = 0.0
+        num_batch = 15
+        for _ in range(num_batch):
+            batch_xs, batch_ys = mnist.train.next_batch(100)
+            loss, _ = sess.run([cross_entropy, train_step], feed_dict={x: batch_xs,
+                                                                       label: batch_ys})
+            sum_loss += loss
+        print("epoch[%d] cross_entropy=%g" % (epoch, sum_loss / num_batch))  # noqa: UP031
+        epoch_losses.append(sum_loss / num_batch)
+
+    correct_prediction = tf.equal(tf.argmax(fc2, 1), label)
+    accuracy = tf.reduce_mean(correct_prediction)
+    result = sess.run(accuracy, feed_dict={x: mnist.test.images, label: mnist.test.labels})
+    print(result)
+    assert epoch_losses[-1] < epoch_losses[0]
+    assert result >= 0.85
+
+
+# ==================================================================================
+# example/cifar_resnet.py, on small data
+# ==================================================================================
+
+def get_cifar10():
+    """The original's get_cifar10 (images (N, 3, H, W), float labels), served from the
+    digits: each 8x8 image padded to 10x10 and stacked into three channels that differ
+    (the image, its square, its complement), as small colour images."""
+    mnist = get_mnist(flatten=False, onehot=False, side=8)
+
+    def colour(images):
+        padded = np.pad(images, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        return np.concatenate([padded, padded ** 2, 1.0 - padded], axis=1)
+    return MNISTData(train=ArrayPacker(colour(mnist.train.images), mnist.train.labels),
+                     test=ArrayPacker(colour(mnist.test.images), mnist.test.labels))
+
+
+def test_example_cifar_resnet():
+    num_epoch = 3    # 10 in the original
+    num_batch = 8    # 600
+    batch_size = 32  # 100
+
+    def conv_factory(x, filter_size, in_filters, out_filters):
+        x = tf.nn.conv2d(x, num_filter=out_filters,
+                         ksize=[1, filter_size, filter_size, 1], padding='SAME')
+        x = tf.nn.batch_normalization(x)
+        x = tf.nn.relu(x)
+        return x
+
+    def residual_factory(x, in_filters, out_filters):
+        if in_filters == out_filters:
+            orig_x = x
+            conv1 = conv_factory(x, 3, in_filters, out_filters)
+            conv2 = conv_factory(conv1, 3, out_filters, out_filters)
+            new = orig_x + conv2
+            return tf.nn.relu(new)
+        else:
+            conv1 = conv_factory(x, 3, in_filters, out_filters)
+            conv2 = conv_factory(conv1, 3, out_filters, out_filters)
+            project_x = conv_factory(x, 1, in_filters, out_filters)
+            new = project_x + conv2
+            return tf.nn.relu(new)
+
+    def resnet(x, n, in_filters, out_filters):
+        for i in range(n):
+            if i == 0:
+                x = residual_factory(x, in_filters, 16)
+            else:
+                x = residual_factory(x, 16, 16)
+        for i in range(n):
+            if i == 0:
+                x = residual_factory(x, 16, 32)
+            else:
+                x = residual_factory(x, 32, 32)
+        for i in range(n):
+            if i == 0:
+                x = residual_factory(x, 32, 64)
+            else:
+                x = residual_factory(x, 64, 64)
+        return x
+
+    x = tf.placeholder(tf.float32)
+    conv1 = tf.nn.conv2d(x, num_filter=16, ksize=[1, 5, 5, 1], padding='SAME')
+    tanh1 = tf.tanh(conv1)
+    res = resnet(tanh1, 1, 16, 64)
+    pool1 = tf.nn.avg_pool(res, ksize=[1, 4, 4, 1], strides=[1, 2, 2, 1], padding='SAME',
+                           data_format='NCHW')
+    conv2 = tf.nn.conv2d(pool1, num_filter=16, ksize=[1, 5, 5, 1])
+    flatten = tf.nn.flatten_layer(conv2)
+    fc1 = tf.nn.linear(flatten, num_hidden=10, name="fc1")
+
+    # define loss
+    label = tf.placeholder(tf.float32)
+    cross_entropy = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(fc1, label)
+    train_step = tf.train.AdamOptimizer(0.0005).minimize(cross_entropy)
+
+    sess = _gpu_session(config='gpu')
+
+    # Auromatic variable shape inference API, infers the shape and initialize the weights.
+    known_shape = {x: [batch_size, 3, 10, 10], label: [batch_size]}
+    stdev = 0.01
+    init_step = []
+    for v, name, shape in tf.infer_variable_shapes(
+            cross_entropy, feed_dict=known_shape):
+        init_step.append(tf.assign(v, tf.normal(shape, stdev)))
+        print("shape[%s]=%s" % (name, str(shape)))  # noqa: UP031
+    sess.run(init_step)
+    sess.run(tf.initialize_all_variables())
+
+    # get the cifar dataset
+    cifar = get_cifar10()
+
+    epoch_losses = []
+    for epoch in range(num_epoch):
+        sum_loss = 0.0
+        for _ in range(num_batch):
+            batch_xs, batch_ys = cifar.train.next_batch(batch_size)
+            loss, _ = sess.run([cross_entropy, train_step], feed_dict={x: batch_xs,
+                                                                       label: batch_ys})
+            sum_loss += loss
+        print("epoch[%d] cross_entropy=%g" % (epoch, sum_loss / num_batch))  # noqa: UP031
+        epoch_losses.append(sum_loss / num_batch)
+
+    correct_prediction = tf.equal(tf.argmax(fc1, 1), label)
+    accuracy = tf.reduce_mean(correct_prediction)
+    print(sess.run(accuracy, feed_dict={x: cifar.test.images, label: cifar.test.labels}))
+    assert epoch_losses[-1] < epoch_losses[0]
+    # (10 -> SAME convolutions 10 -> avg_pool 5 -> VALID 5x5 conv 1: fc1 sees 16.)
+    assert fc1.inputs[1].shape == (10, 16)

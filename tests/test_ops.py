@@ -1111,3 +1111,41 @@ def test_softmax_cross_entropy_is_stable_and_matches_log_softmax():
     probs = np.exp(log_softmax_reference(logits))
     np.testing.assert_allclose(g, probs - np.eye(3)[labels], atol=1e-12)
     assert np.all(np.isfinite(g))
+
+
+DTYPE_SWEEP = ["bool", "int8", "int32", "uint8", "float16", "float32", "float64"]
+
+
+@pytest.mark.parametrize("case", FORWARD_CASES, ids=lambda c: f"{c.op}-{c.label}")
+def test_dtype_rule_and_kernel_agree_for_every_op_and_dtype(case):
+    """Every op (FORWARD_CASES holds one for each registered core op, see
+    test_every_op_has_a_forward_check) with its float inputs in every dtype: the op
+    either refuses the dtype when it is built (a TinyFlowError naming op and line) or
+    its kernel gives the dtype and shape its rule inferred, bitwise the same with and
+    without the memory planner (a rule that says int while the kernel computes floats
+    would have them truncated into planned int memory). Index inputs keep theirs."""
+    from tinyflow.executor import ExecutionError
+    for dtype in DTYPE_SWEEP:
+        with np.errstate(all="ignore"):
+            args = [a.astype(dtype) if a.dtype.kind == "f" else a for a in case.args]
+        phs = [tf.placeholder(a.dtype, a.shape) for a in args]
+        try:
+            y = case.build(*phs)
+        except tf.TinyFlowError:
+            continue
+        outs = []
+        for opts in (dict(memory=None, passes=[]), dict()):
+            try:
+                with np.errstate(all="ignore"):
+                    got = tf.Session(**opts).run(y, dict(zip(phs, args)))
+            except ExecutionError:
+                outs.append(None)
+                continue
+            where = f"{case.op} ({case.label}) on {dtype} with {opts}"
+            assert got.dtype == y.dtype, f"{where}: rule {y.dtype}, kernel {got.dtype}"
+            assert got.shape == tuple(y.shape), f"{where}: rule {y.shape}, kernel {got.shape}"
+            outs.append(got)
+        if outs[0] is None or outs[1] is None:
+            assert outs[0] is outs[1], f"{case.op} on {dtype}: fails with one option only"
+            continue
+        np.testing.assert_array_equal(outs[0], outs[1], err_msg=f"{case.op} on {dtype}")

@@ -508,7 +508,7 @@ def test_fuse_assign_runs_after_every_other_reader(options):
 
 def test_fuse_assign_refuses_what_would_change_the_meaning():
     x, x64 = tf.placeholder(tf.float32, (3,)), tf.placeholder(F64, (3,))
-    v, w = tf.Variable(np.ones(3)), tf.Variable(np.full(3, 2.0))   # float32
+    v, w = tf.Variable(np.ones(3, np.float32)), tf.Variable(np.full(3, 2.0, np.float32))
     cases = {
         "fetched value": (lambda: [tf.assign(v, v * 2.0 + x), v * 2.0 + x], 0),
         "reads another variable": (lambda: [tf.assign(v, v * 2.0 + w)], 0),

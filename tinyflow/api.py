@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow import ops
-from tinyflow.graph import Node, ShapeError, topological_order
+from tinyflow.graph import Node, ShapeError, topological_order, user_source_line
 from tinyflow.ops import constant, infer_node, make
 
 float16, float32, float64 = np.float16, np.float32, np.float64
@@ -28,14 +28,31 @@ _trainable_variables: list[Node] = []
 # Variables whose shape is only known once their layer's input shape is known
 # (tf.nn.linear(x, num_hidden=...)): variable -> (input node, rule on its shape).
 deferred_shapes: dict[Node, tuple[Node, Callable[[tuple], tuple]]] = {}
+# Variables of a deferred shape that a layer initializes itself (batch normalization's
+# scale, offset and moving statistics): variable -> fill value. Once
+# `infer_variable_shapes` knows the shape, their initializer joins the pending list
+# (run by tf.initialize_all_variables), and they are not handed to the user's loop.
+deferred_fills: dict[Node, float] = {}
+# Updates that layers ask to run with every training step (TF1's UPDATE_OPS
+# collection): (assign node, the layer's input). `minimize` runs those whose input
+# its loss depends on.
+update_ops: list[tuple[Node, Node]] = []
 
 
 def placeholder(dtype: Any = np.float32, shape: Sequence[int | None] | None = None,
                 name: str | None = None) -> Node:
     """A value fed at run time. `None` dims (or a None shape) are fixed by the feed."""
     shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
+    _check_source_shape("placeholder", shape)
     return Node("placeholder", (), {"shape": shape, "dtype": np.dtype(dtype).name},
                 name=name, shape=shape, dtype=dtype)
+
+
+def _check_source_shape(op: str, shape: tuple | None) -> None:
+    """A negative dimension is a build error (None is the way to say "unknown")."""
+    if shape is not None and any(d is not None and d < 0 for d in shape):
+        raise ShapeError(f"{op}: negative dimension in shape {shape}; use None for a "
+                         f"dimension fixed by the feed (at {user_source_line()})")
 
 
 def Variable(initial_value: Any = None, name: str | None = None, dtype: Any = None,
@@ -48,11 +65,13 @@ def Variable(initial_value: Any = None, name: str | None = None, dtype: Any = No
     """
     init = None
     if initial_value is not None:
+        # An array keeps its dtype, Python numbers take TF1's (float32, int32).
         init = initial_value if isinstance(initial_value, Node) else constant(
-            np.asarray(initial_value, dtype=dtype or np.float32))
+            initial_value, dtype)
         shape = init.shape if shape is None else tuple(shape)
         dtype = dtype or init.dtype
     dtype = np.dtype(dtype or np.float32)
+    _check_source_shape("Variable", None if shape is None else tuple(shape))
     var = Node("variable", (), {"shape": None if shape is None else tuple(shape),
                                 "dtype": dtype.name},
                name=name, shape=shape, dtype=dtype)
@@ -130,8 +149,9 @@ def infer_variable_shapes(net: Node, feed_dict: dict[Node, Sequence[int]]
         known[node], dtypes[node] = infer_node(
             node.op, node.inputs, node.attrs, node.where,
             shapes=[known[i] for i in node.inputs], dtypes=[dtypes[i] for i in node.inputs])
+    _initialize_fills(known)
     for node in topological_order([net]):
-        if node.op != "variable":
+        if node.op != "variable" or node in deferred_fills:
             continue
         shape = known[node]
         if shape is None or None in shape:
@@ -140,6 +160,19 @@ def infer_variable_shapes(net: Node, feed_dict: dict[Node, Sequence[int]]
         node.shape = tuple(shape)
         node.attrs["shape"] = tuple(shape)
         yield node, node.name, tuple(shape)
+
+
+def _initialize_fills(known: dict[Node, tuple | None]) -> None:
+    """Give every self-initialized layer variable whose input shape is now known its
+    shape and its initializer (see `deferred_fills`)."""
+    for var, fill in deferred_fills.items():
+        source, rule = deferred_shapes[var]
+        if var.shape is not None or known.get(source) is None or None in known[source]:
+            continue  # initialized already, or not inferable yet
+        shape = tuple(rule(known[source]))
+        var.shape, var.attrs["shape"] = shape, shape
+        _pending_initializers.append(assign(var, ops.make(
+            "ones" if fill == 1.0 else "zeros", shape=shape, dtype=var.dtype.name)))
 
 
 def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
@@ -188,6 +221,9 @@ def random_uniform(shape, minval=0.0, maxval=1.0, dtype=np.float32, seed=None, n
 
 def zeros(shape, dtype=np.float32, name=None):
     return ops.zeros(shape, dtype, name)
+
+
+set_random_seed = ops.set_random_seed
 
 
 def ones(shape, dtype=np.float32, name=None):

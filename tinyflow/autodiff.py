@@ -35,8 +35,9 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
     """Return [d(sum of ys)/dx for x in xs], each a Node (None where y ignores x).
 
     `grad_ys` seeds the backward pass (default: ones, i.e. the gradient of the sum
-    of each y). Raises TinyFlowError naming the op and its source line when the path
-    from x to y passes through an op that has no gradient.
+    of each y; a None entry means ones for that y, as in TF1). Raises TinyFlowError
+    naming the op and its source line when the path from x to y passes through an op
+    that has no gradient.
     """
     first_new_id = next_node_id()  # every node built from here on is backward
     ys = [ys] if isinstance(ys, Node) else list(ys)
@@ -46,6 +47,8 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
         grad_ys = [ones_like(y) for y in ys]
     elif len(grad_ys) != len(ys):  # zip would silently drop the extra ones
         raise TinyFlowError(f"gradients: {len(ys)} ys but {len(grad_ys)} grad_ys")
+    else:
+        grad_ys = [ones_like(y) if gy is None else gy for y, gy in zip(ys, grad_ys)]
 
     order = topological_order(ys)
     on_path = _depends_on(order, xs)

@@ -81,7 +81,6 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
 
 
 NO_ARENA_OPS = memory.NO_ARENA_OPS  # an assign's value is the variable's own buffer
-RANDOM_OPS = {"random_normal", "random_uniform", "dropout_mask"}  # take `generators`
 
 # The compiler's passes: the graph rewrites of passes.py, then gradient checkpointing
 # (sublinear.py), last so that CSE cannot merge the recomputed values back.
@@ -153,6 +152,7 @@ class Program:
     timelines: list = field(default_factory=list)
     runs: int = 0
     check_failure: dict | None = None
+    fetched_before_writes: tuple[int, ...] = ()  # fetched variables this program writes
 
     @property
     def last_timeline(self) -> list[dict] | None:
@@ -179,6 +179,8 @@ class Program:
             if xp is not np and not backend.is_device_array(value):
                 value = store[var] = xp.asarray(value)  # a value the user set on the host
             values[slot] = value
+        reads = {slot: backend.to_host(values[slot]) for slot in self.fetched_before_writes
+                 if values[slot] is not None}
         self.runs += 1
         opts = self.options
         if self.runner is None and not (opts["trace"] or opts["poison"]
@@ -204,8 +206,8 @@ class Program:
                     timeline.sort(key=lambda e: e["start"])
                     self.timelines.append(timeline)
                     del self.timelines[:-MAX_KEPT_TIMELINES]
-        return [None if v is None else backend.to_host(v)
-                for v in (values[s] for s in self.fetch_slots)]
+        return [reads[s] if s in reads else None if values[s] is None
+                else backend.to_host(values[s]) for s in self.fetch_slots]
 
     def _run_serial(self, values: list) -> None:
         """The plain loop: one stream, no tracing. It is `_execute` written inline,
@@ -379,7 +381,7 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     feeds          {fed node: (shape, dtype)} for this program
     variables      {variable: (shape, dtype)}: the variables' current shapes
     device         "cpu" (numpy); "cuda" (cupy) where the GPU backend is installed
-    generators     {seed: numpy Generator}: the random state of random ops (a
+    generators     {seed attr: numpy Generator}: the random state of random ops (a
                    Session passes its own, so each Session draws the same values)
     passes         pass names to run (None: the default pipeline; [] none)
     disable        pass names to skip
@@ -440,9 +442,11 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
             feed_slots.append((user_of[id(node)], slot))
             continue
         if node.op == "variable":
-            write_only = all(u.op in VARIABLE_WRITERS and u.inputs[0] is node
-                             and all(i is not node for i in u.inputs[1:])
-                             for u in users[node])
+            # Only written (a first tf.assign gives it its value): no reader, and not
+            # fetched (a fetch reads it, TF1's FailedPrecondition when it has no value).
+            write_only = node not in graph.outputs and all(
+                u.op in VARIABLE_WRITERS and u.inputs[0] is node
+                and all(i is not node for i in u.inputs[1:]) for u in users[node])
             variable_slots.append((user_of[id(node)], slot, write_only))
             continue
         compute = REGISTRY[node.op].compute
@@ -458,7 +462,7 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
         if node.op == "assign":
             compute = _make_assign(store_ref, user_of[id(target)])
         attrs = dict(node.attrs)
-        if node.op in RANDOM_OPS:
+        if REGISTRY[node.op].random:  # its kernel draws from the Session's streams
             attrs["generators"] = generators
         nbytes = node_nbytes(node) + sum(node_nbytes(i) for i in node.inputs)
         steps.append(Step(node, compute, tuple(slot_of[id(i)] for i in node.inputs), slot,
@@ -500,6 +504,11 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
                       [slot_of[id(f)] for f in graph.outputs], ctx, schedule, plan, arena,
                       slot_template, opts, device, xp, runner,
                       backend.Uploader(xp) if device == "cuda" else None, store_ref)
+    # A fetched variable that this program also writes is a read like any other: it
+    # shows the value from before the run's updates (the buffer changes in place).
+    written = {id(s.node.inputs[0]) for s in steps if s.node.op in VARIABLE_WRITERS}
+    program.fetched_before_writes = tuple(
+        slot_of[id(f)] for f in graph.outputs if f.op == "variable" and id(f) in written)
     if opts["debug"]:
         from tinyflow import debug
         debug.attach(program, opts["debug"])
@@ -635,6 +644,9 @@ class Session:
         """Evaluate `fetches` (a node, or a list/tuple/dict of them) given feeds."""
         flat: list[Node] = []
         structure = _flatten(fetches, flat)
+        if feed_dict is not None and not isinstance(feed_dict, dict):
+            raise FeedError(f"feed_dict must be a dict {{placeholder: value}}, got a "
+                            f"{type(feed_dict).__name__}")
         feeds = {}
         for node, value in (feed_dict or {}).items():
             if not isinstance(node, Node):

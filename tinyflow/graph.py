@@ -139,6 +139,10 @@ class Node:
     def __ge__(self, other): return self._apply("greater_equal", self, other)
     def __getitem__(self, index): return self._apply("getitem", self, index)
 
+    # numpy defers to Node's operators: `np.ones(3) + x` calls x.__radd__ and builds
+    # an add node, instead of an object array of one node per element.
+    __array_ufunc__ = None
+
     # Identity semantics: a Node is a dict key, and `==` builds no graph (TF1 too).
     __hash__ = object.__hash__
 

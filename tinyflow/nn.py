@@ -25,6 +25,7 @@ from tinyflow.ops import gelu, relu, sigmoid, tanh
 
 __all__ = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "dropout",
            "layer_norm", "conv2d", "max_pool", "avg_pool", "bias_add", "linear",
+           "moments", "batch_normalization",
            "flatten_layer", "softmax_cross_entropy_with_logits",
            "sparse_softmax_cross_entropy_with_logits",
            "mean_sparse_softmax_cross_entropy_with_logits", "embedding_lookup",
@@ -47,10 +48,17 @@ def _spatial(pair: Any, default: tuple[int, int]) -> tuple[int, int]:
     return (int(pair[1]), int(pair[2])) if len(pair) == 4 else (int(pair[0]), int(pair[1]))
 
 
-def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: Any = "SAME",
-           *, num_filter: int | None = None, ksize: Any = None, name: str | None = None,
-           no_bias: bool = True) -> Node:
-    """2-D convolution of x (N, C, H, W).
+def _nchw(data_format: str) -> None:
+    if data_format != "NCHW":
+        raise ValueError(f"data_format {data_format!r}: TinyFlow's images are NCHW "
+                         "(as the original TinyFlow's); transpose NHWC data first")
+
+
+def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: Any = "VALID",
+           data_format: str = "NCHW", *, num_filter: int | None = None, ksize: Any = None,
+           name: str | None = None, no_bias: bool = True) -> Node:
+    """2-D convolution of x (N, C, H, W). Padding is "VALID" unless asked, as in the
+    original TinyFlow's python/tinyflow/nn.py (and TF1, which requires it).
 
     Two spellings, as in the original TinyFlow:
       conv2d(x, W, strides=[1, s, s, 1], padding="SAME")   with W a (O, C, kh, kw) node
@@ -58,6 +66,7 @@ def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: An
     The second creates Variables `<name>_weight` (and `<name>_bias`) whose shapes are
     inferred later from x's shape (`tf.infer_variable_shapes`).
     """
+    _nchw(data_format)
     stride = _spatial(strides, (1, 1))
     if filter is None:
         if num_filter is None or ksize is None:
@@ -75,16 +84,95 @@ def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: An
 
 
 def max_pool(x: Node, ksize: Any = (1, 2, 2, 1), strides: Any = None,
-             padding: Any = "VALID") -> Node:
+             padding: Any = "VALID", data_format: str = "NCHW") -> Node:
     """Max pooling; ksize/strides as TF's [1, h, w, 1] or (h, w)."""
+    _nchw(data_format)
     k = _spatial(ksize, (2, 2))
     return max_pool2d(x, k, _spatial(strides, k), 0 if padding == "VALID" else padding)
 
 
 def avg_pool(x: Node, ksize: Any = (1, 2, 2, 1), strides: Any = None,
-             padding: Any = "VALID") -> Node:
+             padding: Any = "VALID", data_format: str = "NCHW") -> Node:
+    """Average pooling (padding counts as zeros); ksize/strides as for max_pool."""
+    _nchw(data_format)
     k = _spatial(ksize, (2, 2))
     return avg_pool2d(x, k, _spatial(strides, k), 0 if padding == "VALID" else padding)
+
+
+def moments(x: Node, axes: Sequence[int], keepdims: bool = False) -> tuple[Node, Node]:
+    """TF1's tf.nn.moments: the mean and (biased) variance of x over `axes`."""
+    mean = ops.reduce_mean(x, axes, keepdims=True)
+    centered = x - mean
+    variance = ops.reduce_mean(centered * centered, axes, keepdims=keepdims)
+    if not keepdims:
+        mean = ops.reduce_mean(x, axes)
+    return mean, variance
+
+
+def batch_normalization(x: Node, mean: Any = None, variance: Any = None, offset: Any = None,
+                        scale: Any = None, variance_epsilon: float = 1e-5, name: str | None
+                        = None, *, training: bool = True, momentum: float = 0.9) -> Node:
+    """Batch normalization (Ioffe & Szegedy 2015), in two spellings.
+
+    TF1's: batch_normalization(x, mean, variance, offset, scale, variance_epsilon) is
+    (x - mean) * scale / sqrt(variance + eps) + offset, all broadcast against x (get
+    the statistics from `tf.nn.moments`); offset and scale may be None.
+
+    The original TinyFlow's: batch_normalization(x) is a layer over the channel axis 1
+    (NCHW images or (N, C) features), like Torch's SpatialBatchNormalization: it owns
+    a scale (ones) and an offset (zeros) that train, and moving averages of the mean
+    and variance. With training=True it normalizes with the batch's statistics and
+    every `minimize` of a loss under it also updates the moving averages
+    (moving = momentum * moving + (1 - momentum) * batch); with training=False it
+    uses the moving averages. Its Variables initialize themselves once their shape is
+    known (`tf.infer_variable_shapes`, then `tf.initialize_all_variables`).
+    """
+    if mean is None and variance is None:
+        return _batch_norm_layer(x, variance_epsilon, name, training, momentum)
+    inv = 1.0 / ops.sqrt(variance + variance_epsilon)
+    if scale is not None:
+        inv = inv * scale
+    shift = -mean * inv if offset is None else offset - mean * inv
+    return x * inv + shift  # TF1's own arrangement of the arithmetic
+
+
+def _batch_norm_layer(x: Node, eps: float, name: str | None, training: bool,
+                      momentum: float) -> Node:
+    name = name or f"batchnorm_{next(_layer_ids)}"
+    params = {key: _channel_variable(x, f"{name}_{key}", fill, trainable)
+              for key, fill, trainable in [("scale", 1.0, True), ("offset", 0.0, True),
+                                           ("moving_mean", 0.0, False),
+                                           ("moving_variance", 1.0, False)]}
+    # x as (N, C, everything else), so that any rank >= 2 works, even one not known
+    # yet; statistics over axes 0 and 2, parameters seen along axis 1.
+    x3 = ops.reshape(x, (0, 0, -1))
+    view = (1, -1, 1)
+    scale, offset = (ops.reshape(params[k], view) for k in ("scale", "offset"))
+    if training:
+        batch_mean, batch_var = moments(x3, [0, 2])
+        for key, stat in (("moving_mean", batch_mean), ("moving_variance", batch_var)):
+            moving = params[key]
+            api.update_ops.append((api.assign(
+                moving, momentum * moving + (1.0 - momentum) * stat), x))
+        mean, variance = ops.reshape(batch_mean, view), ops.reshape(batch_var, view)
+    else:
+        mean, variance = (ops.reshape(params[k], view)
+                          for k in ("moving_mean", "moving_variance"))
+    return ops.reshape_like(batch_normalization(x3, mean, variance, offset, scale, eps), x)
+
+
+def _channel_variable(x: Node, name: str, fill: float, trainable: bool) -> Node:
+    """A (C,) Variable for axis 1 of x, filled with `fill`; of deferred shape (set by
+    tf.infer_variable_shapes) when x's channel count is not known yet."""
+    dtype = x.dtype if x.dtype is not None and x.dtype.kind == "f" else np.float32
+    channels = None if x.shape is None else x.shape[1]
+    if channels is not None:
+        init = (ops.ones if fill == 1.0 else ops.zeros)((channels,), dtype)
+        return api.Variable(init, name=name, trainable=trainable)
+    var = api.Variable(name=name, dtype=dtype, trainable=trainable)
+    api.deferred_shapes[var] = (x, lambda s: (s[1],))
+    api.deferred_fills[var] = fill
+    return var
 
 
 def bias_add(x: Node, bias: Node) -> Node:

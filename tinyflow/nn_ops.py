@@ -14,10 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from tinyflow import backend
-from tinyflow.graph import Node
+from tinyflow.graph import Node, ShapeError, user_source_line
 from tinyflow.ops import (
     OpDef,
-    _infer_same,
     _Mismatch,
     _result_dtype,
     cast,
@@ -48,6 +47,17 @@ def _pads(size: int, kernel: int, stride: int, padding) -> tuple[int, int]:
         total = max((out - 1) * stride + kernel - size, 0)
         return total // 2, total - total // 2
     return int(padding), int(padding)
+
+
+def _window_check(attrs: dict) -> None:
+    """Strides and window sizes are positive; padding is "SAME", "VALID" or an int >= 0."""
+    for key in ("stride", "ksize"):
+        if key in attrs and any(int(v) < 1 for v in attrs[key]):
+            raise _Mismatch(f"{key} {tuple(attrs[key])} must be >= 1")
+    padding = attrs.get("padding", 0)
+    if isinstance(padding, str) and padding not in ("SAME", "VALID") or \
+            not isinstance(padding, str) and int(padding) < 0:
+        raise _Mismatch(f"padding {padding!r} must be 'SAME', 'VALID' or an int >= 0")
 
 
 def _out_size(size, kernel, stride, padding):
@@ -115,7 +125,7 @@ def _bias_add_compute(xp, x, b, out=None):
 
 def _bias_grad_compute(xp, g, out=None):
     axes = (0,) + tuple(range(2, g.ndim))
-    return _write(xp, g.sum(axis=axes), out)
+    return _write(xp, g.sum(axis=axes, dtype=g.dtype), out)  # g's dtype, as the rule says
 
 
 register(OpDef("bias_add", _bias_add_compute, _bias_add_infer,
@@ -197,13 +207,16 @@ def _conv_grad_filter_grad(n, gg):
 
 
 register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
-               doc="2-D convolution, NCHW input, OIHW filters (im2col + matmul)"))
+               doc="2-D convolution, NCHW input, OIHW filters (im2col + matmul)",
+               check=_window_check))
 register(OpDef("conv2d_grad_input", _conv_grad_input_compute,
                lambda s, d, a: (tuple(s[2]), d[0]), _conv_grad_input_grad,
-               doc="gradient of conv2d with respect to its input"))
+               doc="gradient of conv2d with respect to its input",
+               check=_window_check))
 register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute,
                lambda s, d, a: (tuple(s[2]), d[0]), _conv_grad_filter_grad,
-               doc="gradient of conv2d with respect to its filters"))
+               doc="gradient of conv2d with respect to its filters",
+               check=_window_check))
 
 
 def conv2d(x, w, stride=(1, 1), padding=0) -> Node:
@@ -227,6 +240,20 @@ def _pool_infer(shapes, dtypes, attrs):
     padding = attrs.get("padding", 0)
     return (x[0], x[1], _out_size(x[2], kh, sh, padding),
             _out_size(x[3], kw, sw, padding)), dtypes[0]
+
+
+def _avg_pool_infer(shapes, dtypes, attrs):
+    """As max pooling; floats only (TF1's avg_pool too): a mean of ints is a fraction."""
+    if dtypes[0] is not None and dtypes[0].kind != "f":
+        raise _Mismatch(f"avg_pool2d needs a float input, got {dtypes[0]} (cast it first)")
+    return _pool_infer(shapes, dtypes, attrs)
+
+
+def _avg_pool_grad_infer(shapes, dtypes, attrs):
+    """Shape of x (input 1), dtype of g (input 0): floats, as avg_pool2d."""
+    if dtypes[0] is not None and dtypes[0].kind != "f":
+        raise _Mismatch(f"avg_pool2d_grad needs a float gradient, got {dtypes[0]}")
+    return tuple(shapes[1]), dtypes[0]
 
 
 def _pool_infer_second(shapes, dtypes, attrs):
@@ -283,21 +310,26 @@ def _avg_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padd
 # avg_pool2d <-> avg_pool2d_grad.
 register(OpDef("max_pool2d", _max_pool_compute, _pool_infer,
                lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], **n.attrs)],
-               doc="max over each window"))
+               doc="max over each window",
+               check=_window_check))
 register(OpDef("max_pool2d_grad", _max_pool_grad_compute,
                lambda s, d, a: (tuple(s[1]), d[0]),
                lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs), None],
-               doc="gradient of max_pool2d: g to the first max of each window of x"))
+               doc="gradient of max_pool2d: g to the first max of each window of x",
+               check=_window_check))
 register(OpDef("max_pool2d_pick", _max_pool_pick_compute, _pool_infer_second,
                lambda n, gg: [make("max_pool2d_grad", gg, n.inputs[1], **n.attrs), None],
-               doc="g (shaped like x) read at the first max of each window of x"))
-register(OpDef("avg_pool2d", _avg_pool_compute, _pool_infer,
+               doc="g (shaped like x) read at the first max of each window of x",
+               check=_window_check))
+register(OpDef("avg_pool2d", _avg_pool_compute, _avg_pool_infer,
                lambda n, g: [make("avg_pool2d_grad", g, n.inputs[0], **n.attrs)],
-               doc="mean over each window (padding counts as zeros)"))
+               doc="mean over each window (padding counts as zeros)",
+               check=_window_check))
 register(OpDef("avg_pool2d_grad", _avg_pool_grad_compute,
-               lambda s, d, a: (tuple(s[1]), d[0]),
+               _avg_pool_grad_infer,
                lambda n, gg: [make("avg_pool2d", gg, **n.attrs), None],
-               doc="gradient of avg_pool2d"))
+               doc="gradient of avg_pool2d",
+               check=_window_check))
 
 
 def _pool(op, x, ksize, stride, padding):
@@ -373,6 +405,9 @@ def _class_indices(labels, classes: int):
     """Labels as int64 class indices; a label outside [0, classes) is an error (numpy
     would wrap a negative index around, or give a silent all-zero one-hot row)."""
     idx = labels.astype(np.int64, copy=False)
+    if labels.dtype.kind == "f" and idx.size and not (idx == labels).all():
+        raise ValueError("float labels must be whole numbers (class indices); got "
+                         f"{labels[idx != labels].ravel()[:3].tolist()}")
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= classes):
         raise ValueError(f"labels must be in [0, {classes}); got values in "
                          f"[{int(idx.min())}, {int(idx.max())}]")
@@ -486,8 +521,14 @@ def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0, generators=None):
 
 # The mask's values do not depend on x's values (only its shape): zero gradient.
 # It lies on the path from the weights to the loss (x * mask), so it needs one.
-register(OpDef("dropout_mask", _dropout_mask_compute, _infer_same, zero_gradient, pure=False,
-               doc="random 0 or 1/(1-rate) of x's shape"))
+def _dropout_mask_infer(shapes, dtypes, attrs):
+    if dtypes[0] is not None and dtypes[0].kind != "f":
+        raise _Mismatch(f"dropout needs a float input, got {dtypes[0]} (TF1 too)")
+    return tuple(shapes[0]), dtypes[0]
+
+
+register(OpDef("dropout_mask", _dropout_mask_compute, _dropout_mask_infer, zero_gradient,
+               pure=False, random=True, doc="random 0 or 1/(1-rate) of x's shape"))
 
 
 def dropout(x, rate: float = 0.5, training: bool = True, seed: int | None = None) -> Node:
@@ -495,6 +536,9 @@ def dropout(x, rate: float = 0.5, training: bool = True, seed: int | None = None
     from tinyflow.ops import _next_seed
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"dropout rate must be in [0, 1), got {rate}")
+    if isinstance(x, Node) and x.dtype is not None and x.dtype.kind != "f":
+        raise ShapeError(f"dropout needs a float input, got {x.dtype} (TF1 too); cast it "
+                         f"first (at {user_source_line()})")
     if not training or rate == 0.0:
         return x
     return x * make("dropout_mask", x, rate=float(rate), seed=_next_seed(seed))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow import backend
-from tinyflow.graph import Node, ShapeError
+from tinyflow.graph import Node, ShapeError, user_source_line
 
 # ----------------------------------------------------------------------------------
 # The registry
@@ -50,12 +50,17 @@ class OpDef:
     pure: bool = True           # deterministic and side-effect free
     commutative: bool = False   # f(a, b) == f(b, a)
     differentiable: bool = True  # False: has no gradient (comparisons, argmax, ...)
+    random: bool = False        # draws random numbers: compute takes `generators`
     doc: str = ""
     # Optional: bind(xp, shapes, dtypes, attrs, workspace) -> a compute specialized to
     # these static input shapes (or None). The executor calls it once per step when it
     # compiles, so per-run work (finding a plan) disappears; `workspace` is a dict of
     # scratch buffers shared by the steps of one stream, which never run at once.
     bind: Callable[..., Any] | None = None
+    # Optional: check(attrs) raises _Mismatch for attributes no input could make valid
+    # (a stride of 0, an unknown padding). Run at build time even when the input
+    # shapes are not known yet, so the error names the user's line.
+    check: Callable[[dict], None] | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -80,6 +85,16 @@ def _fmt_shape(shape: tuple | None) -> str:
         ("," if len(shape) == 1 else "") + ")"
 
 
+def _fmt_attrs(attrs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in attrs.items()) or "none"
+
+
+def check_dims(shape: Sequence | None) -> None:
+    """Raise _Mismatch for a negative dimension (None dims are unknown, fine)."""
+    if shape is not None and any(d is not None and d < 0 for d in shape):
+        raise _Mismatch(f"negative dimension in shape {_fmt_shape(tuple(shape))}")
+
+
 def shape_error(op: str, shapes: Sequence, why: str, where: str) -> ShapeError:
     """The one format of a shape error: op, every input shape, reason, user's line."""
     shown = ", ".join(_fmt_shape(s) for s in shapes)
@@ -96,6 +111,12 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
     opdef = REGISTRY[op]
     shapes = [i.shape for i in inputs] if shapes is None else list(shapes)
     dtypes = [i.dtype for i in inputs] if dtypes is None else list(dtypes)
+    if opdef.check is not None:
+        try:
+            opdef.check(attrs)
+        except _Mismatch as why:
+            raise ShapeError(f"{op}: {why}; attributes {_fmt_attrs(attrs)} "
+                             f"(at {where})") from None
     if any(s is None for s in shapes):
         try:
             _, dtype = opdef.infer([s if s is not None else () for s in shapes],
@@ -112,15 +133,68 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
 def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Node:
     """Build a Node for `op`, checking shapes now wherever they are already known.
 
-    Python numbers and numpy arrays among `inputs` become constant nodes whose dtype
-    follows the other inputs (so `x * 2` stays float32).
+    Python numbers and lists, and numpy arrays, among `inputs` become constant nodes
+    (see `literal_dtype`: `x * 2` stays float32, `int32 + 1.5` is a float).
     """
+    where = user_source_line()
     like = next((i.dtype for i in inputs if isinstance(i, Node) and i.dtype is not None),
                 None)
-    nodes = [i if isinstance(i, Node) else constant(i, like) for i in inputs]
-    node = Node(op, nodes, attrs, name=name)
+    nodes = [i if isinstance(i, Node) else _literal(op, i, like, where) for i in inputs]
+    node = Node(op, nodes, attrs, name=name, where=where)
     node.shape, node.dtype = infer_node(op, nodes, node.attrs, node.where)
     return node
+
+
+def literal_dtype(value: Any, like: Any) -> np.dtype:
+    """The dtype a literal operand takes beside a tensor of dtype `like`.
+
+    Literals are weakly typed (numpy's NEP 50, and TF1's conversion of Python
+    numbers to the other operand's dtype): a literal of the same kind as `like`, or
+    of a lower one (bool < int < float), takes `like` (`x * 2` stays float32,
+    `int8 + 1` stays int8); a literal of a higher kind keeps its own kind, in
+    TF1's default dtype for Python numbers (float32, int32) or, for a numpy array,
+    its own dtype, and the op's numpy rule promotes (`int32 + [1.5, 2.5]` is a
+    float, `bool + 1` an int).
+    """
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{value!r} is not a number, a list of numbers or an array")
+    kinds = "biuf"
+    if like is not None and kinds.index(array.dtype.kind) <= kinds.index(
+            "i" if like.kind == "u" else like.kind):
+        return np.dtype(like)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return array.dtype
+    return python_dtype(array)
+
+
+def python_dtype(array: np.ndarray) -> np.dtype:
+    """TF1's dtype for Python numbers: float32 for floats, int32 for ints (int64 when
+    a value does not fit), bool for bools."""
+    if array.dtype.kind == "f":
+        return np.dtype(np.float32)
+    if array.dtype.kind in "iu":
+        info = np.iinfo(np.int32)
+        fits = array.size == 0 or (info.min <= array.min() and array.max() <= info.max)
+        return np.dtype(np.int32 if fits else np.int64)
+    return array.dtype
+
+
+def _literal(op: str, value: Any, like: Any, where: str) -> Node:
+    """A literal operand of `op` as a constant node; a named error if it cannot be one."""
+    try:
+        dtype = literal_dtype(value, like)
+        array = np.asarray(value)
+        if dtype.kind in "iu" and array.dtype.kind in "iu" and array.size:
+            info = np.iinfo(dtype)
+            if array.min() < info.min or array.max() > info.max:
+                raise TypeError(f"{array.max() if array.max() > info.max else array.min()}"
+                                f" is out of range for {dtype}")
+        array = array.astype(dtype)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ShapeError(f"{op}: operand {value!r} cannot be a tensor beside "
+                         f"{like or 'the other inputs'}: {err} (at {where})") from None
+    return make("constant", value=ConstValue(array))
 
 
 # ----------------------------------------------------------------------------------
@@ -198,8 +272,10 @@ def normalize_axes(axes: Any, ndim: int) -> tuple[int, ...]:
     for a in axes:
         if not -ndim <= a < ndim:
             raise _Mismatch(f"axis {a} is out of range for rank {ndim}")
+        if a % ndim in out:
+            raise _Mismatch(f"axis {a} is given twice (axes {tuple(axes)} for rank {ndim})")
         out.append(a % ndim)
-    return tuple(sorted(set(out)))
+    return tuple(sorted(out))
 
 
 # ----------------------------------------------------------------------------------
@@ -229,6 +305,7 @@ class ConstValue:
 
 
 def _source_infer(shapes, dtypes, attrs):
+    check_dims(attrs.get("shape"))
     return attrs.get("shape"), np.dtype(attrs["dtype"])
 
 
@@ -253,13 +330,20 @@ register(OpDef("constant", _constant_compute,
 
 
 def constant(value: Any, dtype: Any = None, name: str | None = None) -> Node:
-    """A constant node. Python floats take `dtype` (default float32)."""
+    """A constant node, as TF1's tf.constant: of `dtype` when given; else a numpy
+    array keeps its dtype (float64 stays float64), and Python numbers and lists
+    take TF1's defaults (floats float32, ints int32)."""
     if isinstance(value, Node):
         return value
-    if dtype is None or np.dtype(dtype).kind not in "fc":
-        dtype = np.float32 if isinstance(value, float) or (
-            isinstance(value, np.ndarray) and value.dtype == np.float64) else dtype
-    array = np.asarray(value, dtype=dtype)
+    if dtype is not None:
+        array = np.asarray(value, dtype=dtype)
+    elif isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+    else:
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"tf.constant needs numbers or an array, got {value!r}")
+        array = array.astype(python_dtype(array))
     return make("constant", value=ConstValue(array), name=name)
 
 
@@ -281,12 +365,16 @@ for _name, _fill in [("zeros", 0.0), ("ones", 1.0)]:
 _generators: dict[int, np.random.Generator] = {}
 
 
-def generator(seed: int, generators: dict | None = None) -> np.random.Generator:
-    """The random stream of op seed `seed` in `generators` (a Session's own dict, so
-    each Session replays the same values, as TF1 sessions do; the module's otherwise)."""
+def generator(seed: int | tuple, generators: dict | None = None) -> np.random.Generator:
+    """The random stream of one op, whose seed attribute is `seed` (graph seed, op
+    seed, k), in `generators` (a Session's own dict, so each Session replays the same
+    values, as TF1 sessions do; the module's otherwise). The first op of an op seed
+    under graph seed 0 draws what numpy's default_rng(op seed) draws."""
     generators = _generators if generators is None else generators
     if seed not in generators:
-        generators[seed] = np.random.default_rng(seed)
+        graph_seed, op_seed, k = seed if isinstance(seed, tuple) else (0, seed, 0)
+        entropy = op_seed if graph_seed == 0 and k == 0 else [graph_seed, op_seed, k]
+        generators[seed] = np.random.default_rng(entropy)
     return generators[seed]
 
 
@@ -304,7 +392,7 @@ def _random_compute(kind):
 
 for _name in ("random_normal", "random_uniform"):
     register(OpDef(_name, _random_compute(_name.split("_")[1]), _source_infer, None,
-                   pure=False, differentiable=False,
+                   pure=False, differentiable=False, random=True,
                    doc="Random values (normal: mean a, std b; uniform: [a, b))."))
 
 
@@ -350,7 +438,7 @@ def _sum_to_like_compute(xp, g, ref, out=None):
     lead = g.ndim - ref.ndim
     axes = tuple(range(lead)) + tuple(
         lead + i for i, d in enumerate(ref.shape) if d == 1 and g.shape[lead + i] != 1)
-    summed = g.sum(axis=axes, keepdims=True)
+    summed = g.sum(axis=axes, keepdims=True, dtype=g.dtype)  # g's dtype, as the rule says
     summed = summed.reshape(ref.shape)
     if out is None:
         return summed
@@ -439,9 +527,13 @@ _binary("minimum", "minimum",
 def _pow_grad(n, g):
     x, p = n.inputs
     grad_x = unbroadcast(g * p * power(x, p - 1.0), x)
-    # d/dp x^p = x^p log x; only defined for x > 0, so it is skipped for constants.
-    grad_p = None if p.op == "constant" else unbroadcast(g * n * log(x), p)
-    return [grad_x, grad_p]
+    if p.op == "constant":  # the usual case (x ** 2): no gradient needed for p
+        return [grad_x, None]
+    # d/dp x^p = x^p log x. At x = 0, x^p is 0 (p > 0) and the limit of the product
+    # is 0; log(0) = -inf would make it NaN, so log is taken of 1 there (PyTorch
+    # gives the same 0).
+    safe_log = log(where(equal(x, 0.0), ones_like(x), x))
+    return [grad_x, unbroadcast(g * n * safe_log, p)]
 
 
 _binary("pow", "power", _pow_grad, doc="a ** b")
@@ -547,8 +639,8 @@ def _cast_compute(xp, x, out=None, dtype="float32"):
 
 def _cast_grad(n, g):
     src = n.inputs[0].dtype
-    if src is None or src.kind != "f":
-        return [None]  # no gradient flows into integers or booleans
+    if src is None or src.kind != "f" or n.dtype.kind != "f":
+        return [None]  # no gradient flows into, or out of, integers or booleans (TF1)
     return [cast(g, src)]
 
 
@@ -684,8 +776,10 @@ def _expand_reduced(g: Node, n: Node) -> Node:
 
 
 def _mean_grad(n, g):
+    # Divided by the count N (exact, as TF1 and the original TinyFlow), not times a
+    # rounded 1/N: count_ratio(x, n) is size(x) / size(n), an integer.
     x = n.inputs[0]
-    return [_expand_reduced(g, n) * (count_ratio(n, x))]
+    return [_expand_reduced(g, n) / count_ratio(x, n)]
 
 
 def _max_grad(n, g):
@@ -838,12 +932,31 @@ def ones(shape, dtype=np.float32, name=None):
     return make("ones", shape=_shape_attr(shape), dtype=np.dtype(dtype).name, name=name)
 
 
+# Random streams (TF1: graph seed + op seed). Every random op gets a seed attribute
+# (graph seed, op seed, k) where k counts the earlier random ops built with the same
+# op seed: two dropouts with seed=42 draw from two streams, and an op's numbers never
+# depend on which other random op happens to run first (streams, memory plans and
+# passes change that order). Unseeded ops get distinct op seeds in build order.
+_graph_seed = 0
 _seed_counter = iter(range(10**9))
+_seed_uses: dict[int, int] = {}
 
 
-def _next_seed(seed):
-    # Unseeded random ops still get distinct, reproducible seeds in build order.
-    return int(seed) if seed is not None else 1_000_003 + next(_seed_counter)
+def set_random_seed(seed: int) -> None:
+    """tf.set_random_seed: the graph-level seed of the random ops built from now on.
+    The per-seed counts restart, so a program that calls it first builds the same
+    streams whatever ran before it in the process."""
+    global _graph_seed, _seed_counter
+    _graph_seed = int(seed)
+    _seed_counter = iter(range(10**9))
+    _seed_uses.clear()
+
+
+def _next_seed(seed) -> tuple[int, int, int]:
+    op_seed = int(seed) if seed is not None else 1_000_003 + next(_seed_counter)
+    k = _seed_uses.get(op_seed, 0)
+    _seed_uses[op_seed] = k + 1
+    return (_graph_seed, op_seed, k)
 
 
 def random_normal(shape, mean=0.0, stddev=1.0, dtype=np.float32, seed=None, name=None):

@@ -17,7 +17,7 @@ import numpy as np
 
 from tinyflow import api, ops
 from tinyflow.autodiff import gradients
-from tinyflow.graph import Node, ShapeError, reachable
+from tinyflow.graph import Node, reachable
 
 
 class Optimizer:
@@ -40,18 +40,28 @@ class Optimizer:
         return api.group(*[self._update(g, v) for g, v in grads_and_vars])
 
     def minimize(self, loss: Node, var_list: Sequence[Node] | None = None) -> Node:
-        return self.apply_gradients(self.compute_gradients(loss, var_list))
+        """One training step: the updates of the variables, and the layers' own
+        updates (batch normalization's moving statistics) of the layers under loss."""
+        step = self.apply_gradients(self.compute_gradients(loss, var_list))
+        under = {id(n) for n in reachable([loss])}
+        layer_updates = [u for u, source in api.update_ops if id(source) in under]
+        return api.group(step, *layer_updates) if layer_updates else step
 
     def _update(self, grad: Node, var: Node) -> Node:
         raise NotImplementedError
 
     def _slot(self, var: Node, name: str) -> Node:
-        """A zero-initialized Variable shaped like `var` (momentum, Adam's moments)."""
+        """A zero-initialized Variable shaped like `var` (momentum, Adam's moments).
+
+        When `var`'s shape is not known yet (a `tf.nn.linear` weight before
+        `tf.infer_variable_shapes`), the slot starts as zeros_like(var), as in the
+        original TinyFlow: it takes var's shape when the initializer first runs.
+        """
         if var.shape is None or None in var.shape:
-            raise ShapeError(f"{type(self).__name__} needs the shape of {var.name} for its "
-                             f"{name} slot; call tf.infer_variable_shapes before minimize")
-        return api.Variable(ops.zeros(var.shape, var.dtype), name=f"{var.name}/{name}",
-                            trainable=False)
+            init = ops.zeros_like(var)
+        else:
+            init = ops.zeros(var.shape, var.dtype)
+        return api.Variable(init, name=f"{var.name}/{name}", trainable=False)
 
 
 class GradientDescentOptimizer(Optimizer):
@@ -95,19 +105,28 @@ class AdamOptimizer(Optimizer):
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
 
     def apply_gradients(self, grads_and_vars: Sequence[tuple[Node, Node]]) -> Node:
-        # One step counter for all variables; every update reads its new value.
-        step = api.Variable(np.zeros((), np.float32), name="adam_step", trainable=False)
-        self._t = api.assign(step, step + 1.0)
-        one = np.float32(1.0)
-        self._step_size = self.learning_rate * ops.sqrt(one - ops.power(self.beta2, self._t)) \
-            / (one - ops.power(self.beta1, self._t))
+        self._step_sizes: dict[np.dtype, Node] = {}
         return super().apply_gradients(grads_and_vars)
+
+    def _step_size(self, dtype: np.dtype) -> Node:
+        """lr * sqrt(1 - b2^t) / (1 - b1^t), computed in `dtype` (TF1 does it in the
+        variable's dtype). One step counter per dtype, shared by every variable of
+        that dtype; each update reads the counter's new value."""
+        if dtype not in self._step_sizes:
+            name = "adam_step" if not self._step_sizes else f"adam_step_{dtype.name}"
+            step = api.Variable(np.zeros((), dtype), name=name, trainable=False)
+            t = api.assign(step, step + 1.0)
+            one = dtype.type(1.0)
+            self._step_sizes[dtype] = self.learning_rate * ops.sqrt(
+                one - ops.power(self.beta2, t)) / (one - ops.power(self.beta1, t))
+        return self._step_sizes[dtype]
 
     def _update(self, grad: Node, var: Node) -> Node:
         m, v = self._slot(var, "m"), self._slot(var, "v")
         new_m = api.assign(m, self.beta1 * m + (1.0 - self.beta1) * grad)
         new_v = api.assign(v, self.beta2 * v + (1.0 - self.beta2) * grad * grad)
-        step = self._step_size * new_m / (ops.sqrt(new_v) + self.epsilon)
+        step_size = self._step_size(np.dtype(var.dtype or np.float32))
+        step = step_size * new_m / (ops.sqrt(new_v) + self.epsilon)
         if self.weight_decay:
             step = step + self.learning_rate * self.weight_decay * var
         return api.assign(var, var - step)

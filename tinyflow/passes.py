@@ -122,7 +122,9 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
     leaves = frozenset(id(n) for n in sources)
     clones: dict[Node, Node] = {}
     taken: dict[str, int] = {}
-    for node in topological_order(fetches, leaves):
+    order = topological_order(fetches, leaves)
+    first_written = _first_written(order, fetches, sources)
+    for node in order:
         name = node.name
         while name in taken:
             taken[node.name] += 1
@@ -139,16 +141,45 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
             raise FeedError(f"placeholder {node.name!r} (created at {node.where}) must be "
                             f"fed: computing {needed} needs it")
         elif node.op == "variable":
-            raise FeedError(f"variable {node.name!r} (created at {node.where}) has no value "
-                            "and no known shape; run tf.global_variables_initializer() "
-                            "or assign it first")
+            if id(node) not in first_written:
+                raise FeedError(f"variable {node.name!r} (created at {node.where}) has no "
+                                "value and no known shape; run "
+                                "tf.global_variables_initializer() or assign it first")
+            continue  # only written here: cloned with the shape of the value written
         else:
+            if id(node) in first_written.values():
+                target = node.inputs[0]
+                value = clones[node.inputs[1]]
+                clones[target] = Node("variable", (), {"shape": value.shape,
+                                      "dtype": np.dtype(target.dtype or value.dtype).name},
+                                      name=target.name, shape=value.shape,
+                                      dtype=target.dtype or value.dtype, where=target.where,
+                                      provenance=target.provenance, phase=target.phase)
             inputs = [clones[i] for i in node.inputs]
             clone = Node(node.op, inputs, node.attrs, name=name, where=node.where,
                          provenance=node.provenance, phase=node.phase)
             clone.shape, clone.dtype = infer_node(node.op, inputs, node.attrs, node.where)
         clones[node] = clone
     return Graph([clones[f] for f in fetches]), clones
+
+
+def _first_written(order: list[Node], fetches: list[Node], sources: dict) -> dict[int, int]:
+    """{id of variable: id of its first writer} for the variables with no value and no
+    known shape that this graph only writes (an optimizer slot made as zeros_like of a
+    variable whose shape was unknown at minimize time): they take the shape of the
+    value written, as a first tf.assign does."""
+    fetched = {id(f) for f in fetches}
+    readers: set[int] = set()
+    writers: dict[int, int] = {}
+    for node in order:
+        targets = node.inputs[:1] if node.op in VARIABLE_WRITERS else ()
+        for inp in node.inputs:
+            if inp.op == "variable" and inp not in sources:
+                if any(inp is t for t in targets) and inp not in node.inputs[1:]:
+                    writers.setdefault(id(inp), id(node))
+                else:
+                    readers.add(id(inp))
+    return {v: w for v, w in writers.items() if v not in readers and v not in fetched}
 
 
 # ----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from tinyflow.ops import (
     _infer_like_second,
     _Mismatch,
     _result_dtype,
-    broadcast_shapes,
+    check_dims,
     make,
     normalize_axes,
     register,
@@ -36,12 +36,18 @@ def _resolve_zeros(src: tuple, target: tuple) -> list:
     return [src[i] if d == 0 and i < len(src) else d for i, d in enumerate(target)]
 
 
+def _reshape_check(attrs):
+    shape = attrs["shape"]
+    if any(d < -1 for d in shape):
+        raise _Mismatch(f"shape {tuple(shape)} has a negative size other than -1")
+    if list(shape).count(-1) > 1:
+        raise _Mismatch(f"shape {tuple(shape)} has more than one -1")
+
+
 def _reshape_infer(shapes, dtypes, attrs):
     src, target = shapes[0], _resolve_zeros(shapes[0], attrs["shape"])
-    if target.count(-1) > 1:
-        raise _Mismatch("reshape allows at most one -1")
     if None in target:  # a copied dim that is itself unknown
-        return tuple(target), dtypes[0]
+        return _reshape_unknown(src, attrs["shape"], target), dtypes[0]
     known = math.prod(d for d in target if d != -1)
     if -1 in target:
         if None in src:
@@ -54,6 +60,23 @@ def _reshape_infer(shapes, dtypes, attrs):
     elif None not in src and math.prod(src) != known:
         raise _Mismatch(f"cannot reshape {math.prod(src)} elements into {tuple(target)}")
     return tuple(target), dtypes[0]
+
+
+def _reshape_unknown(src: tuple, shape: tuple, target: list) -> tuple:
+    """The target when some copied dims (0s) are unknown: a -1 is still known when
+    every other dim of x is (flatten: (None, 3, 3, 3) to (0, -1) is (None, 27)), as
+    the copied dims appear on both sides."""
+    if -1 in target:
+        rest = [d for i, d in enumerate(src) if not (i < len(shape) and shape[i] == 0)]
+        known = math.prod(d for d in target if d not in (-1, None))
+        size = None
+        if None not in rest and known:
+            size = math.prod(rest) // known if math.prod(rest) % known == 0 else None
+            if size is None:
+                raise _Mismatch(f"cannot reshape {math.prod(rest)} elements per copied "
+                                f"dims into {tuple(shape)}")
+        target[target.index(-1)] = size
+    return tuple(target)
 
 
 def _reshape_compute(xp, x, out=None, shape=()):
@@ -73,7 +96,8 @@ def _reshape_like_compute(xp, x, ref, out=None):
 
 
 register(OpDef("reshape", _reshape_compute, _reshape_infer,
-               lambda n, g: [reshape_like(g, n.inputs[0])], doc="same data, new shape"))
+               lambda n, g: [reshape_like(g, n.inputs[0])], doc="same data, new shape",
+               check=_reshape_check))
 register(OpDef("reshape_like", _reshape_like_compute, _infer_like_second,
                lambda n, g: [reshape_like(g, n.inputs[0]), None],
                doc="reshape input 0 to the shape of input 1"))
@@ -83,7 +107,8 @@ def _transpose_infer(shapes, dtypes, attrs):
     shape, axes = shapes[0], attrs.get("axes")
     if axes is None:
         return tuple(reversed(shape)), dtypes[0]
-    if sorted(a % len(shape) for a in axes) != list(range(len(shape))):
+    if len(axes) != len(shape) or any(not -len(shape) <= a < len(shape) for a in axes) \
+            or sorted(a % len(shape) for a in axes) != list(range(len(shape))):
         raise _Mismatch(f"axes {tuple(axes)} are not a permutation of rank {len(shape)}")
     return tuple(shape[a] for a in axes), dtypes[0]
 
@@ -110,7 +135,11 @@ register(OpDef("transpose", _transpose_compute, _transpose_infer, _transpose_gra
 
 def _broadcast_to_infer(shapes, dtypes, attrs):
     target = tuple(attrs["shape"])
-    if broadcast_shapes(shapes[0], target) != target:
+    check_dims(target)
+    src = shapes[0]
+    # An unknown dim may turn out to be 1 or the target's size: checked when fed.
+    if len(src) > len(target) or any(
+            d is not None and d != 1 and d != t for d, t in zip(src[::-1], target[::-1])):
         raise _Mismatch(f"cannot broadcast to {target}")
     return target, dtypes[0]
 
@@ -151,8 +180,8 @@ def _squeeze_infer(shapes, dtypes, attrs):
     shape = shapes[0]
     axis = attrs.get("axis")
     if axis is None:
-        if None in shape:
-            raise _Mismatch("squeeze without an axis needs every dim known")
+        if None in shape:  # which dims are 1 is known once fed: rank unknown (TF1)
+            return None, dtypes[0]
         return tuple(d for d in shape if d != 1), dtypes[0]
     axes = normalize_axes(axis, len(shape))
     for a in axes:
@@ -326,6 +355,8 @@ def _gather_infer(shapes, dtypes, attrs):
     params, indices = shapes
     if len(params) < 1:
         raise _Mismatch("gather needs params of rank >= 1")
+    if dtypes[1] is not None and dtypes[1].kind not in "iu":
+        raise _Mismatch(f"indices must be integers, got {dtypes[1]} (cast them first)")
     return tuple(indices) + tuple(params[1:]), dtypes[0]
 
 

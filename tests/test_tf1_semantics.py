@@ -1,0 +1,374 @@
+"""TF1's answers where TinyFlow's differed (issue 14: items 1, 5-8, 10, 20, 21, 25).
+
+Each test names the item it pins down. Where TF1 defines the behaviour (graph and op
+seeds, dtypes of constants, None gradients, errors for uninitialized reads), the
+expectation is TF1's; where it raises, TinyFlow raises a TinyFlowError naming the
+op and the user's line, at build time when the fault is visible then.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tinyflow as tf
+from tinyflow import ops
+from tinyflow.executor import ExecutionError
+from tinyflow.graph import FeedError, ShapeError, TinyFlowError
+
+HERE = os.path.basename(__file__)
+
+# Option sets that must never change an answer.
+OPTION_SETS = [dict(passes=[], memory=None), dict(), dict(memory=None), dict(streams=2),
+               dict(streams=4), dict(passes=[]), dict(streams=2, memory=None)]
+
+
+def _run_everywhere(fetches, feeds=None, init=None):
+    results = []
+    for opts in OPTION_SETS:
+        sess = tf.Session(**opts)
+        if init is not None:
+            sess.run(init)
+        results.append(sess.run(fetches, feeds or {}))
+    return results
+
+
+def _assert_all_equal(results):
+    first = results[0]
+    for other in results[1:]:
+        for a, b in zip(first, other):
+            np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------------
+# 1. each random op its own stream, whatever runs first
+# ----------------------------------------------------------------------------------
+
+def test_item1_two_dropouts_with_one_seed_are_independent_of_run_order():
+    a = tf.placeholder(tf.float32, (64,))
+    b = tf.placeholder(tf.float32, (64,))
+    da = tf.nn.dropout(a, 0.5, seed=42)
+    db = tf.nn.dropout(tf.exp(tf.tanh(b)), 0.5, seed=42)
+    feeds = {a: np.ones(64, np.float32), b: np.zeros(64, np.float32)}
+    results = _run_everywhere([da, db], feeds)
+    _assert_all_equal(results)
+    # Asking for one of them alone gives the same numbers as asking for both.
+    alone = tf.Session().run(db, feeds)
+    np.testing.assert_array_equal(alone, results[0][1])
+
+
+def test_item1_dropout_of_matmul_same_under_every_option():
+    x = tf.placeholder(tf.float32, (8, 8))
+    y = tf.reduce_sum(tf.nn.dropout(tf.matmul(x, x), 0.5, seed=7))
+    z = tf.random_normal((8, 8), seed=7)
+    feeds = {x: np.arange(64, dtype=np.float32).reshape(8, 8) / 64}
+    _assert_all_equal(_run_everywhere([y, z], feeds))
+
+
+def test_item1_graph_seed_with_op_seeds_reproduces_and_differs_by_op():
+    tf.set_random_seed(1234)
+    first = tf.random_uniform((5,), seed=3)
+    second = tf.random_uniform((5,), seed=3)
+    sess = tf.Session()
+    one, two = sess.run([first, second])
+    assert not np.array_equal(one, two)  # two ops, one op seed: two streams
+    # A fresh Session replays the same values (TF1 sessions do).
+    again = tf.Session().run([first, second])
+    np.testing.assert_array_equal(again[0], one)
+    np.testing.assert_array_equal(again[1], two)
+
+
+# ----------------------------------------------------------------------------------
+# 5. Python literals are weakly typed; None is a build error
+# ----------------------------------------------------------------------------------
+
+def test_item5_float_list_with_int_tensor_promotes_to_float():
+    xi = tf.placeholder(tf.int32, (2,))
+    out = tf.Session().run(xi + [1.5, 2.5], {xi: np.array([1, 2], np.int32)})
+    assert out.dtype.kind == "f"
+    np.testing.assert_array_equal(out, [2.5, 4.5])
+
+
+def test_item5_bool_plus_int_is_int():
+    xb = tf.placeholder(tf.bool_, (2,))
+    out = tf.Session().run(xb + 1, {xb: np.array([True, False])})
+    assert out.dtype.kind == "i"
+    np.testing.assert_array_equal(out, [2, 1])
+
+
+def test_item5_int_tensor_times_int_literal_stays_int32_and_float_tensor_stays_float32():
+    xi = tf.placeholder(tf.int32, (2,))
+    xf = tf.placeholder(tf.float32, (2,))
+    assert (xi * 3).dtype == np.int32
+    assert (xf * 2.5).dtype == np.float32
+    assert (xf + [1.0, 2.0]).dtype == np.float32
+    assert (xf * np.float64(2.0)).dtype == np.float32
+
+
+def test_item5_none_operand_is_a_build_error_naming_op_and_line():
+    x = tf.placeholder(tf.float32, (3,))
+    with pytest.raises(TinyFlowError, match=rf"add.*None.*{HERE}:\d+"):
+        x + None  # noqa: B018
+
+
+def test_item5_out_of_range_literal_is_a_clear_error():
+    xi = tf.placeholder(tf.int32, (2,))
+    with pytest.raises(TinyFlowError, match=rf"add.*1099511627776.*int32.*{HERE}:\d+"):
+        xi + 2**40  # noqa: B018
+
+
+def test_item5_embedding_of_a_float_list_gives_floats():
+    ids = tf.placeholder(tf.int32, (2,))
+    out = tf.Session().run(tf.nn.embedding_lookup([[.1, .2]], ids), {ids: np.array([0, 0])})
+    assert out.dtype.kind == "f"
+    np.testing.assert_allclose(out, [[.1, .2], [.1, .2]], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------------
+# 6. constants and Variables keep the array's dtype
+# ----------------------------------------------------------------------------------
+
+def test_item6_constant_and_variable_keep_array_dtype():
+    assert tf.constant(np.zeros(2)).dtype == np.float64
+    assert tf.constant(np.zeros(2, np.float16)).dtype == np.float16
+    assert tf.Variable(np.zeros(2)).dtype == np.float64
+    v = tf.Variable(np.arange(3.0), dtype=tf.float64)
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    assert sess.run(v).dtype == np.float64
+    # Python floats are float32, as in TF1.
+    assert tf.constant([1.0, 2.0]).dtype == np.float32
+    assert tf.constant(1.5).dtype == np.float32
+    assert tf.constant([1, 2]).dtype == np.int32
+    assert tf.constant([1.0, 2.0], tf.float64).dtype == np.float64
+
+
+# ----------------------------------------------------------------------------------
+# 7. Adam in the variable's dtype; a mean's gradient divides by N
+# ----------------------------------------------------------------------------------
+
+def test_item7_adam_float64_follows_tf1_formula():
+    w0 = np.array([0.3, -1.2, 2.0])
+    w = tf.Variable(w0.copy(), dtype=tf.float64)
+    loss = tf.reduce_sum(w * w * w)
+    step = tf.train.AdamOptimizer(0.01).minimize(loss)
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    ref, m, v = w0.copy(), np.zeros(3), np.zeros(3)
+    for t in range(1, 6):
+        sess.run(step)
+        g = 3 * ref * ref
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        lr_t = 0.01 * np.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
+        ref = ref - lr_t * m / (np.sqrt(v) + 1e-8)
+    got = sess.run(w)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, ref, rtol=1e-13, atol=0)
+
+
+def test_item7_mean_gradient_is_divided_by_n():
+    x = tf.placeholder(tf.float32, (2, 3))
+    (g,) = tf.gradients(-tf.reduce_mean(x) * 14, [x])
+    out = tf.Session().run(g, {x: np.ones((2, 3), np.float32)})
+    np.testing.assert_array_equal(out, np.full((2, 3), np.float32(-14) / np.float32(6)))
+
+
+# ----------------------------------------------------------------------------------
+# 8. TF1's answers: uninitialized reads, grad_ys None, casts, pow, fetch with assign
+# ----------------------------------------------------------------------------------
+
+def test_item8_uninitialized_variable_read_is_an_error_naming_it():
+    w = tf.Variable(tf.zeros((2,)), name="never_set")
+    with pytest.raises(ExecutionError, match="never_set"):
+        tf.Session().run(w)
+
+
+def test_item8_grad_ys_none_means_ones():
+    x = tf.placeholder(tf.float32, (3,))
+    y1, y2 = x * 2.0, x * 3.0
+    (g,) = tf.gradients([y1, y2], [x], grad_ys=[None, tf.ones_like(y2) * 2.0])
+    out = tf.Session().run(g, {x: np.ones(3, np.float32)})
+    np.testing.assert_array_equal(out, [8.0, 8.0, 8.0])
+
+
+def test_item8_no_gradient_through_a_cast_to_int():
+    x = tf.placeholder(tf.float32, (3,))
+    y = tf.cast(x, tf.int32)
+    assert tf.gradients(y, [x]) == [None]
+    assert tf.gradients(tf.reduce_sum(tf.cast(y, tf.float32)), [x]) == [None]
+
+
+def test_item8_pow_gradient_wrt_exponent_is_finite_at_zero_base():
+    x = tf.placeholder(tf.float32, (3,))
+    p = tf.placeholder(tf.float32, (3,))
+    (gp,) = tf.gradients(tf.reduce_sum(tf.pow(x, p)), [p])
+    out = tf.Session().run(gp, {x: np.array([0., 1., 2.], np.float32),
+                                p: np.array([2., 2., 2.], np.float32)})
+    np.testing.assert_allclose(out, [0.0, 0.0, 4 * np.log(2)], rtol=1e-6)
+
+
+def test_item8_fetched_variable_beside_its_assign_shows_the_value_read():
+    v = tf.Variable(np.array([1.0, 2.0], np.float32))
+    up = tf.assign(v, v + 10.0)
+    init = tf.global_variables_initializer()
+    for opts in OPTION_SETS:
+        sess = tf.Session(**opts)
+        sess.run(init)
+        before, after = sess.run([v, up])
+        np.testing.assert_array_equal(before, [1.0, 2.0])
+        np.testing.assert_array_equal(after, [11.0, 12.0])
+        after2, before2 = sess.run([up, v])
+        np.testing.assert_array_equal(before2, [11.0, 12.0])
+        np.testing.assert_array_equal(after2, [21.0, 22.0])
+
+
+# ----------------------------------------------------------------------------------
+# 10. negative dimensions
+# ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("build", [
+    lambda: tf.placeholder(tf.float32, (-1, 3)),
+    lambda: tf.zeros((-1, 3)),
+    lambda: tf.ones((2, -2)),
+    lambda: tf.random_normal((-3,)),
+    lambda: tf.Variable(tf.zeros((2,)), shape=(-2,)),
+    lambda: tf.broadcast_to(tf.placeholder(tf.float32, (3,)), (-1, 3)),
+])
+def test_item10_negative_dimensions_are_build_errors(build):
+    with pytest.raises(ShapeError, match=rf"negative.*{HERE}:\d+"):
+        build()
+
+
+# ----------------------------------------------------------------------------------
+# 20. attributes checked at build time
+# ----------------------------------------------------------------------------------
+
+def _x4():
+    return (tf.placeholder(tf.float32, (1, 1, 6, 6)), tf.placeholder(tf.float32, (1, 1, 2, 2)))
+
+
+@pytest.mark.parametrize("build, words", [
+    (lambda: tf.transpose(tf.placeholder(tf.float32, (2, 3)), (2, 1)), "transpose.*axes"),
+    (lambda: tf.transpose(tf.placeholder(tf.float32, (2, 3)), (0, 0)), "transpose.*axes"),
+    (lambda: tf.nn.conv2d(*_x4(), strides=[1, 0, 0, 1]), "conv2d.*stride"),
+    (lambda: tf.nn.max_pool(_x4()[0], ksize=[1, 0, 0, 1]), "max_pool2d.*ksize"),
+    (lambda: tf.nn.avg_pool(_x4()[0], ksize=[1, 2, 2, 1], strides=[1, -1, 1, 1]),
+     "avg_pool2d.*stride"),
+    (lambda: tf.nn.conv2d(*_x4(), padding="FULL"), "conv2d.*padding"),
+    (lambda: tf.nn.conv2d(*_x4(), padding=-1), "conv2d.*padding"),
+    (lambda: tf.reshape(tf.placeholder(tf.float32, (2, 3)), (-3, -2)), "reshape.*shape"),
+    (lambda: tf.reshape(tf.placeholder(tf.float32, (2, 3)), (-1, -1)), "reshape.*-1"),
+    (lambda: tf.reduce_sum(tf.placeholder(tf.float32, (2, 3)), [1, -1]), "sum.*axis"),
+    (lambda: tf.gather(tf.placeholder(tf.float32, (4, 3)), tf.placeholder(tf.float32, (2,))),
+     "gather.*indices.*float32"),
+])
+def test_item20_bad_attributes_are_build_errors_naming_op_and_line(build, words):
+    with pytest.raises(ShapeError, match=rf"{words}.*{HERE}:\d+"):
+        build()
+
+
+def test_item20_float_labels_must_be_whole_numbers():
+    # The original TinyFlow's programs feed float labels (a float32 placeholder), so
+    # float labels are accepted; a fractional one is an error naming the op and line,
+    # not a silent truncation. (TF1 refuses float labels outright.)
+    logits = tf.placeholder(tf.float32)
+    labels = tf.placeholder(tf.float32)
+    loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(logits, labels)
+    out = tf.Session().run(loss, {logits: np.zeros((2, 3)), labels: np.array([0., 2.])})
+    np.testing.assert_allclose(out, np.log(3), rtol=1e-6)
+    with pytest.raises(ExecutionError, match=rf"softmax_cross_entropy.*{HERE}:\d+.*whole"):
+        tf.Session().run(loss, {logits: np.zeros((2, 3)), labels: np.array([0.5, 2.])})
+
+
+@pytest.mark.parametrize("build", [
+    lambda: tf.nn.avg_pool(tf.placeholder(tf.int32, (1, 1, 4, 4))),
+    lambda: tf.nn.dropout(tf.placeholder(tf.int32, (4,)), 0.5),
+])
+def test_item4_integer_avg_pool_and_dropout_are_build_errors(build):
+    with pytest.raises(ShapeError, match=rf"float.*{HERE}:\d+"):
+        build()
+
+
+def test_item20_feed_dict_as_a_list_is_a_feed_error():
+    x = tf.placeholder(tf.float32, (2,))
+    with pytest.raises(FeedError, match="feed_dict.*dict.*list"):
+        tf.Session().run(x, [np.zeros(2)])
+
+
+def test_item20_numpy_array_plus_node_builds_a_node():
+    x = tf.placeholder(tf.float32, (3,))
+    y = np.ones(3, np.float32) + x
+    assert isinstance(y, tf.Node) and y.op == "add"
+    z = np.float32(2.0) * x
+    assert isinstance(z, tf.Node) and z.dtype == np.float32
+    out = tf.Session().run(y, {x: np.arange(3, dtype=np.float32)})
+    np.testing.assert_array_equal(out, [1.0, 2.0, 3.0])
+
+
+# ----------------------------------------------------------------------------------
+# 21. shape rules with unknown dims
+# ----------------------------------------------------------------------------------
+
+def test_item21_flatten_of_unknown_batch_feeds_a_matmul():
+    x = tf.placeholder(tf.float32, (None, 3, 3, 3))
+    flat = tf.nn.flatten_layer(x)
+    assert flat.shape == (None, 27)
+    w = tf.placeholder(tf.float32, (27, 2))
+    y = tf.matmul(flat, w)
+    out = tf.Session().run(y, {x: np.ones((2, 3, 3, 3)), w: np.ones((27, 2))})
+    np.testing.assert_array_equal(out, np.full((2, 2), 27.0))
+    assert tf.reshape(tf.placeholder(tf.float32, (None, 4)), (-1, 2)).shape == (None, 2)
+    assert tf.reshape(tf.placeholder(tf.float32, (None, 4)), (2, -1)).shape == (2, None)
+
+
+def test_item21_squeeze_with_unknown_dims_builds_as_tf1():
+    x = tf.placeholder(tf.float32, (None, 1, 3))
+    y = tf.squeeze(x)
+    assert y.shape is None  # TF1: rank unknown until the batch size is known
+    out = tf.Session().run(y, {x: np.ones((2, 1, 3))})
+    assert out.shape == (2, 3)
+    out = tf.Session().run(y, {x: np.ones((1, 1, 3))})
+    assert out.shape == (3,)
+
+
+def test_item21_broadcast_from_unknown_dim():
+    x = tf.placeholder(tf.float32, (None, 5))
+    y = tf.broadcast_to(x, (1, 1, 5))
+    assert y.shape == (1, 1, 5)
+    out = tf.Session().run(y, {x: np.ones((1, 5))})
+    assert out.shape == (1, 1, 5)
+    with pytest.raises(TinyFlowError):
+        tf.Session().run(y, {x: np.ones((3, 5))})
+
+
+# ----------------------------------------------------------------------------------
+# 25. optimizer slots take their variable's shape when first run
+# ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer", [lambda: tf.train.AdamOptimizer(0.01),
+                                       lambda: tf.train.MomentumOptimizer(0.01, 0.9)])
+def test_item25_minimize_before_shapes_are_known(optimizer):
+    x = tf.placeholder(tf.float32)
+    y = tf.nn.linear(x, num_hidden=3, name="late")
+    loss = tf.reduce_mean(y * y)
+    train = optimizer().minimize(loss)
+    sess = tf.Session()
+    init = [tf.assign(v, tf.normal(shape, 0.1, seed=1))
+            for v, _, shape in tf.infer_variable_shapes(loss, feed_dict={x: [4, 5]})]
+    sess.run(init)
+    sess.run(tf.initialize_all_variables())
+    feed = {x: np.ones((4, 5), np.float32)}
+    first = sess.run(loss, feed)
+    for _ in range(5):
+        sess.run(train, feed)
+    assert sess.run(loss, feed) < first
+
+
+def test_cast_gradient_float_to_float_still_flows():
+    x = tf.placeholder(tf.float32, (2,))
+    (g,) = tf.gradients(tf.reduce_sum(tf.cast(x, tf.float64) * 2.0), [x])
+    np.testing.assert_array_equal(tf.Session().run(g, {x: np.ones(2, np.float32)}), [2, 2])
+    assert ops.REGISTRY["cast"].gradient is not None
