@@ -23,7 +23,8 @@ import pytest
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 LESSONS = ["01_tensors_and_ops", "02_autodiff", "03_graph_passes", "04_memory_planning",
-           "05_executor_and_streams", "06_allreduce", "07_gpu", "08_debugger_tour"]
+           "05_executor_and_streams", "06_allreduce", "07_gpu", "08_debugger_tour",
+           "09_eager_and_tracing"]
 TIMEOUT = 300  # seconds; a lesson takes about one, a quick training run up to ~20
 
 
@@ -160,8 +161,18 @@ def check_08(out: str) -> None:
     path.parent.rmdir()
 
 
+def check_09(out: str) -> None:
+    assert "dloss/dx = " in out and "after two: 12.0" in out
+    assert "retain_graph=True" in out                       # the third backward refused
+    eager_line = next(line for line in out.splitlines() if line.startswith("eager :"))
+    traced_line = next(line for line in out.splitlines() if line.startswith("traced:"))
+    assert eager_line.split(" in ")[0][7:] == traced_line.split(" in ")[0][7:]  # same losses
+    assert "2 trace(s)" in out and "graph break at 09_eager_and_tracing.py:" in out
+    assert "static plan arena" in out and "caching: peak reserved" in out
+
+
 CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05,
-          "06": check_06, "07": check_07, "08": check_08}
+          "06": check_06, "07": check_07, "08": check_08, "09": check_09}
 
 
 @pytest.mark.parametrize("lesson", LESSONS)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
-import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -134,7 +133,7 @@ class CachingAllocator:
         index = bisect.bisect_left(pool, (size, -1, -1))
         if index < len(pool):
             block = pool.pop(index)[3]
-            reason = f"reused free block #{block.id} ({block.size} B at offset " \
+            reason = f"best fit: free block #{block.id} ({block.size} B at offset " \
                      f"{block.offset} of segment {block.segment})"
         else:
             block = self._new_segment(size, small)
@@ -165,9 +164,9 @@ class CachingAllocator:
     def array(self, shape: tuple, dtype: Any) -> tuple[np.ndarray, Block]:
         """An uninitialized array of `shape` and `dtype` in a fresh block."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        block = self.malloc(nbytes)
-        return self.view(block, nbytes, dtype).reshape(shape), block
+        block = self.malloc(math.prod(shape) * dtype.itemsize)
+        buffer = self.segments[block.segment].buffer
+        return np.ndarray(shape, dtype, buffer=buffer, offset=block.offset), block
 
     def view(self, block: Block, nbytes: int, dtype: Any) -> np.ndarray:
         buffer = self.segments[block.segment].buffer
@@ -175,7 +174,7 @@ class CachingAllocator:
 
     def empty_cache(self) -> None:
         """Release segments that hold no live block (torch.cuda.empty_cache)."""
-        for pool, small in ((self.free_small, True), (self.free_large, False)):
+        for pool in (self.free_small, self.free_large):
             for entry in list(pool):
                 block = entry[3]
                 seg = self.segments[block.segment]
@@ -275,6 +274,7 @@ class CachingAllocator:
         if self.record:
             self.events.append({"event": kind, "block": block.id, "segment": block.segment,
                                 "offset": block.offset, "size": block.size,
+                                "requested": block.requested,
                                 "allocated": self.allocated, "reserved": self.reserved,
                                 "reason": reason})
 
@@ -500,25 +500,27 @@ class Tensor:
         return self.assign_(self * value)
 
     # -- operators: the graph's builders, run at once through `apply` --------------
-    def __add__(self, other): return ops.add(self, other)
-    def __radd__(self, other): return ops.add(other, self)
-    def __sub__(self, other): return ops.sub(self, other)
-    def __rsub__(self, other): return ops.sub(other, self)
-    def __mul__(self, other): return ops.mul(self, other)
-    def __rmul__(self, other): return ops.mul(other, self)
-    def __truediv__(self, other): return ops.div(self, other)
-    def __rtruediv__(self, other): return ops.div(other, self)
-    def __pow__(self, other): return ops.power(self, other)
-    def __rpow__(self, other): return ops.power(other, self)
+    # The arithmetic operators go straight to `apply` (their builders in ops.py are
+    # nothing but `make`), which saves two Python calls on the hottest path.
+    def __add__(self, other): return apply("add", (self, other), {})
+    def __radd__(self, other): return apply("add", (other, self), {})
+    def __sub__(self, other): return apply("sub", (self, other), {})
+    def __rsub__(self, other): return apply("sub", (other, self), {})
+    def __mul__(self, other): return apply("mul", (self, other), {})
+    def __rmul__(self, other): return apply("mul", (other, self), {})
+    def __truediv__(self, other): return apply("div", (self, other), {})
+    def __rtruediv__(self, other): return apply("div", (other, self), {})
+    def __pow__(self, other): return apply("pow", (self, other), {})
+    def __rpow__(self, other): return apply("pow", (other, self), {})
     def __matmul__(self, other): return ops.matmul(self, other)
     def __rmatmul__(self, other): return ops.matmul(other, self)
-    def __neg__(self): return ops.neg(self)
+    def __neg__(self): return apply("neg", (self,), {})
     def __abs__(self): return ops.abs(self)
     def __lt__(self, other): return ops.less(self, other)
     def __le__(self, other): return ops.less_equal(self, other)
     def __gt__(self, other): return ops.greater(self, other)
     def __ge__(self, other): return ops.greater_equal(self, other)
-    def __getitem__(self, index): return getattr(ops, "getitem")(self, index)
+    def __getitem__(self, index): return ops.getitem(self, index)
     __hash__ = object.__hash__   # identity, as for Nodes (`==` stays identity)
 
     def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
@@ -561,14 +563,39 @@ _literals: dict[tuple, np.ndarray] = {}
 def _literal(value: Any, like: Any) -> np.ndarray:
     """A Python number or array mixed with Tensors, typed as the graph's `make` types
     it (so `x * 2` stays float32 in both halves)."""
-    hashable = isinstance(value, (int, float, bool))
+    hashable = isinstance(value, (int, float, bool, np.generic))
     key = (type(value), value, like) if hashable else None
     if key is not None and key in _literals:
         return _literals[key]
-    array = ops.constant(value, like).attrs["value"].array
+    array = ops.constant(value, like).attrs["value"].array  # read-only
     if key is not None and len(_literals) < 4096:
         _literals[key] = array
     return array
+
+
+_inferred: dict[tuple, tuple] = {}
+MAX_INFERRED = 65536  # distinct (op, shapes, dtypes, attrs); a model has a few hundred
+
+
+def _infer(op: str, opdef: Any, arrays: list, attrs: dict) -> tuple:
+    """`opdef.infer` on the arrays' shapes and dtypes, remembered: a shape rule is a
+    pure function, and an eager loop asks it the same question every step."""
+    shapes = tuple(a.shape for a in arrays)
+    dtypes = tuple(a.dtype for a in arrays)
+    try:
+        key = (op, shapes, dtypes, tuple(attrs.items()) if attrs else ())
+        hash(key)
+    except TypeError:  # an attribute that cannot be hashed: just ask
+        key = None
+    result = _inferred.get(key) if key is not None else None
+    if result is None:
+        try:
+            result = opdef.infer(list(shapes), list(dtypes), attrs)
+        except _Mismatch as why:
+            raise shape_error(op, shapes, str(why), user_source_line()) from None
+        if key is not None and len(_inferred) < MAX_INFERRED:
+            _inferred[key] = result
+    return result
 
 
 def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) -> Tensor:
@@ -586,10 +613,7 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     tensors = [i if isinstance(i, Tensor) else _constant_tensor(i, like) for i in inputs]
     opdef = REGISTRY[op]
     arrays = [t.data for t in tensors]
-    try:
-        shape, dtype = opdef.infer([a.shape for a in arrays], [a.dtype for a in arrays], attrs)
-    except _Mismatch as why:
-        raise shape_error(op, [a.shape for a in arrays], str(why), user_source_line()) from None
+    shape, dtype = _infer(op, opdef, arrays, attrs)
     if op in _RANDOM:
         attrs = {**attrs, "generators": _generators}
     alloc = _allocator
@@ -613,10 +637,9 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
 
 
 def _constant_tensor(value: Any, like: Any) -> Tensor:
-    array = _literal(value, like)
-    out, block = _allocator.array(array.shape, array.dtype)
-    out[...] = array
-    return Tensor._wrap(out, block, alloc=_allocator)
+    # A literal's array is made once and shared (read-only), outside the allocator:
+    # the static plan keeps constants outside its arena too.
+    return Tensor._wrap(_literal(value, like), None)
 
 
 _RANDOM = _random_ops()
@@ -1136,3 +1159,50 @@ class Adam(Optimizer):
         m = self.m[index].assign_(self.beta1 * self.m[index] + (1.0 - self.beta1) * grad)
         v = self.v[index].assign_(self.beta2 * self.v[index] + (1.0 - self.beta2) * grad * grad)
         p.sub_(self._step_size * m / (ops.sqrt(v) + self.eps))
+
+
+# ----------------------------------------------------------------------------------
+# Three ways to give the same ops memory, side by side
+# ----------------------------------------------------------------------------------
+
+def memory_comparison(step: Callable[..., Any], *args: Any) -> dict:
+    """Run `step(*args)` once eagerly through a fresh caching allocator and once
+    traced, and compare the memory each way needs for the same op sequence:
+
+    static   the traced program's arena (memory.py's plan) and its lower bound
+    caching  the allocator's peak reserved (segments) and peak allocated (blocks)
+    malloc   plain malloc/free of exactly what each Tensor asks: its peak is the
+             most bytes alive at once during the eager run
+
+    `events` is the allocator's log, with `allocated` and `reserved` after every
+    event, for a plot; `fragmentation` is 1 - allocated/reserved when the most
+    bytes were allocated.
+    Parameters and inputs made before the call are not counted by any of the three.
+    """
+    fresh = CachingAllocator(record=True)
+    old = set_allocator(fresh)
+    try:
+        step(*args)
+        live_requested, peak_requested = 0, 0
+        requested = {}
+        for event in fresh.events:
+            if event["event"] == "alloc":
+                requested[event["block"]] = event["requested"]
+                live_requested += event["requested"]
+                peak_requested = max(peak_requested, live_requested)
+            elif event["event"] == "free" and event["block"] in requested:
+                live_requested -= requested.pop(event["block"])
+    finally:
+        set_allocator(old)
+    traced = Function(step)
+    traced(*args)
+    plan = traced.cache[next(iter(traced.cache))][0].program.memory_plan
+    at_peak = max(fresh.events, key=lambda e: e["allocated"], default=None)
+    return {"static_arena": plan.arena_bytes if plan else 0,
+            "static_lower_bound": plan.lower_bound_bytes if plan else 0,
+            "caching_reserved": fresh.peak_reserved,
+            "caching_allocated": fresh.peak_allocated,
+            "malloc_peak": peak_requested,
+            "fragmentation": 0.0 if at_peak is None or not at_peak["reserved"]
+            else 1.0 - at_peak["allocated"] / at_peak["reserved"],
+            "events": fresh.events}
