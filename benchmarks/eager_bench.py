@@ -199,15 +199,7 @@ def allocator_figures(quick: bool) -> list[dict]:
         model, batch = build(quick)
         params = getattr(model, "eager_parameters", None) or [
             t for t in _closure_params(model)]
-        opt = E.SGD(params, lr=0.01)
-
-        def step(x: Any, y: Any) -> Any:
-            opt.zero_grad()
-            loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-        report = E.memory_comparison(step, *batch)
+        report = E.memory_comparison(_sgd_step(model, E.SGD(params, lr=0.01)), *batch)
         mib = lambda b: b / 2**20  # noqa: E731
         rows.append({"name": f"allocator_reserved_over_arena_{name}", "goal": "<= 10",
                      "unit": "x", "value": report["caching_reserved"] / report["static_arena"],
@@ -220,6 +212,16 @@ def allocator_figures(quick: bool) -> list[dict]:
                              "2/20 MiB, blocks rounded to 512 B; the issue sets no goal, "
                              "ours: within 10x of the plan"})
     return rows
+
+
+def _sgd_step(model: Any, opt: E.Optimizer) -> Any:
+    def step(x: Any, y: Any) -> Any:
+        opt.zero_grad()
+        loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
 
 
 def _closure_params(forward: Any) -> list[E.Tensor]:
