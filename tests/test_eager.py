@@ -336,3 +336,30 @@ def test_eager_ops_allocate_through_the_allocator_and_free_on_release():
         assert isinstance(x + 1.0, Tensor)
     finally:
         E.set_allocator(old)
+
+
+def test_an_eager_run_records_for_the_debugger(tmp_path):
+    """tf.debug.record in eager mode: the ops as a graph, their timeline, and the
+    allocator's blocks as the memory view's plan, each with its reason."""
+    from tinyflow import trace
+    model = E.to_eager(tf.nn.MLP([8, 6, 3]))
+    opt = E.SGD(E.parameters(model), 0.1)
+    x, y = E.tensor(np.ones((4, 8), np.float32)), E.tensor(np.array([0, 1, 2, 0]))
+    path = tmp_path / "eager.tfdbg.json"
+    with tf.debug.record(path) as rec:
+        opt.zero_grad()
+        loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(model(x), y)
+        loss.backward()
+        opt.step()
+        rec.scalar("loss", 0, loss.item())
+    record = trace.load(path)
+    trace.validate(record)
+    nodes = {n["id"]: n for n in record["graphs"][0]["nodes"]}
+    assert nodes["matmul_0"]["where"].startswith("test_eager.py:")
+    assert {n["phase"] for n in nodes.values()} == {"forward", "backward"}
+    assert len(record["schedule"]) == len(record["timelines"][0]["events"])
+    plan = record["memory_plan"]
+    assert plan["strategy"] == "caching allocator" and plan["arena_bytes"] >= 2 << 20
+    reasons = [t["reason"] for t in plan["tensors"]]
+    assert all(r.startswith(("best fit", "new segment")) for r in reasons), reasons[:3]
+    assert record["scalars"]["loss"][0][1] == pytest.approx(loss.item())

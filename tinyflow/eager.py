@@ -44,13 +44,14 @@ import bisect
 import contextlib
 import functools
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tinyflow import api, ops
+from tinyflow import api, debug, ops
 from tinyflow.graph import Node, TinyFlowError, topological_order, user_source_line
 from tinyflow.ops import REGISTRY, _Mismatch, shape_error
 
@@ -309,6 +310,7 @@ class GraphBreak(TinyFlowError):
 
 class _Mode:
     grad_enabled = True
+    in_backward = False     # inside `backward` (the debugger colours those ops)
     tracer: _Trace | None = None
 
 
@@ -617,6 +619,10 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     if op in _RANDOM:
         attrs = {**attrs, "generators": _generators}
     alloc = _allocator
+    recorder = debug.current()
+    if recorder is not None and recorder.eager_log is None:
+        recorder.eager_log = EagerLog(alloc)   # from now on the allocator keeps events
+    began = time.perf_counter() if recorder is not None else None
     out, block = alloc.array(shape, dtype)
     try:
         result = opdef.compute(np, *arrays, out=out, **attrs)
@@ -630,6 +636,8 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
         raise EagerError(f"{op} failed at {user_source_line()} on inputs of shapes "
                          f"{[a.shape for a in arrays]}: {err}") from err
     result_tensor = Tensor._wrap(out, block, alloc=alloc)
+    if began is not None:  # inside tf.debug.record: the op goes into the record
+        recorder.eager_log.add(op, tensors, result_tensor, block, began, time.perf_counter())
     if _mode.grad_enabled and opdef.differentiable and any(t.requires_grad for t in tensors):
         result_tensor.requires_grad = True
         result_tensor._op, result_tensor._inputs, result_tensor._attrs = op, tensors, attrs
@@ -740,6 +748,21 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
     order = _tape_order(root)
     pending: dict[int, list[Tensor]] = {id(root): [seed]}
     recording = contextlib.nullcontext() if create_graph else no_grad()
+    _mode.in_backward = True
+    try:
+        _walk_tape(order, pending, recording)
+    finally:
+        _mode.in_backward = False
+    if not retain_graph:
+        for t in order:
+            if not t.is_leaf:
+                t._inputs = None
+
+
+def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
+               recording: Any) -> None:
+    """The reverse sweep: sum each Tensor's gradient contributions, then hand them
+    to its op's rule (or, at a leaf, accumulate them into `.grad`)."""
     with recording:
         for t in reversed(order):
             contributions = pending.pop(id(t), None)
@@ -758,10 +781,6 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
             for inp, g in zip(t._inputs, _input_grads(t, total)):
                 if g is not None and inp.requires_grad:
                     pending.setdefault(id(inp), []).append(g)
-    if not retain_graph:
-        for t in order:
-            if not t.is_leaf:
-                t._inputs, t._attrs = None, t._attrs
 
 
 # ----------------------------------------------------------------------------------
@@ -1206,3 +1225,105 @@ def memory_comparison(step: Callable[..., Any], *args: Any) -> dict:
             "fragmentation": 0.0 if at_peak is None or not at_peak["reserved"]
             else 1.0 - at_peak["allocated"] / at_peak["reserved"],
             "events": fresh.events}
+
+
+# ----------------------------------------------------------------------------------
+# Recording an eager run for the debugger
+# ----------------------------------------------------------------------------------
+
+class EagerLog:
+    """What `tf.debug.record` keeps of eager ops: each op as a node of a graph (the
+    tape, drawn), its time on the timeline, and its output's block in the caching
+    allocator as the memory view's "plan" (segments laid end to end, each block's
+    reason taken from the allocator: the best-fitting free block, or a new segment).
+    """
+
+    MAX_OPS = 20_000   # a record is for reading; a longer run keeps its first ops
+
+    def __init__(self, alloc: CachingAllocator) -> None:
+        self.alloc = alloc
+        self.was_recording, alloc.record = alloc.record, True
+        self.first_event = len(alloc.events)
+        self.nodes: list[dict] = []
+        self.events: list[dict] = []
+        self.tensors: list[dict] = []
+        self.names: dict[int, str] = {}              # id(Tensor) -> node name
+        self.by_block: dict[int, dict] = {}          # live block id -> tensor entry
+        self.seen_events = self.first_event
+        self.start = None
+
+    def name_of(self, t: Tensor) -> str:
+        name = self.names.get(id(t))
+        if name is None:  # made before recording began (a parameter, an input)
+            name = self.names[id(t)] = f"input_{len(self.names)}"
+            self.nodes.append({"id": name, "op": "placeholder", "inputs": [],
+                               "shape": list(t.shape), "dtype": t.dtype.name,
+                               "bytes": t.data.nbytes, "where": "<before recording>",
+                               "attrs": {}, "provenance": [name], "phase": "forward"})
+        return name
+
+    def add(self, op: str, inputs: list[Tensor], out: Tensor, block: Block,
+            began: float, ended: float) -> None:
+        if len(self.events) >= self.MAX_OPS:
+            return
+        if self.start is None:
+            self.start = began
+        step = len(self.events)
+        self._note_frees(step)
+        name = f"{op}_{step}"
+        phase = "backward" if _mode.in_backward else "forward"
+        self.nodes.append({"id": name, "op": op, "inputs": [self.name_of(t) for t in inputs],
+                           "shape": list(out.shape), "dtype": out.dtype.name,
+                           "bytes": out.data.nbytes, "where": user_source_line(),
+                           "attrs": {}, "provenance": [name], "phase": phase})
+        self.names[id(out)] = name
+        self.events.append({"step": step, "node": name, "op": op, "stream": 0,
+                            "start": began - self.start, "end": ended - self.start,
+                            "bytes": int(out.data.nbytes), "summary": None})
+        entry = {"node": name, "block": block, "nbytes": block.size, "first_step": step,
+                 "last_step": None, "reason": self._reason(block)}
+        self.tensors.append(entry)
+        self.by_block[block.id] = entry
+
+    def _reason(self, block: Block) -> str:
+        # The op's malloc was the allocator's last event (kernels allocate nothing).
+        event = self.alloc.events[-1] if self.alloc.events else {}
+        return event.get("reason", "") if event.get("block") == block.id else ""
+
+    def _note_frees(self, step: int) -> None:
+        events = self.alloc.events
+        for event in events[self.seen_events:]:
+            if event["event"] == "free" and event["block"] in self.by_block:
+                self.by_block.pop(event["block"])["last_step"] = max(step - 1, 0)
+        self.seen_events = len(events)
+
+    def to_record(self, title: str, command: str) -> dict:
+        from tinyflow import trace
+        self.alloc.record = self.was_recording
+        last = max(len(self.events) - 1, 0)
+        self._note_frees(last + 1)
+        bases, base = {}, 0
+        for seg in self.alloc.segments:
+            bases[seg.id] = base
+            base += seg.buffer.size
+        record = trace.empty_record(title, command=command)
+        record["graphs"] = [{"pass": "eager", "index": 0, "seconds": 0.0, "changed": False,
+                             "nodes": self.nodes,
+                             "outputs": [self.nodes[-1]["id"]] if self.nodes else []}]
+        record["schedule"] = [{"step": e["step"], "node": e["node"], "op": e["op"],
+                               "stream": 0, "waits": [], "records_event": None}
+                              for e in self.events]
+        tensors = [{"node": t["node"], "offset": bases[t["block"].segment] + t["block"].offset,
+                    "nbytes": t["nbytes"], "first_step": t["first_step"],
+                    "last_step": last if t["last_step"] is None else t["last_step"],
+                    "inplace_of": None, "kind": "intermediate", "reason": t["reason"]}
+                   for t in self.tensors]
+        record["memory_plan"] = {
+            "strategy": "caching allocator", "arena_bytes": self.alloc.peak_reserved,
+            "naive_bytes": sum(t["nbytes"] for t in tensors),
+            "lower_bound_bytes": self.alloc.peak_allocated, "alignment": ROUND,
+            "strategies": {"caching allocator (reserved)": self.alloc.peak_reserved,
+                           "allocated peak": self.alloc.peak_allocated},
+            "tensors": tensors}
+        record["timelines"] = [{"run": 0, "label": "eager run", "events": self.events}]
+        return record
