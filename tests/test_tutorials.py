@@ -224,8 +224,11 @@ TRAINING = {
     "cnn": ([], 0.50),
     "charlm": ([], None),
     "data_parallel": (["--threads", "4"], 0.30),
+    "eager": ([], 0.90),
+    "eager_traced": None,   # train_eager.py --traced: run by its own test below
 }
-SCRIPTS = sorted(set(TRAINING) | {p.stem[len("train_"):] for p in TUTORIALS.glob("train_*.py")})
+SCRIPTS = sorted({name for name, spec in TRAINING.items() if spec is not None}
+                 | {p.stem[len("train_"):] for p in TUTORIALS.glob("train_*.py")})
 
 
 def results(out: str) -> dict[str, float]:
@@ -265,3 +268,13 @@ def test_training_script_quick_run(name, tmp_path):
     if name == "charlm":
         assert found["loss_end"] < found["loss_start"] - 0.5      # it learned something
         assert "--- sample" in out
+
+
+def test_eager_training_traced_gives_the_eager_losses(tmp_path):
+    """train_eager.py with and without @tf.function: the same losses and accuracy
+    (the traced step is bitwise the eager step), and it retraced once for the last,
+    smaller batch of each epoch."""
+    runs = [results(run_python(TUTORIALS / "train_eager.py",
+                               ["--quick", "--checkpoint", "", *flag], tmp_path))
+            for flag in ([], ["--traced"])]
+    assert runs[0] == {**runs[1], "train_seconds": runs[0]["train_seconds"]}

@@ -1107,7 +1107,33 @@ def to_eager(model: Any, dtype: Any = None) -> Any:
                 stack.append(value)
     found = sorted(replaced.items(), key=lambda kv: kv[0].id)  # creation order
     model.eager_parameters = [t for _, t in found]
+    model.eager_variables = found   # [(the graph Variable, its eager Tensor)]
     return model
+
+
+def save(model: Any, path: str) -> str:
+    """Save a `to_eager` model's parameters as a `tf.train.Saver` checkpoint, under
+    their Variables' names: the graph model can restore it, and so can `restore`."""
+    from tinyflow.executor import Session
+    from tinyflow.saver import Saver
+    session = Session()
+    for var, t in model.eager_variables:
+        session.variables[var] = t.numpy()
+    return Saver([var for var, _ in model.eager_variables]).save(session, path)
+
+
+def restore(model: Any, path: str) -> None:
+    """Load a checkpoint into a `to_eager` model's parameters, in place, by name."""
+    from tinyflow.saver import CheckpointError, read_checkpoint
+    values = read_checkpoint(path)
+    with no_grad():
+        for var, t in model.eager_variables:
+            value = values.get(var.name)
+            if value is None or value.shape != t.shape:
+                found = "missing" if value is None else f"of shape {value.shape}"
+                raise CheckpointError(f"{path}: {var.name} is {found}, the model's is "
+                                      f"{t.shape}")
+            t.assign_(value)
 
 
 def parameters(module: Any) -> list[Tensor]:
