@@ -23,7 +23,8 @@ import pytest
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 LESSONS = ["01_tensors_and_ops", "02_autodiff", "03_graph_passes", "04_memory_planning",
-           "05_executor_and_streams", "06_allreduce", "07_gpu", "08_debugger_tour"]
+           "05_executor_and_streams", "06_allreduce", "07_gpu", "08_debugger_tour",
+           "09_eager_and_tracing"]
 TIMEOUT = 300  # seconds; a lesson takes about one, a quick training run up to ~20
 
 
@@ -160,8 +161,18 @@ def check_08(out: str) -> None:
     path.parent.rmdir()
 
 
+def check_09(out: str) -> None:
+    assert "dloss/dx = " in out and "after two: 12.0" in out
+    assert "retain_graph=True" in out                       # the third backward refused
+    eager_line = next(line for line in out.splitlines() if line.startswith("eager :"))
+    traced_line = next(line for line in out.splitlines() if line.startswith("traced:"))
+    assert eager_line.split(" in ")[0][7:] == traced_line.split(" in ")[0][7:]  # same losses
+    assert "2 trace(s)" in out and "graph break at 09_eager_and_tracing.py:" in out
+    assert "static plan arena" in out and "caching: peak reserved" in out
+
+
 CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05,
-          "06": check_06, "07": check_07, "08": check_08}
+          "06": check_06, "07": check_07, "08": check_08, "09": check_09}
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
@@ -213,8 +224,11 @@ TRAINING = {
     "cnn": ([], 0.50),
     "charlm": ([], None),
     "data_parallel": (["--threads", "4"], 0.30),
+    "eager": ([], 0.90),
+    "eager_traced": None,   # train_eager.py --traced: run by its own test below
 }
-SCRIPTS = sorted(set(TRAINING) | {p.stem[len("train_"):] for p in TUTORIALS.glob("train_*.py")})
+SCRIPTS = sorted({name for name, spec in TRAINING.items() if spec is not None}
+                 | {p.stem[len("train_"):] for p in TUTORIALS.glob("train_*.py")})
 
 
 def results(out: str) -> dict[str, float]:
@@ -254,3 +268,13 @@ def test_training_script_quick_run(name, tmp_path):
     if name == "charlm":
         assert found["loss_end"] < found["loss_start"] - 0.5      # it learned something
         assert "--- sample" in out
+
+
+def test_eager_training_traced_gives_the_eager_losses(tmp_path):
+    """train_eager.py with and without @tf.function: the same losses and accuracy
+    (the traced step is bitwise the eager step), and it retraced once for the last,
+    smaller batch of each epoch."""
+    runs = [results(run_python(TUTORIALS / "train_eager.py",
+                               ["--quick", "--checkpoint", "", *flag], tmp_path))
+            for flag in ([], ["--traced"])]
+    assert runs[0] == {**runs[1], "train_seconds": runs[0]["train_seconds"]}

@@ -14,6 +14,8 @@ placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimize
     sublinear.py            memory-aware order and gradient checkpointing
     streams.py              stream assignment, events, stream runners
     executor.py             compile + run: Program, Session
+    eager.py                define-by-run: eager Tensors over the same registry, a
+                              tape, tracing into graphs (tf.function), a caching allocator
     trace.py, debug.py      the DebugRecord the debugger reads, and recording one
     transports.py,          ring allreduce over threads, processes, MPI, NCCL;
       allreduce.py,           data-parallel training with bucketed allreduce
@@ -26,7 +28,7 @@ The terminal debugger is the separate package `viz/`, which reads DebugRecords;
 tinyflow never imports it.
 """
 
-from tinyflow import debug, nn, ops, trace
+from tinyflow import debug, eager, nn, ops, trace
 from tinyflow import optim as train
 from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float32, float64,
                           global_variables, global_variables_initializer, gradients, group,
@@ -35,6 +37,7 @@ from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float
                           reduce_mean, reduce_sum, set_random_seed, trainable_variables,
                           zeros)
 from tinyflow.executor import Program, Session, compile
+from tinyflow.eager import function  # tf.function: trace eager code into a graph
 from tinyflow.passes import explain as explain  # tf.explain(program): what the passes did
 from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
 from tinyflow.nn import linear, relu  # the original TinyFlow's top-level names
@@ -48,7 +51,8 @@ from tinyflow.ops import (abs, broadcast_to, cast, concat, constant, exp, expand
 __version__ = "0.1.0"
 
 __all__ = [
-    "debug", "nn", "ops", "trace", "train", "Variable", "argmax", "assign", "bool_",
+    "debug", "eager", "function", "nn", "ops", "trace", "train", "Variable", "argmax",
+    "assign", "bool_",
     "equal", "float16", "float32", "float64", "global_variables", "global_variables_initializer",
     "gradients", "group", "infer_variable_shapes", "initialize_all_variables", "int32",
     "int64", "normal", "ones", "placeholder", "random_normal", "random_uniform",

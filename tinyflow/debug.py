@@ -44,6 +44,7 @@ class Recorder:
         self.scalars: dict[str, list[list[float]]] = {}
         self.check: dict | None = None
         self._main: Any = None               # the program whose check failed
+        self.eager_log: Any = None           # eager ops recorded (eager.EagerLog)
 
     @property
     def compile_options(self) -> dict:
@@ -76,7 +77,9 @@ class Recorder:
     def to_record(self) -> dict:
         program = self.main_program()
         command = " ".join(sys.argv)
-        if program is None:
+        if program is None and self.eager_log is not None:
+            record = self.eager_log.to_record(self.title, command)
+        elif program is None:
             record = trace.empty_record(self.title, command=command)
         else:
             record = program_record(program, self.title, command, self.max_runs)

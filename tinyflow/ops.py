@@ -130,12 +130,28 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
         raise shape_error(op, shapes, str(why), where) from None
 
 
-def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Node:
+# Eager mode (eager.py) registers here how to run an op at once on its Tensors:
+# (apply function, Tensor class). ops.py sits below eager.py, so it is told, not told of.
+_eager_dispatch: tuple[Callable[..., Any], type] | None = None
+
+
+def set_eager_dispatch(apply: Callable[..., Any], tensor_type: type) -> None:
+    """Route `make` calls that have an eager Tensor among their inputs to `apply`."""
+    global _eager_dispatch
+    _eager_dispatch = (apply, tensor_type)
+
+
+def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
     """Build a Node for `op`, checking shapes now wherever they are already known.
 
     Python numbers and lists, and numpy arrays, among `inputs` become constant nodes
-    (see `literal_dtype`: `x * 2` stays float32, `int32 + 1.5` is a float).
+    (see `literal_dtype`: `x * 2` stays float32, `int32 + 1.5` is a float). When an
+    input is an eager Tensor (eager.py), the op runs at once instead and a Tensor
+    comes back: every builder in TinyFlow works in both modes.
     """
+    if _eager_dispatch is not None and any(isinstance(i, _eager_dispatch[1])
+                                           for i in inputs):
+        return _eager_dispatch[0](op, inputs, attrs, name)
     where = user_source_line()
     like = next((i.dtype for i in inputs if isinstance(i, Node) and i.dtype is not None),
                 None)

@@ -1,0 +1,365 @@
+"""Eager mode (tinyflow/eager.py): Tensors over the registry, the tape, tracing, and
+the caching allocator.
+
+The anchors: every op's eager gradient equals its graph gradient (driven by the
+same GRAD_CASES table as the finite-difference checks, so a new op cannot skip
+it); a traced step equals the eager step bitwise on the tutorial models; the
+allocator's bookkeeping is proven by its validator after every random sequence.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tinyflow as tf
+from tinyflow import eager as E
+from tinyflow.eager import CachingAllocator, EagerError, GraphBreak, Tensor
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tutorials"))
+
+from test_ops import GRAD_CASES, Fixed, _rng_for  # noqa: E402
+
+F64 = np.float64
+
+
+# ----------------------------------------------------------------------------------
+# Gradients: eager == graph for every op in the table
+# ----------------------------------------------------------------------------------
+
+def _graph_grads(case, values, free, weights):
+    phs = [tf.placeholder(v.dtype, v.shape) for v in values]
+    y = case.build(*phs)
+    w = tf.placeholder(F64, weights.shape)
+    loss = tf.reduce_sum(tf.cast(y, F64) * w)
+    grads = tf.gradients(loss, [phs[i] for i in free])
+    sess = tf.Session(passes=[], memory=None)
+    return sess.run([y] + [g for g in grads if g is not None],
+                    {**dict(zip(phs, values)), w: weights})
+
+
+def _eager_grads(case, values, free):
+    tensors = [E.tensor(v, requires_grad=i in free) for i, v in enumerate(values)]
+    y = case.build(*tensors)
+    return y, tensors
+
+
+@pytest.mark.parametrize("op", sorted(GRAD_CASES))
+def test_eager_gradient_equals_graph_gradient(op):
+    """Same rule, run two ways: built into a graph and run, or interpreted at once."""
+    rng = _rng_for(op)
+    for case in GRAD_CASES[op](rng):
+        values = [a.value if isinstance(a, Fixed) else a for a in case.args]
+        free = [i for i, a in enumerate(case.args) if not isinstance(a, Fixed)]
+        y, tensors = _eager_grads(case, values, free)
+        weights = np.random.default_rng(1).standard_normal(y.shape)
+        loss = tf.reduce_sum(tf.cast(y, F64) * E.tensor(weights))
+        loss.backward()
+        expected = _graph_grads(case, values, free, weights)
+        np.testing.assert_array_equal(y.numpy(), expected[0], err_msg=f"{op} forward")
+        got = [tensors[i].grad for i in free]
+        got = [g.numpy() for g in got if g is not None]
+        assert len(got) == len(expected) - 1, f"{op}: {len(got)} eager grads, " \
+                                              f"{len(expected) - 1} graph grads"
+        for index, (g, want) in enumerate(zip(got, expected[1:])):
+            np.testing.assert_array_equal(
+                g, want, err_msg=f"{op}{case.label and ' ' + case.label}: gradient of "
+                                 f"argument {free[index]}")
+
+
+def test_grad_of_grad_eager_equals_graph():
+    """create_graph=True records the backward pass, so it can be differentiated."""
+    values = np.array([0.3, -1.2, 2.0])
+    x = E.tensor(values, requires_grad=True)
+    y = (tf.tanh(x) * x * x).sum()
+    y.backward(create_graph=True)
+    first = x.grad
+    x.grad = None
+    first.sum().backward()
+    xs = tf.placeholder(F64, (3,))
+    g = tf.gradients(tf.reduce_sum(tf.tanh(xs) * xs * xs), xs)[0]
+    gg = tf.gradients(tf.reduce_sum(g), xs)[0]
+    want_g, want_gg = tf.Session(passes=[]).run([g, gg], {xs: values})
+    np.testing.assert_array_equal(first.numpy(), want_g)
+    np.testing.assert_array_equal(x.grad.numpy(), want_gg)
+
+
+def test_ten_thousand_deep_chain():
+    x = E.tensor(np.array([0.5]), requires_grad=True)
+    y = x
+    for _ in range(10_000):
+        y = y * 1.0001
+    y.backward()
+    assert math.isclose(x.grad.item(), 1.0001 ** 10_000, rel_tol=1e-9)
+    del y  # freeing the chain must not overflow the stack either
+
+
+# ----------------------------------------------------------------------------------
+# PyTorch's semantics
+# ----------------------------------------------------------------------------------
+
+def test_backward_twice_needs_retain_graph_and_then_accumulates():
+    x = E.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 4.0])
+    y.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [4.0, 8.0])  # accumulated
+    with pytest.raises(EagerError, match="retain_graph=True"):
+        y.backward()
+
+
+def test_no_grad_and_in_place_rules():
+    w = E.tensor(np.ones(3), requires_grad=True)
+    with E.no_grad():
+        y = w * 2.0
+    assert not y.requires_grad
+    with pytest.raises(EagerError, match="does not require grad"):
+        y.sum().backward()
+    with pytest.raises(EagerError, match="in-place write to a leaf"):
+        w.sub_(1.0)
+    with E.no_grad():
+        w.sub_(1.0)
+    np.testing.assert_array_equal(w.numpy(), [0.0, 0.0, 0.0])
+
+
+def test_shape_error_names_op_shapes_and_line():
+    a, b = E.tensor(np.ones((2, 3))), E.tensor(np.ones((4, 5)))
+    with pytest.raises(tf.ShapeError, match=r"matmul: .*\(2, 3\), \(4, 5\).*test_eager.py:\d+"):
+        a @ b
+
+
+def test_optimizer_zero_grad_and_step():
+    w = E.tensor(np.array([1.0, -1.0]), requires_grad=True)
+    opt = E.SGD([w], lr=0.5)
+    (w * w).sum().backward()
+    opt.step()
+    np.testing.assert_array_equal(w.numpy(), [0.0, 0.0])
+    opt.zero_grad()
+    assert w.grad is None
+
+
+# ----------------------------------------------------------------------------------
+# Tracing
+# ----------------------------------------------------------------------------------
+
+def _mlp(seed):
+    tf.nn._init_seeds = iter(range(seed, seed + 100))
+    return E.to_eager(tf.nn.MLP([12, 16, 16, 4]), dtype=F64)
+
+
+def _cnn(seed):
+    import train_cnn
+
+    class CNN:
+        def __init__(self):
+            self.w1 = train_cnn.uniform_variable((4, 1, 3, 3), 9, "w1", seed + 1)
+            self.b1 = tf.Variable(tf.zeros((4,)), name="b1")
+            self.w2 = train_cnn.uniform_variable((6, 4, 3, 3), 36, "w2", seed + 2)
+            self.b2 = tf.Variable(tf.zeros((6,)), name="b2")
+            self.fc = train_cnn.uniform_variable((24, 4), 24, "fc", seed + 3)
+
+        def __call__(self, x):
+            h = train_cnn.conv_block(x, self.w1, self.b1)
+            h = train_cnn.conv_block(h, self.w2, self.b2)
+            return tf.matmul(tf.reshape(h, (-1, 24)), self.fc)
+    return E.to_eager(CNN(), dtype=F64)
+
+
+def _charlm(seed):
+    from train_charlm import CharTransformer
+    model = CharTransformer(11, 6, 8, 2, 2, seed=seed)
+    positions = E.tensor(np.arange(6))
+    E.to_eager(model, dtype=F64)
+    return lambda ids: model(ids, positions), model
+
+
+def _data(kind, rng):
+    if kind == "mlp":
+        return E.tensor(rng.standard_normal((10, 12))), E.tensor(rng.integers(0, 4, 10))
+    if kind == "cnn":
+        return E.tensor(rng.standard_normal((5, 1, 8, 8))), E.tensor(rng.integers(0, 4, 5))
+    ids = rng.integers(0, 11, (3, 6))
+    return E.tensor(ids), E.tensor(ids.reshape(-1))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "charlm"])
+def test_traced_step_equals_eager_step_bitwise(kind):
+    """The same step, eager and traced (passes, planner, executor): equal bits in
+    the loss, every gradient and every updated parameter, for several steps."""
+    if kind == "charlm":
+        forward, model = _charlm(3)
+    else:
+        model = _mlp(3) if kind == "mlp" else _cnn(3)
+        forward = model
+    params = E.parameters(model)
+    initial = [p.numpy() for p in params]
+
+    def run(traced):
+        with E.no_grad():
+            for p, value in zip(params, initial):
+                p.assign_(value)
+        opt = E.Adam(params, lr=1e-2)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(forward(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        step = E.function(step) if traced else step
+        rng = np.random.default_rng(0)
+        losses = [step(*_data(kind, rng)).numpy() for _ in range(3)]
+        return losses, [p.numpy() for p in params], [p.grad.numpy() for p in params], step
+
+    eager_losses, eager_params, eager_grads, _ = run(traced=False)
+    traced_losses, traced_params, traced_grads, step = run(traced=True)
+    assert len(step.traces) == 1
+    for a, b in zip(eager_losses, traced_losses):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(eager_grads, traced_grads):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(eager_params, traced_params):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_retrace_on_new_shapes_is_counted_and_explained():
+    w = E.tensor(np.ones((3, 2)), requires_grad=True)
+
+    @E.function
+    def forward(x):
+        return tf.reduce_sum(x @ w)
+
+    forward(E.tensor(np.ones((4, 3))))
+    forward(E.tensor(np.ones((4, 3))))
+    assert len(forward.traces) == 1
+    assert forward(E.tensor(np.ones((5, 3)))).item() == 30.0
+    assert len(forward.traces) == 2
+    text = forward.explain()
+    assert "2 trace(s)" in text and "argument 0 is ((5, 3)" in text
+
+
+def test_graph_break_names_the_line():
+    @E.function
+    def relu_if_positive(x):
+        if x.sum() > 0:  # Python control flow on a tensor value
+            return x
+        return -x
+
+    with pytest.raises(GraphBreak, match=r"graph break at test_eager.py:\d+"):
+        relu_if_positive(E.tensor(np.ones(3)))
+    assert "graph break" in relu_if_positive.explain()
+
+
+def test_traced_function_sees_new_parameter_values():
+    """Captured Tensors are fed on every call, not baked in as constants."""
+    w = E.tensor(np.array([2.0]))
+    double = E.function(lambda x: x * w)
+    assert double(E.tensor(np.array([3.0]))).item() == 6.0
+    with E.no_grad():
+        w.assign_(np.array([5.0]))
+    assert double(E.tensor(np.array([3.0]))).item() == 15.0
+
+
+# ----------------------------------------------------------------------------------
+# The caching allocator
+# ----------------------------------------------------------------------------------
+
+def test_allocator_splits_reuses_and_merges_a_hand_computed_case():
+    a = CachingAllocator()
+    x = a.malloc(1000)           # rounded to 1024, from a new 2 MiB small segment
+    y = a.malloc(3000)           # 3072, split from the rest of that segment
+    assert (x.segment, x.offset, x.size) == (0, 0, 1024)
+    assert (y.segment, y.offset, y.size) == (0, 1024, 3072)
+    assert a.reserved == 2 << 20 and a.allocated == 4096
+    a.free(x)
+    z = a.malloc(512)            # best fit: the 1024-byte hole, split to 512
+    assert (z.offset, z.size) == (0, 512)
+    assert a.allocated == 3584
+    assert math.isclose(a.fragmentation(), 1 - 3584 / (2 << 20))
+    a.free(y)
+    a.free(z)                    # everything merges back into one free block
+    a.validate()
+    assert a.allocated == 0 and len(a.free_small) == 1 and a.free_small[0][0] == 2 << 20
+    big = a.malloc(5 << 20)      # large pool: a 20 MiB segment
+    assert big.segment == 1 and a.reserved == (2 << 20) + (20 << 20)
+    assert a.events[-1]["event"] == "alloc" and "new segment" in a.events[-1]["reason"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 3 << 20)), min_size=1, max_size=60))
+def test_allocator_never_overlaps_live_blocks(script):
+    a = CachingAllocator()
+    live = []
+    for allocate, size in script:
+        if allocate or not live:
+            live.append(a.malloc(size))
+        else:
+            a.free(live.pop(size % len(live)))
+        a.validate()
+        spans = sorted((b.segment, b.offset, b.offset + b.size) for b in live)
+        for (s1, _, end), (s2, start, _) in zip(spans, spans[1:]):
+            assert s1 != s2 or end <= start
+        assert a.allocated == sum(b.size for b in live)
+
+
+def test_freed_blocks_are_poisoned():
+    a = CachingAllocator(poison=True)
+    old = E.set_allocator(a)
+    try:
+        t = E.tensor(np.ones(4))
+        view = t.data
+        del t
+        assert np.isnan(view).all()   # the bytes of a dead Tensor are NaN now
+    finally:
+        E.set_allocator(old)
+
+
+def test_eager_ops_allocate_through_the_allocator_and_free_on_release():
+    a = CachingAllocator()
+    old = E.set_allocator(a)
+    try:
+        x = E.tensor(np.ones((64, 64)))
+        y = x * 2.0
+        live = a.allocated
+        del y
+        assert a.allocated < live
+        assert {e["event"] for e in a.events} >= {"alloc", "free", "segment_alloc"}
+        assert Tensor  # the Tensor class is what ops return
+        assert isinstance(x + 1.0, Tensor)
+    finally:
+        E.set_allocator(old)
+
+
+def test_an_eager_run_records_for_the_debugger(tmp_path):
+    """tf.debug.record in eager mode: the ops as a graph, their timeline, and the
+    allocator's blocks as the memory view's plan, each with its reason."""
+    from tinyflow import trace
+    model = E.to_eager(tf.nn.MLP([8, 6, 3]))
+    opt = E.SGD(E.parameters(model), 0.1)
+    x, y = E.tensor(np.ones((4, 8), np.float32)), E.tensor(np.array([0, 1, 2, 0]))
+    path = tmp_path / "eager.tfdbg.json"
+    with tf.debug.record(path) as rec:
+        opt.zero_grad()
+        loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(model(x), y)
+        loss.backward()
+        opt.step()
+        rec.scalar("loss", 0, loss.item())
+    record = trace.load(path)
+    trace.validate(record)
+    nodes = {n["id"]: n for n in record["graphs"][0]["nodes"]}
+    assert nodes["matmul_0"]["where"].startswith("test_eager.py:")
+    assert {n["phase"] for n in nodes.values()} == {"forward", "backward"}
+    assert len(record["schedule"]) == len(record["timelines"][0]["events"])
+    plan = record["memory_plan"]
+    assert plan["strategy"] == "caching allocator" and plan["arena_bytes"] >= 2 << 20
+    reasons = [t["reason"] for t in plan["tensors"]]
+    assert all(r.startswith(("best fit", "new segment")) for r in reasons), reasons[:3]
+    assert record["scalars"]["loss"][0][1] == pytest.approx(loss.item())

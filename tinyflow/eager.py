@@ -1,0 +1,1355 @@
+"""Define-by-run: eager Tensors over the same op registry, with a tape for gradients.
+
+The graph half of TinyFlow builds Nodes and runs them later (TF1's define-and-run).
+This module is the other half (PyTorch's define-by-run): a `Tensor` holds an array,
+and every op runs *at once*. Nothing is written twice: an op applied to Tensors is
+routed, by `ops.make`, to `apply` below, which asks the registry for the same facts
+the graph executor uses:
+
+* ``OpDef.infer`` checks shapes and dtypes (the same ShapeError, naming the user's
+  line), and gives the output's shape and dtype;
+* ``OpDef.compute(np, *arrays, out=...)`` writes the result into a block from the
+  caching allocator (the eager counterpart of the static plan's arena);
+* ``OpDef.gradient`` gives the backward rule. A rule builds graph Nodes (that is how
+  the graph half differentiates), so eager backward *interprets* it: it builds the
+  rule's little graph once per (op, attrs, shapes) over stand-in leaves for the
+  op's inputs, its output and the incoming gradient, and then evaluates that graph
+  with `apply` on the concrete Tensors. With ``create_graph=True`` the evaluation is
+  itself recorded on the tape, so gradients of gradients work as in the graph half.
+
+Semantics follow PyTorch, so its users feel at home: ``requires_grad``,
+``backward()`` accumulates into the ``.grad`` of leaf Tensors, a second backward
+through the same graph needs ``retain_graph=True``, ``no_grad()`` stops recording.
+The walk over the tape is iterative (a 10,000-op chain works) and sums gradient
+contributions in the same order as `autodiff.gradients`, so an eager step and its
+traced graph give bitwise-equal results.
+
+Tracing (`function`, like tf.function / torch.compile) runs the Python function once
+on *symbolic* Tensors that build Nodes instead of computing, compiles the Graph with
+the ordinary passes, planner and executor, and replays it for later calls whose
+inputs have the same shapes and dtypes (the guard). Parameters the function reads
+(Tensors from outside) become inputs fed on every call; in-place updates
+(``assign_``, optimizers) and ``.grad`` writes become outputs written back after the
+run (functionalization, as torch.compile does). Asking a symbolic Tensor for its
+value (``if loss > 0``, ``.item()``) is a *graph break*: an error naming the line.
+
+Eager memory comes from `CachingAllocator`, after PyTorch's CUDA caching allocator:
+blocks carved from larger segments, best-fit reuse, split and merge, every alloc and
+free recorded so the debugger and lesson 9 can put it beside the static plan.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tinyflow import api, debug, ops
+from tinyflow.graph import Node, TinyFlowError, topological_order, user_source_line
+from tinyflow.ops import REGISTRY, _Mismatch, shape_error
+
+# ----------------------------------------------------------------------------------
+# The caching allocator
+# ----------------------------------------------------------------------------------
+
+# PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp), kept so the numbers in the
+# lesson match what PyTorch users see: sizes are rounded up to 512 bytes (which also
+# keeps every block aligned for any dtype); requests up to 1 MiB share 2 MiB segments
+# (the "small pool"); larger ones get segments of 20 MiB while under 10 MiB, else
+# their own size rounded up to 2 MiB (the "large pool").
+ROUND = 512
+SMALL_REQUEST = 1 << 20
+SMALL_SEGMENT = 2 << 20
+LARGE_SEGMENT = 20 << 20
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20
+# A free remainder is split off as its own block only when it is worth keeping:
+# any remainder in the small pool, more than 1 MiB in the large pool.
+SPLIT_REMAINDER_LARGE = 1 << 20
+POISON_BYTE = 0xFF  # freed blocks are filled with it when poisoning (NaN in floats)
+
+
+@dataclass(eq=False)
+class Block:
+    """A run of bytes inside a segment, free or handed out to one Tensor."""
+
+    segment: int
+    offset: int
+    size: int
+    allocated: bool = False
+    requested: int = 0               # bytes the Tensor asked for (<= size)
+    prev: Block | None = None        # neighbours in the same segment (for merging)
+    next: Block | None = None
+    id: int = 0
+
+    def key(self) -> tuple[int, int, int]:
+        return (self.size, self.segment, self.offset)
+
+
+@dataclass
+class Segment:
+    id: int
+    buffer: np.ndarray               # uint8, the memory that blocks are views of
+    small: bool
+    head: Block | None = None        # the block at offset 0 (merging keeps it first)
+
+
+@dataclass
+class CachingAllocator:
+    """Hands out numpy arrays that are views of cached segments.
+
+    `malloc(nbytes)` rounds the size up, takes the best-fitting free block of the
+    right pool (the smallest that is large enough), splits off the remainder, and only
+    when no free block fits reserves a new segment. `free(block)` returns the block
+    and merges it with free neighbours, so large requests can reuse the space later.
+    `events` records every step (for the debugger's memory view and the lesson);
+    `reserved` is what segments hold, `allocated` what live blocks hold.
+    """
+
+    poison: bool = False
+    record: bool = True
+    segments: list[Segment] = field(default_factory=list)
+    free_small: list[tuple] = field(default_factory=list)   # sorted (size, seg, off, block)
+    free_large: list[tuple] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    allocated: int = 0
+    reserved: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    _next_block: int = 0
+
+    # -- the two calls -----------------------------------------------------------
+    def malloc(self, nbytes: int) -> Block:
+        """A block of at least `nbytes` bytes (a multiple of ROUND), not shared."""
+        size = max(ROUND, -(-nbytes // ROUND) * ROUND)
+        small = size <= SMALL_REQUEST
+        pool = self.free_small if small else self.free_large
+        index = bisect.bisect_left(pool, (size, -1, -1))
+        if index < len(pool):
+            block = pool.pop(index)[3]
+            reason = f"best fit: free block #{block.id} ({block.size} B at offset " \
+                     f"{block.offset} of segment {block.segment})"
+        else:
+            block = self._new_segment(size, small)
+            reason = f"new segment {block.segment} of {block.size} B (no free block fits)"
+        self._split(block, size, small)
+        block.allocated, block.requested = True, nbytes
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self._event("alloc", block, reason)
+        return block
+
+    def free(self, block: Block) -> None:
+        """Give `block` back: it merges with free neighbours and becomes reusable."""
+        if not block.allocated:
+            raise TinyFlowError(f"block #{block.id} is freed twice")
+        block.allocated = False
+        self.allocated -= block.size
+        if self.poison:
+            self.view(block, block.size, np.uint8).fill(POISON_BYTE)
+        self._event("free", block, "its Tensor was released")
+        small = self.segments[block.segment].small
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated:
+                self._remove_free(neighbour, small)
+                block = self._merge(block, neighbour)
+        self._insert_free(block, small)
+
+    def array(self, shape: tuple, dtype: Any) -> tuple[np.ndarray, Block]:
+        """An uninitialized array of `shape` and `dtype` in a fresh block."""
+        dtype = np.dtype(dtype)
+        block = self.malloc(math.prod(shape) * dtype.itemsize)
+        buffer = self.segments[block.segment].buffer
+        return np.ndarray(shape, dtype, buffer=buffer, offset=block.offset), block
+
+    def view(self, block: Block, nbytes: int, dtype: Any) -> np.ndarray:
+        buffer = self.segments[block.segment].buffer
+        return buffer[block.offset:block.offset + nbytes].view(dtype)
+
+    def empty_cache(self) -> None:
+        """Release segments that hold no live block (torch.cuda.empty_cache)."""
+        for pool in (self.free_small, self.free_large):
+            for entry in list(pool):
+                block = entry[3]
+                seg = self.segments[block.segment]
+                if block.prev is None and block.next is None and seg.buffer.size:
+                    pool.remove(entry)
+                    self.reserved -= seg.buffer.size
+                    self._event("segment_free", block, "empty_cache: the segment was unused")
+                    seg.buffer, seg.head = np.empty(0, np.uint8), None
+
+    # -- checks and figures ------------------------------------------------------
+    def live_blocks(self) -> list[Block]:
+        blocks = []
+        for seg in self.segments:
+            block = self._first_block(seg.id)
+            while block is not None:
+                if block.allocated:
+                    blocks.append(block)
+                block = block.next
+        return blocks
+
+    def validate(self) -> None:
+        """Prove the bookkeeping: blocks tile each segment, no two live blocks share
+        a byte, and the counters equal what the blocks say."""
+        allocated = 0
+        for seg in self.segments:
+            block, end = self._first_block(seg.id), 0
+            while block is not None:
+                if block.offset != end:
+                    raise TinyFlowError(f"segment {seg.id}: block #{block.id} starts at "
+                                        f"{block.offset}, the previous one ends at {end}")
+                end = block.offset + block.size
+                allocated += block.size if block.allocated else 0
+                block = block.next
+            if seg.buffer.size and end != seg.buffer.size:
+                raise TinyFlowError(f"segment {seg.id}: blocks cover {end} of "
+                                    f"{seg.buffer.size} bytes")
+        if allocated != self.allocated:
+            raise TinyFlowError(f"allocated counter {self.allocated} != {allocated} in blocks")
+
+    def fragmentation(self) -> float:
+        """1 - allocated / reserved: the share of reserved bytes no Tensor uses."""
+        return 0.0 if not self.reserved else 1.0 - self.allocated / self.reserved
+
+    # -- inside ------------------------------------------------------------------
+    def _new_segment(self, size: int, small: bool) -> Block:
+        if small:
+            seg_size = SMALL_SEGMENT
+        elif size < MIN_LARGE_ALLOC:
+            seg_size = LARGE_SEGMENT
+        else:
+            seg_size = -(-size // ROUND_LARGE) * ROUND_LARGE
+        seg = Segment(len(self.segments), np.empty(seg_size, np.uint8), small)
+        self.segments.append(seg)
+        self.reserved += seg_size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        block = seg.head = self._block(seg.id, 0, seg_size)
+        self._event("segment_alloc", block, f"reserved {seg_size} B "
+                    f"({'small' if small else 'large'} pool)")
+        return block
+
+    def _split(self, block: Block, size: int, small: bool) -> None:
+        remainder = block.size - size
+        if remainder <= 0 or (not small and remainder <= SPLIT_REMAINDER_LARGE):
+            return
+        rest = self._block(block.segment, block.offset + size, remainder)
+        rest.prev, rest.next = block, block.next
+        if block.next is not None:
+            block.next.prev = rest
+        block.next, block.size = rest, size
+        self._insert_free(rest, small)
+
+    def _merge(self, block: Block, other: Block) -> Block:
+        first, second = (block, other) if block.offset < other.offset else (other, block)
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        return first
+
+    def _block(self, segment: int, offset: int, size: int) -> Block:
+        self._next_block += 1
+        return Block(segment, offset, size, id=self._next_block)
+
+    def _first_block(self, segment: int) -> Block | None:
+        return self.segments[segment].head
+
+    def _insert_free(self, block: Block, small: bool) -> None:
+        bisect.insort(self.free_small if small else self.free_large,
+                      (block.size, block.segment, block.offset, block))
+
+    def _remove_free(self, block: Block, small: bool) -> None:
+        pool = self.free_small if small else self.free_large
+        index = bisect.bisect_left(pool, (block.size, block.segment, block.offset))
+        del pool[index]
+
+    def _event(self, kind: str, block: Block, reason: str) -> None:
+        if self.record:
+            self.events.append({"event": kind, "block": block.id, "segment": block.segment,
+                                "offset": block.offset, "size": block.size,
+                                "requested": block.requested,
+                                "allocated": self.allocated, "reserved": self.reserved,
+                                "reason": reason})
+
+
+_allocator = CachingAllocator(record=False)
+
+
+def allocator() -> CachingAllocator:
+    """The allocator eager Tensors take their memory from."""
+    return _allocator
+
+
+def set_allocator(new: CachingAllocator) -> CachingAllocator:
+    """Use `new` for Tensors made from now on; returns the previous allocator.
+    (Tensors made before keep their blocks in the old one, and return them there.)"""
+    global _allocator
+    old, _allocator = _allocator, new
+    return old
+
+
+# ----------------------------------------------------------------------------------
+# Errors and modes
+# ----------------------------------------------------------------------------------
+
+class EagerError(TinyFlowError, RuntimeError):
+    """An eager op or a backward pass that cannot run; names the op and the line."""
+
+
+class GraphBreak(TinyFlowError):
+    """A traced function asked for a value that only exists when the graph runs."""
+
+
+class _Mode:
+    grad_enabled = True
+    in_backward = False     # inside `backward` (the debugger colours those ops)
+    tracer: _Trace | None = None
+
+
+_mode = _Mode()
+_generators: dict = {}   # eager random streams, by op seed (dropout)
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Ops inside the block are not recorded for backward (torch.no_grad)."""
+    before, _mode.grad_enabled = _mode.grad_enabled, False
+    try:
+        yield
+    finally:
+        _mode.grad_enabled = before
+
+
+# ----------------------------------------------------------------------------------
+# The Tensor
+# ----------------------------------------------------------------------------------
+
+class Tensor:
+    """An array with an optional history for backward (eager), or, while a
+    `function` is being traced, a symbolic value standing for a graph Node.
+
+    data           the numpy array (eager), None while symbolic
+    node           the graph Node (symbolic), None when eager
+    requires_grad  whether backward should reach this Tensor
+    grad           the accumulated gradient of a leaf after `backward()`
+    """
+
+    __slots__ = ("data", "node", "requires_grad", "_grad", "_op", "_inputs", "_attrs",
+                 "_block", "_alloc", "__weakref__")
+    __tinyflow_tensor__ = True   # ops.make routes ops on these to `apply`
+    __array_priority__ = 1000    # numpy defers `array + tensor` to our operators
+
+    def __init__(self, value: Any, requires_grad: bool = False, dtype: Any = None) -> None:
+        array = np.asarray(value.numpy() if isinstance(value, Tensor) else value,
+                           dtype=dtype)
+        self.data, self._block, self._alloc = _new_array(array.shape, array.dtype)
+        self.data[...] = array
+        self.node = None
+        self.requires_grad = requires_grad
+        self._grad = None
+        self._op = self._inputs = self._attrs = None
+
+    @classmethod
+    def _wrap(cls, data: np.ndarray | None, block: Block | None, node: Node | None = None,
+              alloc: CachingAllocator | None = None) -> Tensor:
+        t = cls.__new__(cls)
+        t.data, t._block, t._alloc, t.node = data, block, alloc, node
+        t.requires_grad, t._grad = False, None
+        t._op = t._inputs = t._attrs = None
+        return t
+
+    def __del__(self) -> None:
+        if self._block is not None:
+            try:
+                self._alloc.free(self._block)
+            except Exception:   # interpreter shutdown: the allocator may be gone
+                pass
+
+    # -- what it is ----------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self.data.shape if self.node is None else self.node.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype if self.node is None else self.node.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._op is None
+
+    @property
+    def grad(self) -> Tensor | None:
+        tracer = _mode.tracer
+        if tracer is not None and self.node is None:
+            return tracer.grad_of(self)
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        tracer = _mode.tracer
+        if tracer is not None and (self.node is None and self.data is not None):
+            tracer.grad_writes[id(self)] = (self, value)
+        else:
+            self._grad = value
+
+    def __repr__(self) -> str:
+        if self.node is not None:
+            return f"Tensor(symbolic {self.node.name}, shape={self.shape}, dtype={self.dtype})"
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor({np.array2string(self.data, threshold=20)}, dtype={self.dtype}{grad})"
+
+    # -- values (a graph break while tracing) --------------------------------------
+    def numpy(self) -> np.ndarray:
+        """A copy of the value (the Tensor's own memory is reused once it dies)."""
+        self._need_value("numpy()")
+        return self.data.copy()
+
+    def item(self) -> Any:
+        self._need_value("item()")
+        return self.data.item()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        self._need_value("np.asarray()")
+        return self.data.astype(dtype) if dtype is not None else self.data.copy()
+
+    def __bool__(self) -> bool:
+        self._need_value("a Python truth test (if / while / and / or)")
+        return bool(self.data)
+
+    def __float__(self) -> float:
+        self._need_value("float()")
+        return float(self.data)
+
+    def __int__(self) -> int:
+        self._need_value("int()")
+        return int(self.data)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _need_value(self, what: str) -> None:
+        if self.node is not None:
+            line = user_source_line()
+            message = (f"graph break at {line}: {what} needs the value of {self.node.name}, "
+                       "which only exists when the traced graph runs; compute it with "
+                       "tensor ops (tf.where instead of if), or call it outside the "
+                       "traced function")
+            if _mode.tracer is not None:
+                _mode.tracer.breaks.append(message)
+            raise GraphBreak(message)
+
+    # -- autograd --------------------------------------------------------------------
+    def backward(self, gradient: Tensor | Any = None, retain_graph: bool = False,
+                 create_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into `.grad` of every leaf that requires it.
+
+        `gradient` seeds the walk (default ones: the gradient of the sum). The tape is
+        freed afterwards unless `retain_graph` (or `create_graph`) is set; with
+        `create_graph` the gradients are themselves differentiable.
+        """
+        if self.node is not None:
+            _mode.tracer.backward(self, gradient)
+            return
+        backward(self, gradient, retain_graph or create_graph, create_graph)
+
+    def detach(self) -> Tensor:
+        """The same value with no history (a new Tensor sharing nothing)."""
+        self._need_value("detach()")
+        return Tensor(self.data)
+
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        self.requires_grad = flag
+        return self
+
+    def zero_(self) -> Tensor:
+        return self.assign_(np.zeros(self.shape, self.dtype))
+
+    def assign_(self, value: Tensor | Any) -> Tensor:
+        """Overwrite this Tensor's value in place (its memory stays where it is).
+
+        Like PyTorch, an in-place write to a leaf that requires grad is allowed only
+        under `no_grad()` (an optimizer step); it is never recorded on the tape.
+        """
+        if _mode.grad_enabled and self.requires_grad and self.is_leaf:
+            raise EagerError(f"in-place write to a leaf Tensor that requires grad at "
+                             f"{user_source_line()}; do it under eager.no_grad()")
+        if _mode.tracer is not None:
+            _mode.tracer.write(self, value)
+            return self
+        self.data[...] = value.data if isinstance(value, Tensor) else value
+        return self
+
+    def sub_(self, value: Tensor | Any) -> Tensor:
+        return self.assign_(self - value)
+
+    def add_(self, value: Tensor | Any) -> Tensor:
+        return self.assign_(self + value)
+
+    def mul_(self, value: Tensor | Any) -> Tensor:
+        return self.assign_(self * value)
+
+    # -- operators: the graph's builders, run at once through `apply` --------------
+    # The arithmetic operators go straight to `apply` (their builders in ops.py are
+    # nothing but `make`), which saves two Python calls on the hottest path.
+    def __add__(self, other): return apply("add", (self, other), {})
+    def __radd__(self, other): return apply("add", (other, self), {})
+    def __sub__(self, other): return apply("sub", (self, other), {})
+    def __rsub__(self, other): return apply("sub", (other, self), {})
+    def __mul__(self, other): return apply("mul", (self, other), {})
+    def __rmul__(self, other): return apply("mul", (other, self), {})
+    def __truediv__(self, other): return apply("div", (self, other), {})
+    def __rtruediv__(self, other): return apply("div", (other, self), {})
+    def __pow__(self, other): return apply("pow", (self, other), {})
+    def __rpow__(self, other): return apply("pow", (other, self), {})
+    def __matmul__(self, other): return ops.matmul(self, other)
+    def __rmatmul__(self, other): return ops.matmul(other, self)
+    def __neg__(self): return apply("neg", (self,), {})
+    def __abs__(self): return ops.abs(self)
+    def __lt__(self, other): return ops.less(self, other)
+    def __le__(self, other): return ops.less_equal(self, other)
+    def __gt__(self, other): return ops.greater(self, other)
+    def __ge__(self, other): return ops.greater_equal(self, other)
+    def __getitem__(self, index): return ops.getitem(self, index)
+    __hash__ = object.__hash__   # identity, as for Nodes (`==` stays identity)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return ops.reduce_sum(self, axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return ops.reduce_mean(self, axis, keepdims)
+
+    def reshape(self, *shape: Any) -> Tensor:
+        return ops.reshape(self, shape[0] if len(shape) == 1 else shape)
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 - numpy's and PyTorch's name
+        return ops.transpose(self)
+
+
+def tensor(value: Any, requires_grad: bool = False, dtype: Any = None) -> Tensor:
+    """A leaf Tensor holding a copy of `value` (torch.tensor)."""
+    return Tensor(value, requires_grad=requires_grad, dtype=dtype)
+
+
+def _new_array(shape: tuple, dtype: Any) -> tuple[np.ndarray, Block | None, Any]:
+    alloc = _allocator
+    array, block = alloc.array(tuple(shape), dtype)
+    return array, block, alloc
+
+
+# ----------------------------------------------------------------------------------
+# Running one op at once
+# ----------------------------------------------------------------------------------
+
+_literals: dict[tuple, np.ndarray] = {}
+
+
+def _literal(op: str, value: Any, like: Any) -> np.ndarray:
+    """A Python number or array mixed with Tensors, typed as the graph's `make` types
+    it (`ops.literal_dtype`: `x * 2` stays float32, `int32 + 1.5` is a float)."""
+    hashable = isinstance(value, (int, float, bool, np.generic))
+    key = (type(value), value, like) if hashable else None
+    if key is not None and key in _literals:
+        return _literals[key]
+    array = ops._literal(op, value, like, user_source_line()).attrs["value"].array
+    if key is not None and len(_literals) < 4096:
+        _literals[key] = array   # read-only (ConstValue's copy)
+    return array
+
+
+_inferred: dict[tuple, tuple] = {}
+MAX_INFERRED = 65536  # distinct (op, shapes, dtypes, attrs); a model has a few hundred
+
+
+def _infer(op: str, opdef: Any, arrays: list, attrs: dict) -> tuple:
+    """`opdef.infer` on the arrays' shapes and dtypes, remembered: a shape rule is a
+    pure function, and an eager loop asks it the same question every step."""
+    shapes = tuple(a.shape for a in arrays)
+    dtypes = tuple(a.dtype for a in arrays)
+    try:
+        key = (op, shapes, dtypes, tuple(attrs.items()) if attrs else ())
+        hash(key)
+    except TypeError:  # an attribute that cannot be hashed: just ask
+        key = None
+    result = _inferred.get(key) if key is not None else None
+    if result is None:
+        try:
+            result = opdef.infer(list(shapes), list(dtypes), attrs)
+        except _Mismatch as why:
+            raise shape_error(op, shapes, str(why), user_source_line()) from None
+        if key is not None and len(_inferred) < MAX_INFERRED:
+            _inferred[key] = result
+    return result
+
+
+def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) -> Tensor:
+    """Run registry op `op` on `inputs` now and return its Tensor.
+
+    The contract every op has: `infer` checks the inputs (a ShapeError naming op,
+    shapes and the user's line) and names the result's shape and dtype; `compute`
+    writes the result into the block the allocator hands out. When recording is on
+    and an input requires grad, the result remembers (op, inputs, attrs) for backward.
+    """
+    tracer = _mode.tracer
+    if tracer is not None:
+        return tracer.apply(op, inputs, attrs, name)
+    like = next((i.dtype for i in inputs if isinstance(i, Tensor)), None)
+    tensors = [i if isinstance(i, Tensor) else _constant_tensor(op, i, like) for i in inputs]
+    opdef = REGISTRY[op]
+    arrays = [t.data for t in tensors]
+    shape, dtype = _infer(op, opdef, arrays, attrs)
+    if opdef.random:  # its compute draws from `generators` (the registry says so)
+        attrs = {**attrs, "generators": _generators}
+    alloc = _allocator
+    recorder = debug.current()
+    if recorder is not None and recorder.eager_log is None:
+        recorder.eager_log = EagerLog(alloc)   # from now on the allocator keeps events
+    began = time.perf_counter() if recorder is not None else None
+    out, block = alloc.array(shape, dtype)
+    try:
+        result = opdef.compute(np, *arrays, out=out, **attrs)
+        if result is not out:  # the kernel could not write into `out`
+            out[...] = result
+    except TinyFlowError:
+        alloc.free(block)
+        raise
+    except Exception as err:
+        alloc.free(block)
+        raise EagerError(f"{op} failed at {user_source_line()} on inputs of shapes "
+                         f"{[a.shape for a in arrays]}: {err}") from err
+    result_tensor = Tensor._wrap(out, block, alloc=alloc)
+    if began is not None:  # inside tf.debug.record: the op goes into the record
+        recorder.eager_log.add(op, tensors, result_tensor, block, began, time.perf_counter())
+    if _mode.grad_enabled and opdef.differentiable and any(t.requires_grad for t in tensors):
+        result_tensor.requires_grad = True
+        result_tensor._op, result_tensor._inputs, result_tensor._attrs = op, tensors, attrs
+    return result_tensor
+
+
+def _constant_tensor(op: str, value: Any, like: Any) -> Tensor:
+    # A literal's array is made once and shared (read-only), outside the allocator:
+    # the static plan keeps constants outside its arena too.
+    if isinstance(value, Node):  # tf.constant(...) beside Tensors: its value
+        if value.op != "constant":
+            raise EagerError(f"{op} at {user_source_line()} mixes eager Tensors with the "
+                             f"graph node {value.name} ({value.op}); eager ops take "
+                             "Tensors, arrays, numbers and tf.constant values")
+        return Tensor._wrap(value.attrs["value"].array, None)
+    return Tensor._wrap(_literal(op, value, like), None)
+
+
+ops.set_eager_dispatch(apply, Tensor)
+
+
+# ----------------------------------------------------------------------------------
+# Backward: walk the tape, interpret each op's gradient rule
+# ----------------------------------------------------------------------------------
+
+def _tape_order(root: Tensor) -> list[Tensor]:
+    """Every Tensor on `root`'s tape, each after its inputs.
+
+    The same iterative depth-first post-order as `graph.topological_order` (inputs
+    left to right), so gradient contributions are summed in the same order as
+    `autodiff.gradients` sums them on the traced graph: bitwise-equal results.
+    """
+    order: list[Tensor] = []
+    done: set[int] = set()
+    stack: list[tuple[Tensor, int]] = [(root, 0)]
+    on_stack = {id(root)}
+    while stack:
+        t, i = stack[-1]
+        inputs = t._inputs or ()
+        if i < len(inputs):
+            stack[-1] = (t, i + 1)
+            child = inputs[i]
+            if id(child) not in done and id(child) not in on_stack and child.requires_grad:
+                on_stack.add(id(child))
+                stack.append((child, 0))
+        else:
+            stack.pop()
+            done.add(id(t))
+            order.append(t)
+    return order
+
+
+@dataclass
+class _RuleGraph:
+    """An op's gradient rule built once over stand-in leaves and kept for reuse."""
+
+    leaves: list[Node]          # the op's inputs, then its output, then the gradient
+    grads: list[Node | None]    # the rule's result, one per input
+    order: list[Node]           # nodes to evaluate, inputs first
+
+
+_rule_cache: dict[tuple, _RuleGraph] = {}
+MAX_RULE_GRAPHS = 4096  # distinct (op, attrs, shapes) seen; plenty for one model
+
+
+def _rule_graph(t: Tensor, needed: tuple[bool, ...]) -> _RuleGraph:
+    inputs = t._inputs
+    key = (t._op, tuple(sorted((k, v) for k, v in t._attrs.items() if k != "generators")),
+           tuple((i.shape, i.dtype.str) for i in inputs), t.shape, t.dtype.str, needed)
+    rule = _rule_cache.get(key)
+    if rule is not None:
+        return rule
+    leaves = [Node("placeholder", (), {"shape": i.shape, "dtype": i.dtype.name},
+                   shape=i.shape, dtype=i.dtype, where="<eager>") for i in inputs]
+    output = Node(t._op, leaves, t._attrs, shape=t.shape, dtype=t.dtype, where="<eager>")
+    grad = Node("placeholder", (), {"shape": t.shape, "dtype": t.dtype.name},
+                shape=t.shape, dtype=t.dtype, where="<eager>")
+    opdef = REGISTRY[t._op]
+    if opdef.gradient is None:
+        raise EagerError(f"op {t._op} has no gradient, but it lies between the Tensors "
+                         "that require grad and the one `backward` started from")
+    grads = list(opdef.gradient(output, grad))
+    wanted = [g for g, need in zip(grads, needed) if need and g is not None]
+    order = topological_order(wanted, leaves=frozenset(id(n) for n in [*leaves, output, grad]))
+    rule = _RuleGraph([*leaves, output, grad], grads, order)
+    if len(_rule_cache) < MAX_RULE_GRAPHS:
+        _rule_cache[key] = rule
+    return rule
+
+
+def _input_grads(t: Tensor, grad: Tensor) -> list[Tensor | None]:
+    """The gradients of `t`'s inputs, by evaluating its op's rule on Tensors."""
+    needed = tuple(i.requires_grad for i in t._inputs)
+    rule = _rule_graph(t, needed)
+    values: dict[Node, Tensor] = dict(zip(rule.leaves, [*t._inputs, t, grad]))
+    for node in rule.order:
+        if node not in values:
+            values[node] = apply(node.op, [values[i] for i in node.inputs], node.attrs)
+    return [values[g] if need and g is not None else None
+            for g, need in zip(rule.grads, needed)]
+
+
+def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
+             create_graph: bool = False) -> None:
+    """Reverse-mode over the tape from `root` (see `Tensor.backward`)."""
+    if not root.requires_grad:
+        raise EagerError("backward() on a Tensor that does not require grad (no input "
+                         "of its ops had requires_grad=True, or it was made under no_grad)")
+    if gradient is None:
+        seed = Tensor(np.ones(root.shape, root.dtype))
+    else:
+        seed = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=root.dtype)
+    order = _tape_order(root)
+    pending: dict[int, list[Tensor]] = {id(root): [seed]}
+    recording = contextlib.nullcontext() if create_graph else no_grad()
+    _mode.in_backward = True
+    try:
+        _walk_tape(order, pending, recording)
+    finally:
+        _mode.in_backward = False
+    if not retain_graph:
+        for t in order:
+            if not t.is_leaf:
+                t._inputs = None
+
+
+def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
+               recording: Any) -> None:
+    """The reverse sweep: sum each Tensor's gradient contributions, then hand them
+    to its op's rule (or, at a leaf, accumulate them into `.grad`)."""
+    with recording:
+        for t in reversed(order):
+            contributions = pending.pop(id(t), None)
+            if not contributions:
+                continue
+            total = contributions[0]
+            for extra in contributions[1:]:
+                total = total + extra
+            if t.is_leaf:
+                t._grad = total if t._grad is None else t._grad + total
+                continue
+            if t._inputs is None:
+                raise EagerError("backward through a graph a second time: its saved "
+                                 "values were freed by the first backward; pass "
+                                 "retain_graph=True to the first call")
+            for inp, g in zip(t._inputs, _input_grads(t, total)):
+                if g is not None and inp.requires_grad:
+                    pending.setdefault(id(inp), []).append(g)
+
+
+# ----------------------------------------------------------------------------------
+# Tracing: record a Python function of Tensors into a Graph, compile it, replay it
+# ----------------------------------------------------------------------------------
+
+@dataclass
+class _Capture:
+    """A value from outside the traced function, fed on every call."""
+
+    placeholder: Node
+    read: Callable[[], np.ndarray]   # its value now (a parameter's, a .grad's)
+    what: str
+
+
+class _Trace:
+    """What one trace collects while the function runs on symbolic Tensors."""
+
+    def __init__(self) -> None:
+        self.captures: dict[tuple, _Capture] = {}
+        self.writes: dict[int, tuple[Tensor, Node]] = {}        # in-place writes
+        self.grad_writes: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self.grad_guards: dict[int, tuple[Tensor, bool]] = {}   # (t, t.grad is None)
+        self.leaves: dict[int, Tensor] = {}                     # requires_grad leaves seen
+        self.breaks: list[str] = []
+
+    # -- values of the trace -----------------------------------------------------------
+    def node_of(self, value: Any) -> Any:
+        if not isinstance(value, Tensor):
+            return value                     # a literal: `make` types it as usual
+        if value.node is not None:
+            return value.node
+        if id(value) in self.writes:         # read after an in-place write
+            return self.writes[id(value)][1]
+        if value.requires_grad and value.is_leaf:
+            self.leaves[id(value)] = value
+        return self._capture(("tensor", id(value)), value.shape, value.dtype,
+                             lambda t=value: t.data, "a Tensor from outside")
+
+    def grad_of(self, t: Tensor) -> Tensor | None:
+        """`t.grad` as seen inside the trace: the pending gradient, or t's current
+        `.grad` fed at each call (the guard remembers whether it was None)."""
+        if id(t) in self.grad_writes:
+            return self.grad_writes[id(t)][1]
+        self.grad_guards.setdefault(id(t), (t, t._grad is None))
+        if t._grad is None:
+            return None
+        node = self._capture(("grad", id(t)), t.shape, t._grad.dtype,
+                             lambda t=t: t._grad.data, "the .grad of a Tensor")
+        return Tensor._wrap(None, None, node=node)
+
+    def _capture(self, key: tuple, shape: tuple, dtype: Any, read: Callable,
+                 what: str) -> Node:
+        capture = self.captures.get(key)
+        if capture is None:
+            placeholder = api.placeholder(dtype, shape, name=f"captured_{len(self.captures)}")
+            capture = self.captures[key] = _Capture(placeholder, read, what)
+        return capture.placeholder
+
+    # -- what Tensor methods do while tracing ------------------------------------------
+    def apply(self, op: str, inputs: Sequence[Any], attrs: dict, name: str | None) -> Tensor:
+        nodes = [self.node_of(i) for i in inputs]
+        node = ops.make(op, *nodes, name=name, **attrs)
+        out = Tensor._wrap(None, None, node=node)
+        out.requires_grad = (_mode.grad_enabled and REGISTRY[op].differentiable and any(
+            isinstance(i, Tensor) and i.requires_grad for i in inputs))
+        return out
+
+    def write(self, t: Tensor, value: Any) -> None:
+        node = self.node_of(value) if isinstance(value, Tensor) else ops.constant(
+            np.asarray(value, t.dtype))
+        if node.dtype != t.dtype:
+            node = ops.cast(node, t.dtype)
+        if node.shape != t.shape:
+            node = ops.broadcast_to(node, t.shape)
+        self.writes[id(t)] = (t, node)
+
+    def backward(self, root: Tensor, gradient: Any) -> None:
+        if not root.requires_grad:
+            raise EagerError("backward() on a Tensor that does not require grad")
+        targets = list(self.leaves.values())
+        seeds = None if gradient is None else [self.node_of(gradient)]
+        from tinyflow.autodiff import gradients
+        grads = gradients(root.node, [self.node_of(t) for t in targets], seeds)
+        for t, g in zip(targets, grads):
+            if g is None:
+                continue
+            new = Tensor._wrap(None, None, node=g)
+            previous = self.grad_of(t)
+            self.grad_writes[id(t)] = (t, new if previous is None else previous + new)
+
+
+@dataclass
+class _Concrete:
+    """One trace, compiled: the program and how to feed it and read it back."""
+
+    program: Any
+    arg_slots: list[tuple[int, Node]]          # (argument index, placeholder)
+    captures: list[_Capture]
+    outputs: Any                               # the result's structure, fetch indices
+    grad_writes: list[tuple[Tensor, int | None]]
+    writes: list[tuple[Tensor, int]]
+    grad_guards: list[tuple[Tensor, bool]]
+    nodes: int
+
+    def guards_hold(self) -> str | None:
+        """None when this trace fits the world as it is now, else why not."""
+        for t, was_none in self.grad_guards:
+            if (t._grad is None) != was_none:
+                return f"the .grad of a {t.shape} Tensor was " \
+                       f"{'None' if was_none else 'set'} when traced"
+        return None
+
+
+class Function:
+    """A Python function of Tensors, traced into a compiled graph per input signature.
+
+    Calling it with Tensors (or arrays) whose shapes and dtypes were seen before runs
+    the compiled program; new ones trace again (counted in `traces`, with the reason).
+    `explain()` says what was traced and why. Options go to `tinyflow.compile`.
+    """
+
+    def __init__(self, fn: Callable, **compile_options: Any) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.compile_options = compile_options
+        self.cache: dict[tuple, list[_Concrete]] = {}
+        self.traces: list[dict] = []
+        self.breaks: list[str] = []
+
+    def __call__(self, *args: Any) -> Any:
+        key = tuple(_signature(a) for a in args)
+        reason = "first call"
+        for concrete in self.cache.get(key, []):
+            reason = concrete.guards_hold()
+            if reason is None:
+                return self._run(concrete, args)
+        if key not in self.cache and self.cache:
+            reason = _why_new(key, list(self.cache))
+        concrete = self._trace(args, key)
+        self.traces.append({"signature": key, "reason": reason, "nodes": concrete.nodes})
+        self.cache.setdefault(key, []).append(concrete)
+        return self._run(concrete, args)
+
+    def _trace(self, args: tuple, key: tuple) -> _Concrete:
+        from tinyflow.executor import compile as compile_graph
+        trace = _Trace()
+        symbolic, arg_slots = [], []
+        for index, arg in enumerate(args):
+            if isinstance(arg, (Tensor, np.ndarray)):
+                placeholder = api.placeholder(arg.dtype, arg.shape, name=f"arg{index}")
+                value = Tensor._wrap(None, None, node=placeholder)
+                value.requires_grad = bool(getattr(arg, "requires_grad", False))
+                arg_slots.append((index, placeholder))
+                symbolic.append(value)
+            else:
+                symbolic.append(arg)
+        before, _mode.tracer = _mode.tracer, trace
+        try:
+            result = self.fn(*symbolic)
+        except GraphBreak as err:
+            self.breaks.append(str(err))
+            raise
+        finally:
+            _mode.tracer = before
+        fetches: list[Node] = []
+        outputs = _collect(result, fetches)
+        grad_writes = []
+        for t, g in trace.grad_writes.values():
+            grad_writes.append((t, None if g is None else len(fetches)))
+            if g is not None:
+                fetches.append(trace.node_of(g))
+        writes = []
+        for t, node in trace.writes.values():
+            writes.append((t, len(fetches)))
+            fetches.append(node)
+        feeds = {p: (p.shape, p.dtype) for _, p in arg_slots}
+        feeds.update({c.placeholder: (c.placeholder.shape, c.placeholder.dtype)
+                      for c in trace.captures.values()})
+        program = compile_graph(fetches, feeds, **self.compile_options) if fetches else None
+        nodes = 0 if program is None else len(program.graph.nodes)
+        return _Concrete(program, arg_slots, list(trace.captures.values()), outputs,
+                         grad_writes, writes, list(trace.grad_guards.values()), nodes)
+
+    def _run(self, concrete: _Concrete, args: tuple) -> Any:
+        values: list = []
+        if concrete.program is not None:
+            feeds = {p: _as_array(args[i]) for i, p in concrete.arg_slots}
+            feeds.update({c.placeholder: c.read() for c in concrete.captures})
+            values = concrete.program.run(feeds, {})
+        for t, slot in concrete.grad_writes:
+            t._grad = None if slot is None else Tensor(values[slot])
+        for t, slot in concrete.writes:
+            t.data[...] = values[slot]
+        return _rebuild(concrete.outputs, values)
+
+    def explain(self) -> str:
+        """What was traced, how often and why; graph breaks with their lines."""
+        lines = [f"{self.__name__}: {len(self.traces)} trace(s)"]
+        for i, entry in enumerate(self.traces):
+            shapes = ", ".join(str(s) for s in entry["signature"])
+            lines.append(f"  trace {i}: {entry['reason']}; inputs ({shapes}); "
+                         f"{entry['nodes']} nodes after the passes")
+        for message in self.breaks:
+            lines.append(f"  {message}")
+        return "\n".join(lines)
+
+
+def function(fn: Callable | None = None, **compile_options: Any) -> Any:
+    """Decorator: trace `fn` into a graph and run it compiled (tf.function)."""
+    if fn is None:
+        return lambda f: Function(f, **compile_options)
+    return Function(fn, **compile_options)
+
+
+def _signature(arg: Any) -> tuple:
+    if isinstance(arg, Tensor):
+        return ("tensor", arg.shape, arg.dtype.str, arg.requires_grad)
+    if isinstance(arg, np.ndarray):
+        return ("array", arg.shape, arg.dtype.str, False)
+    try:
+        hash(arg)
+    except TypeError:
+        raise EagerError(f"a traced function takes Tensors, arrays and hashable Python "
+                         f"values; got {type(arg).__name__}") from None
+    return ("python", type(arg).__name__, arg)
+
+
+def _why_new(key: tuple, seen: list[tuple]) -> str:
+    """Name the first argument that differs from the closest signature seen."""
+    closest = seen[-1]
+    if len(key) != len(closest):
+        return f"called with {len(key)} arguments, traced with {len(closest)}"
+    for index, (now, then) in enumerate(zip(key, closest)):
+        if now != then:
+            return f"argument {index} is {now[1:]}; traced for {then[1:]}"
+    return "new signature"
+
+
+def _as_array(value: Any) -> np.ndarray:
+    return value.data if isinstance(value, Tensor) else np.asarray(value)
+
+
+def _collect(result: Any, fetches: list[Node]) -> Any:
+    """The result's structure, symbolic Tensors replaced by their fetch index."""
+    if isinstance(result, Tensor):
+        if result.node is None:
+            return ("value", result)
+        fetches.append(result.node)
+        return ("fetch", len(fetches) - 1)
+    if isinstance(result, (list, tuple)):
+        return (type(result).__name__, [_collect(r, fetches) for r in result])
+    if isinstance(result, dict):
+        return ("dict", {k: _collect(v, fetches) for k, v in result.items()})
+    return ("value", result)
+
+
+def _rebuild(structure: Any, values: list) -> Any:
+    kind, inner = structure
+    if kind == "fetch":
+        return Tensor(values[inner])
+    if kind == "value":
+        return inner
+    if kind == "dict":
+        return {k: _rebuild(v, values) for k, v in inner.items()}
+    items = [_rebuild(v, values) for v in inner]
+    return tuple(items) if kind == "tuple" else items
+
+
+# ----------------------------------------------------------------------------------
+# Layers and optimizers, eagerly
+# ----------------------------------------------------------------------------------
+
+def to_eager(model: Any, dtype: Any = None) -> Any:
+    """Give a model built of graph Variables (a `tf.nn` layer, or any object holding
+    Variables in attributes, lists and dicts) eager parameters, in place.
+
+    Each Variable is replaced by a leaf Tensor (requires_grad=True when trainable)
+    holding the value its initializer gives (cast to `dtype` if given), so the *same*
+    model code runs in both modes from the same initial weights. The Tensors are
+    listed, in the order found, in `model.eager_parameters` (see `parameters`).
+    """
+    from tinyflow.executor import Session
+    initializers = {a.inputs[0]: a.inputs[1] for a in api._pending_initializers}
+    trainable = set(api._trainable_variables)
+    replaced: dict[Node, Tensor] = {}
+    session = Session()
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, Node) and value.op == "variable":
+            if value not in replaced:
+                if value not in initializers:
+                    raise EagerError(f"variable {value.name} has no initial value to "
+                                     "start an eager copy from")
+                array = session.run(initializers[value])
+                replaced[value] = Tensor(array, requires_grad=value in trainable,
+                                         dtype=dtype)
+            return replaced[value]
+        return value
+
+    stack, seen = [model], set()
+    while stack:  # an explicit stack: models nest layers in lists and dicts
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            slots = list(item.items())
+        elif isinstance(item, list):
+            slots = list(enumerate(item))
+        elif hasattr(item, "__dict__") and not isinstance(item, (Node, Tensor, type)):
+            slots = list(vars(item).items())
+        else:
+            continue
+        for key, value in reversed(slots):
+            new = convert(value)
+            if new is not value:
+                if isinstance(item, (dict, list)):
+                    item[key] = new
+                else:
+                    setattr(item, key, new)
+            elif isinstance(value, (dict, list)) or (
+                    hasattr(value, "__dict__") and not isinstance(value, (Node, type))):
+                stack.append(value)
+    found = sorted(replaced.items(), key=lambda kv: kv[0].id)  # creation order
+    model.eager_parameters = [t for _, t in found]
+    model.eager_variables = found   # [(the graph Variable, its eager Tensor)]
+    return model
+
+
+def save(model: Any, path: str) -> str:
+    """Save a `to_eager` model's parameters as a `tf.train.Saver` checkpoint, under
+    their Variables' names: the graph model can restore it, and so can `restore`."""
+    from tinyflow.executor import Session
+    from tinyflow.saver import Saver
+    session = Session()
+    for var, t in model.eager_variables:
+        session.variables[var] = t.numpy()
+    return Saver([var for var, _ in model.eager_variables]).save(session, path)
+
+
+def restore(model: Any, path: str) -> None:
+    """Load a checkpoint into a `to_eager` model's parameters, in place, by name."""
+    from tinyflow.saver import CheckpointError, read_checkpoint
+    values = read_checkpoint(path)
+    with no_grad():
+        for var, t in model.eager_variables:
+            value = values.get(var.name)
+            if value is None or value.shape != t.shape:
+                found = "missing" if value is None else f"of shape {value.shape}"
+                raise CheckpointError(f"{path}: {var.name} is {found}, the model's is "
+                                      f"{t.shape}")
+            t.assign_(value)
+
+
+def parameters(module: Any) -> list[Tensor]:
+    """The eager parameters of a module converted by `to_eager`, in layer order."""
+    return list(module.eager_parameters)
+
+
+class Optimizer:
+    """PyTorch's optimizer protocol: `zero_grad()`, then `backward`, then `step()`.
+    Updates are in-place writes under no_grad, so a traced step writes them back."""
+
+    def __init__(self, params: Sequence[Tensor], lr: float) -> None:
+        self.params = list(params)
+        self.lr = lr
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        with no_grad():
+            for index, p in enumerate(self.params):
+                if p.grad is not None:
+                    self._update(index, p, p.grad)
+
+    def _update(self, index: int, p: Tensor, grad: Tensor) -> None:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """p -= lr * g, or with momentum: v = momentum * v + g; p -= lr * v."""
+
+    def __init__(self, params: Sequence[Tensor], lr: float, momentum: float = 0.0) -> None:
+        super().__init__(params, lr)
+        self.momentum = momentum
+        self.velocity = [Tensor(np.zeros(p.shape, p.dtype)) for p in self.params] \
+            if momentum else []
+
+    def _update(self, index: int, p: Tensor, grad: Tensor) -> None:
+        if self.momentum:
+            v = self.velocity[index].assign_(self.momentum * self.velocity[index] + grad)
+            grad = v
+        p.sub_(self.lr * grad)
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba) in the form `tf.train.AdamOptimizer` uses: bias correction
+    folded into the step size. The step count is a Tensor, not a Python int, so a
+    traced step counts on each call instead of baking in the count it saw."""
+
+    def __init__(self, params: Sequence[Tensor], lr: float = 1e-3, beta1: float = 0.9,
+                 beta2: float = 0.999, eps: float = 1e-8) -> None:
+        super().__init__(params, lr)
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        dtype = self.params[0].dtype if self.params else np.float32
+        self.t = Tensor(np.zeros((), dtype))
+        self.m = [Tensor(np.zeros(p.shape, p.dtype)) for p in self.params]
+        self.v = [Tensor(np.zeros(p.shape, p.dtype)) for p in self.params]
+
+    def step(self) -> None:
+        with no_grad():
+            t = self.t.assign_(self.t + 1.0)
+            self._step_size = self.lr * ops.sqrt(1.0 - ops.power(self.beta2, t)) / (
+                1.0 - ops.power(self.beta1, t))
+        super().step()
+
+    def _update(self, index: int, p: Tensor, grad: Tensor) -> None:
+        m = self.m[index].assign_(self.beta1 * self.m[index] + (1.0 - self.beta1) * grad)
+        v = self.v[index].assign_(self.beta2 * self.v[index] + (1.0 - self.beta2) * grad * grad)
+        p.sub_(self._step_size * m / (ops.sqrt(v) + self.eps))
+
+
+# ----------------------------------------------------------------------------------
+# Three ways to give the same ops memory, side by side
+# ----------------------------------------------------------------------------------
+
+def memory_comparison(step: Callable[..., Any], *args: Any) -> dict:
+    """Run `step(*args)` once eagerly through a fresh caching allocator and once
+    traced, and compare the memory each way needs for the same op sequence:
+
+    static   the traced program's arena (memory.py's plan) and its lower bound
+    caching  the allocator's peak reserved (segments) and peak allocated (blocks)
+    malloc   plain malloc/free of exactly what each Tensor asks: its peak is the
+             most bytes alive at once during the eager run
+
+    `events` is the allocator's log, with `allocated` and `reserved` after every
+    event, for a plot; `fragmentation` is 1 - allocated/reserved when the most
+    bytes were allocated.
+    Parameters and inputs made before the call are not counted by any of the three.
+    """
+    fresh = CachingAllocator(record=True)
+    old = set_allocator(fresh)
+    try:
+        step(*args)
+        live_requested, peak_requested = 0, 0
+        requested = {}
+        for event in fresh.events:
+            if event["event"] == "alloc":
+                requested[event["block"]] = event["requested"]
+                live_requested += event["requested"]
+                peak_requested = max(peak_requested, live_requested)
+            elif event["event"] == "free" and event["block"] in requested:
+                live_requested -= requested.pop(event["block"])
+    finally:
+        set_allocator(old)
+    traced = Function(step)
+    traced(*args)
+    plan = traced.cache[next(iter(traced.cache))][0].program.memory_plan
+    at_peak = max(fresh.events, key=lambda e: e["allocated"], default=None)
+    return {"static_arena": plan.arena_bytes if plan else 0,
+            "static_lower_bound": plan.lower_bound_bytes if plan else 0,
+            "caching_reserved": fresh.peak_reserved,
+            "caching_allocated": fresh.peak_allocated,
+            "malloc_peak": peak_requested,
+            "fragmentation": 0.0 if at_peak is None or not at_peak["reserved"]
+            else 1.0 - at_peak["allocated"] / at_peak["reserved"],
+            "events": fresh.events}
+
+
+# ----------------------------------------------------------------------------------
+# Recording an eager run for the debugger
+# ----------------------------------------------------------------------------------
+
+class EagerLog:
+    """What `tf.debug.record` keeps of eager ops: each op as a node of a graph (the
+    tape, drawn), its time on the timeline, and its output's block in the caching
+    allocator as the memory view's "plan" (segments laid end to end, each block's
+    reason taken from the allocator: the best-fitting free block, or a new segment).
+    """
+
+    MAX_OPS = 20_000   # a record is for reading; a longer run keeps its first ops
+
+    def __init__(self, alloc: CachingAllocator) -> None:
+        self.alloc = alloc
+        self.was_recording, alloc.record = alloc.record, True
+        self.first_event = len(alloc.events)
+        self.nodes: list[dict] = []
+        self.events: list[dict] = []
+        self.tensors: list[dict] = []
+        self.names: dict[int, str] = {}              # id(Tensor) -> node name
+        self.by_block: dict[int, dict] = {}          # live block id -> tensor entry
+        self.seen_events = self.first_event
+        self.start = None
+
+    def name_of(self, t: Tensor) -> str:
+        name = self.names.get(id(t))
+        if name is None:  # made before recording began (a parameter, an input)
+            name = self.names[id(t)] = f"input_{len(self.names)}"
+            self.nodes.append({"id": name, "op": "placeholder", "inputs": [],
+                               "shape": list(t.shape), "dtype": t.dtype.name,
+                               "bytes": t.data.nbytes, "where": "<before recording>",
+                               "attrs": {}, "provenance": [name], "phase": "forward"})
+        return name
+
+    def add(self, op: str, inputs: list[Tensor], out: Tensor, block: Block,
+            began: float, ended: float) -> None:
+        if len(self.events) >= self.MAX_OPS:
+            return
+        if self.start is None:
+            self.start = began
+        step = len(self.events)
+        self._note_frees(step)
+        name = f"{op}_{step}"
+        phase = "backward" if _mode.in_backward else "forward"
+        self.nodes.append({"id": name, "op": op, "inputs": [self.name_of(t) for t in inputs],
+                           "shape": list(out.shape), "dtype": out.dtype.name,
+                           "bytes": out.data.nbytes, "where": user_source_line(),
+                           "attrs": {}, "provenance": [name], "phase": phase})
+        self.names[id(out)] = name
+        self.events.append({"step": step, "node": name, "op": op, "stream": 0,
+                            "start": began - self.start, "end": ended - self.start,
+                            "bytes": int(out.data.nbytes), "summary": None})
+        entry = {"node": name, "block": block, "nbytes": block.size, "first_step": step,
+                 "last_step": None, "reason": self._reason(block)}
+        self.tensors.append(entry)
+        self.by_block[block.id] = entry
+
+    def _reason(self, block: Block) -> str:
+        # The op's malloc was the allocator's last event (kernels allocate nothing).
+        event = self.alloc.events[-1] if self.alloc.events else {}
+        return event.get("reason", "") if event.get("block") == block.id else ""
+
+    def _note_frees(self, step: int) -> None:
+        events = self.alloc.events
+        for event in events[self.seen_events:]:
+            if event["event"] == "free" and event["block"] in self.by_block:
+                self.by_block.pop(event["block"])["last_step"] = max(step - 1, 0)
+        self.seen_events = len(events)
+
+    def to_record(self, title: str, command: str) -> dict:
+        from tinyflow import trace
+        self.alloc.record = self.was_recording
+        last = max(len(self.events) - 1, 0)
+        self._note_frees(last + 1)
+        bases, base = {}, 0
+        for seg in self.alloc.segments:
+            bases[seg.id] = base
+            base += seg.buffer.size
+        record = trace.empty_record(title, command=command)
+        record["graphs"] = [{"pass": "eager", "index": 0, "seconds": 0.0, "changed": False,
+                             "nodes": self.nodes,
+                             "outputs": [self.nodes[-1]["id"]] if self.nodes else []}]
+        record["schedule"] = [{"step": e["step"], "node": e["node"], "op": e["op"],
+                               "stream": 0, "waits": [], "records_event": None}
+                              for e in self.events]
+        tensors = [{"node": t["node"], "offset": bases[t["block"].segment] + t["block"].offset,
+                    "nbytes": t["nbytes"], "first_step": t["first_step"],
+                    "last_step": last if t["last_step"] is None else t["last_step"],
+                    "inplace_of": None, "kind": "intermediate", "reason": t["reason"]}
+                   for t in self.tensors]
+        record["memory_plan"] = {
+            "strategy": "caching allocator", "arena_bytes": self.alloc.peak_reserved,
+            "naive_bytes": sum(t["nbytes"] for t in tensors),
+            "lower_bound_bytes": self.alloc.peak_allocated, "alignment": ROUND,
+            "strategies": {"caching allocator (reserved)": self.alloc.peak_reserved,
+                           "allocated peak": self.alloc.peak_allocated},
+            "tensors": tensors}
+        record["timelines"] = [{"run": 0, "label": "eager run", "events": self.events}]
+        return record
