@@ -151,7 +151,6 @@ def test_optimizer_zero_grad_and_step():
 # ----------------------------------------------------------------------------------
 
 def _mlp(seed):
-    tf.nn._init_seeds = iter(range(seed, seed + 100))
     return E.to_eager(tf.nn.MLP([12, 16, 16, 4]), dtype=F64)
 
 
