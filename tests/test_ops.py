@@ -18,6 +18,7 @@ is on the tested path. Sizes are tiny: a gradient check costs two runs per eleme
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 import subprocess
 import sys
@@ -227,6 +228,8 @@ GRAD_CASES: dict[str, Callable[[np.random.Generator], list[GradCase]]] = {
     "sigmoid": lambda r: [C(ops.sigmoid, normal(r, 2, 3, scale=4.0))],
     "relu": lambda r: [C(ops.relu, away_from_zero(r, 2, 3))],
     "gelu": lambda r: [C(ops.gelu, normal(r, 2, 3, scale=2.0))],
+    "erf": lambda r: [C(ops.erf, normal(r, 2, 3, scale=1.5)),
+                      C(ops.erf, np.array([-3.0, -2.6, 2.4, 2.6, 4.0]), label="both sides of 2.5")],
     "abs": lambda r: [C(ops.abs, away_from_zero(r, 2, 3))],
     "sign": lambda r: [C(lambda x: ops.sign(x) * x, away_from_zero(r, 2, 3))],
     "cast": lambda r: [
@@ -771,6 +774,8 @@ FORWARD_CASES = [
             lambda x: np.exp(-np.logaddexp(0, -x))),
     FwdCase("relu", "", tf.nn.relu, [A23], lambda x: np.maximum(x, 0)),
     FwdCase("gelu", "", tf.nn.gelu, [A23], gelu_reference, rtol=1e-5),
+    FwdCase("erf", "", tf.ops.erf, [A23 * 2], lambda x: np.vectorize(math.erf)(x.astype(F64))
+            .astype(np.float32), rtol=1e-6),
     FwdCase("abs", "", tf.abs, [A23], np.abs),
     FwdCase("sign", "", ops.sign, [np.array([-2.0, 0.0, 3.0])], np.sign),
     FwdCase("cast", "float -> int truncates", lambda x: tf.cast(x, tf.int32),
