@@ -1116,3 +1116,15 @@ def test_softmax_cross_entropy_is_stable_and_matches_log_softmax():
     probs = np.exp(log_softmax_reference(logits))
     np.testing.assert_allclose(g, probs - np.eye(3)[labels], atol=1e-12)
     assert np.all(np.isfinite(g))
+
+
+def test_reshape_copying_an_unknown_dim_still_resolves_minus_one():
+    """(?, 4, 1, 1) reshaped to (0, -1) is (?, 4): the copied unknown dim cancels
+    (the rule returned (?, -1), and a matmul after it failed to build)."""
+    x = tf.placeholder(tf.float32, (None, 4, 1, 1))
+    assert tf.reshape(x, (0, -1)).shape == (None, 4)
+    assert tf.reshape(x, (0, 2, -1)).shape == (None, 2, 2)
+    y = tf.placeholder(tf.float32, (None, None, 3))
+    assert tf.reshape(y, (0, -1)).shape == (None, None)
+    w = tf.matmul(tf.reshape(x, (0, -1)), tf.ones((4, 5)))
+    assert w.shape == (None, 5)

@@ -40,7 +40,15 @@ def _reshape_infer(shapes, dtypes, attrs):
     src, target = shapes[0], _resolve_zeros(shapes[0], attrs["shape"])
     if target.count(-1) > 1:
         raise _Mismatch("reshape allows at most one -1")
-    if None in target:  # a copied dim that is itself unknown
+    copied = {i for i, d in enumerate(attrs["shape"]) if d == 0 and i < len(src)}
+    if any(target[i] is None for i in copied):
+        # A copied dim that is unknown appears on both sides and cancels: -1 is still
+        # the product of the other input dims over the other target dims.
+        rest = [d for i, d in enumerate(src) if i not in copied]
+        known = math.prod(d for i, d in enumerate(target) if i not in copied and d != -1)
+        if -1 in target:
+            missing = None if None in rest or known == 0 else math.prod(rest) // known
+            target[target.index(-1)] = missing
         return tuple(target), dtypes[0]
     known = math.prod(d for d in target if d != -1)
     if -1 in target:
