@@ -943,3 +943,97 @@ def export(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict, path: A
             raise OnnxError(f"the exported model fails onnx.checker: {err}") from None
     onnx.save(model, os.fspath(path))
     return model
+
+
+# ==================================================================================
+# The command line's two uses: a DebugRecord out as ONNX, an ONNX model into a record
+# ==================================================================================
+
+def _from_json(value: Any) -> Any:
+    """A record's attribute value back as the hashable value the op had (lists were
+    tuples)."""
+    if isinstance(value, list):
+        return tuple(_from_json(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    return value
+
+
+def _record_node(entry: dict, inputs: list[Node]) -> Node:
+    """One node entry of a DebugRecord as a Node (no shape rule is run: the record's
+    shapes are the ones the program ran with)."""
+    op, attrs = entry["op"], _from_json(entry["attrs"])
+    shape = None if entry["shape"] is None else tuple(entry["shape"])
+    value = attrs.get("value")
+    if op == "constant":
+        if isinstance(value, str):
+            # Long constants are kept only as "array(784x10 float32)": an input then.
+            op, attrs = "placeholder", {"shape": shape, "dtype": entry["dtype"]}
+        else:
+            attrs["value"] = ops.ConstValue(np.asarray(value, dtype=entry["dtype"]))
+    return Node(op, inputs, attrs, name=entry["id"], shape=shape, dtype=entry["dtype"],
+                where=entry["where"])
+
+
+def graph_from_record(record: dict) -> tuple[list[Node], list[Node]]:
+    """(outputs, inputs) of the forward part of a DebugRecord's input graph.
+
+    A record keeps the graph a program ran (shapes fixed by that run's feeds) but not
+    the Variables' values, nor constants longer than a few items: those become inputs
+    (placeholders), so the export is the model's structure. The outputs are the
+    record's fetched nodes that are forward computations (the loss, not the update).
+    """
+    graph = record["graphs"][0]
+    nodes: dict[str, Node] = {}
+    for entry in graph["nodes"]:
+        if entry["phase"] != "forward" or entry["op"] in ("assign", "group"):
+            continue
+        if any(name not in nodes for name in entry["inputs"]):
+            continue  # reads a gradient or an update: not part of the forward model
+        nodes[entry["id"]] = _record_node(entry, [nodes[n] for n in entry["inputs"]])
+    outputs = [nodes[name] for name in graph["outputs"] if name in nodes]
+    if not outputs:
+        raise OnnxError("the record's fetched nodes are all updates or gradients; record a "
+                        "run that also fetches the loss or the model's output")
+    inputs = [n for n in nodes.values() if n.op == "placeholder"]
+    return outputs, inputs
+
+
+def export_record(record_path: Any, path: Any, opset: int = DEFAULT_OPSET) -> Any:
+    """Write the forward graph of a DebugRecord as ONNX; Variables become inputs."""
+    from tinyflow import trace
+    outputs, inputs = graph_from_record(trace.load(record_path))
+    return export(outputs, inputs, path, opset, variables_as="inputs")
+
+
+def example_feeds(model: OnnxModel, batch: int = 1, seed: int = 0) -> dict[Node, np.ndarray]:
+    """A value for every input: unknown dims are `batch`; floats are N(0, 1), integers
+    zeros (valid indices for any embedding), booleans False."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, node in model.inputs.items():
+        if node.shape is None:
+            raise OnnxError(f"input {name!r} has no shape in the model; cannot make an "
+                            "example value")
+        shape = tuple(batch if d is None else d for d in node.shape)
+        if node.dtype.kind == "f":
+            feeds[node] = rng.standard_normal(shape).astype(node.dtype)
+        else:
+            feeds[node] = np.zeros(shape, node.dtype)
+    return feeds
+
+
+def record_model(path: Any, out: Any, batch: int = 1, runs: int = 3, **options: Any) -> str:
+    """Import the ONNX model at `path`, compile it for example inputs (unknown dims =
+    `batch`), run it `runs` times while recording, and write the DebugRecord to `out`
+    (passes, memory plan, schedule, timelines), for `tinyflow debug MODEL.onnx`."""
+    from tinyflow import debug
+    model = load(path)
+    sess = model.session(**options)
+    feeds = example_feeds(model, batch)
+    fetches = list(model.outputs.values())
+    title = f"{os.path.basename(os.fspath(path))} (ONNX, batch {batch})"
+    with debug.record(out, title=title):
+        for _ in range(runs):
+            sess.run(fetches, feeds)
+    return os.fspath(out)
