@@ -578,10 +578,13 @@ def load(path: Any, initializers: str = "variables") -> OnnxModel:
             raise
         except TinyFlowError as err:
             raise im.fail(str(err)) from None
+        label = onnx_node.name or onnx_node.output[0]
         where = onnx_node.doc_string if _looks_like_where(onnx_node.doc_string) else \
-            f"{base}:{onnx_node.name or onnx_node.output[0]}"
+            f"{base}:{label}"
         for new in _new_nodes([result], first):
             new.where = where
+            if new is not result:  # the helper nodes of a translation: "bn1/sqrt"
+                new.name = f"{label}/{new.op}"
         if result.id >= first and result.op not in ("variable", "placeholder"):
             result.name = onnx_node.output[0]  # the ONNX tensor name, as users know it
         im.env[onnx_node.output[0]] = result
