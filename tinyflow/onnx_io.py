@@ -585,8 +585,10 @@ def load(path: Any, initializers: str = "variables") -> OnnxModel:
             new.where = where
             if new is not result:  # the helper nodes of a translation: "bn1/sqrt"
                 new.name = f"{label}/{new.op}"
+                new.provenance = (new.name,)
         if result.id >= first and result.op not in ("variable", "placeholder"):
             result.name = onnx_node.output[0]  # the ONNX tensor name, as users know it
+            result.provenance = (result.name,)
         im.env[onnx_node.output[0]] = result
     outputs = {o.name: im.tensor(o.name) for o in model.graph.output}
     return OnnxModel(inputs, outputs, im.variables, im.values, api.group(*im.assigns),
