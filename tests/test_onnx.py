@@ -469,3 +469,24 @@ def test_cli_debug_records_an_imported_model(tmp_path, capsys):
     assert first_input["shape"] == [3, 2, 6, 6]
     assert data["timelines"] and data["memory_plan"] is not None
     assert any(n["where"].startswith("cnn.onnx:") for n in last["nodes"])
+
+
+def test_export_after_passes(tmp_path):
+    """passes= exports the simplified graph: x * 1.0 and 2 * 3 are gone, same values."""
+    x = tf.placeholder(tf.float32, (None, 4), name="x")
+    w = tf.Variable(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32),
+                    name="w")
+    y = tf.nn.relu(tf.matmul(x, w) * 1.0 + tf.constant(2.0) * tf.constant(3.0))
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    xb = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    plain = onnx_io.export(y, [x], tmp_path / "plain.onnx", session=sess)
+    folded = onnx_io.export(y, {x: xb}, tmp_path / "folded.onnx", session=sess,
+                            passes=["simplify", "cse", "fold", "dce"])
+    assert len(folded.graph.node) < len(plain.graph.node)
+    assert "Mul" not in {n.op_type for n in folded.graph.node}
+    expected = sess.run(y, {x: xb})
+    (got,) = ort_run(folded, {"x": xb})
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    with pytest.raises(onnx_io.OnnxError, match="needs feeds as"):
+        onnx_io.export(y, [x], tmp_path / "f.onnx", session=sess, passes=["fold"])

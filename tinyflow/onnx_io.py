@@ -920,9 +920,33 @@ def _version() -> str:
     return tinyflow.__version__
 
 
+def after_passes(fetches: Sequence[Node], feeds: dict, names: Sequence[str],
+                 session: Any = None, values: dict | None = None
+                 ) -> tuple[list[Node], list[Node], dict[Node, np.ndarray]]:
+    """(outputs, feeds, variable values) of the graph after the passes `names`.
+
+    Passes work on a graph specialized to concrete shapes, so `feeds` maps each
+    placeholder to an example array (or its shape): the exported dims are those.
+    """
+    from tinyflow import passes
+    from tinyflow.graph import reachable
+    variables = [n for n in reachable(fetches, frozenset(id(f) for f in feeds))
+                 if n.op == "variable" and n not in feeds]
+    known = {v: _variable_value(v, session, values) for v in variables}
+    sources = {v: (a.shape, a.dtype) for v, a in known.items()}
+    for node, example in feeds.items():
+        shape = np.shape(example) if isinstance(example, np.ndarray) else tuple(example)
+        sources[node] = (shape, node.dtype)
+    graph, clones = passes.specialize(list(fetches), sources, frozenset(id(f) for f in feeds))
+    graph = passes.run_pipeline(graph, passes.PassContext(), list(names))
+    return (graph.outputs, [clones[f] for f in feeds if f in clones],
+            {clones[v]: a for v, a in known.items() if v in clones})
+
+
 def export(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict, path: Any,
            opset: int = DEFAULT_OPSET, *, session: Any = None, values: dict | None = None,
-           variables_as: str = "initializers", check: bool = True) -> Any:
+           variables_as: str = "initializers", passes: Sequence[str] | None = None,
+           check: bool = True) -> Any:
     """Write the forward graph from `feeds` to `fetches` as an ONNX model at `path`.
 
     fetches       the output node(s)
@@ -933,12 +957,23 @@ def export(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict, path: A
     values        {Variable: array})
     variables_as  "inputs" writes the Variables as graph inputs instead (a structure
                   without weights, as `tinyflow export RECORD --onnx` does)
+    passes        export the graph after these passes (e.g. ["simplify", "cse",
+                  "fold", "dce"]; the fusion passes make ops ONNX has not); they run
+                  on shapes fixed by `feeds`, which must then be a dict {placeholder:
+                  example array or shape}; None (default) exports the graph as built
     check         run onnx.checker (full check, with shape inference) before writing
 
     Returns the ModelProto. Raises UnsupportedOpError listing every TinyFlow op in
     the graph that has no ONNX translation (with node names and file:line).
     """
     onnx = _onnx()
+    if passes is not None:
+        if not isinstance(feeds, dict):
+            raise OnnxError("export(passes=...) needs feeds as {placeholder: example array "
+                            "or shape}: the passes run on concrete shapes")
+        fetches = [fetches] if isinstance(fetches, Node) else list(fetches)
+        fetches, feeds, values = after_passes(fetches, feeds, passes, session, values)
+        session = None
     model = to_model(fetches, feeds, opset, session=session, values=values,
                      variables_as=variables_as)
     if check:
