@@ -909,10 +909,31 @@ def to_model(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict,
     model = onnx.helper.make_model(
         graph, opset_imports=[onnx.helper.make_opsetid("", opset)],
         producer_name="tinyflow", producer_version=_version())
+    _name_output_dims(model)
     # ONNX Runtime reads IR versions up to its own; the onnx package may write a newer
     # one than the installed runtime knows, and opset 20 needs no more than IR 9.
     model.ir_version = min(model.ir_version, 9)
     return model
+
+
+def _name_output_dims(model: Any) -> None:
+    """Give the outputs' unknown dims the symbols ONNX shape inference derives from the
+    inputs' ("N" for a batch that flows through), so viewers show N x 10, not ? x 10."""
+    onnx = _onnx()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference is a nicety here; the checker reports real problems
+        return
+    found = {o.name: o for o in inferred.graph.output}
+    for output in model.graph.output:
+        source = found.get(output.name)
+        if source is None:
+            continue
+        dims = output.type.tensor_type.shape.dim
+        for dim, new in zip(dims, source.type.tensor_type.shape.dim):
+            if not dim.HasField("dim_value") and new.HasField("dim_param") \
+                    and not new.dim_param.startswith("unk__"):
+                dim.dim_param = new.dim_param
 
 
 def _version() -> str:
