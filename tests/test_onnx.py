@@ -492,3 +492,38 @@ def test_export_after_passes(tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     with pytest.raises(onnx_io.OnnxError, match="needs feeds as"):
         onnx_io.export(y, [x], tmp_path / "f.onnx", session=sess, passes=["fold"])
+
+
+def test_pytorch_exported_model_imports(tmp_path):
+    """A model as torch.onnx writes it (conv, batch norm folded in, max pool, Flatten,
+    Gemm, GELU as Erf, LayerNormalization, Softmax; dynamic batch) gives PyTorch's and
+    ONNX Runtime's outputs. Skipped without torch (not one of TinyFlow's extras)."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.bn = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+            self.fc, self.ln = nn.Linear(4 * 4 * 4, 6), nn.LayerNorm(6)
+
+        def forward(self, x):
+            x = torch.max_pool2d(torch.relu(self.bn(self.c1(x))), 2)
+            return torch.softmax(self.ln(nn.functional.gelu(self.fc(x.flatten(1)))), -1)
+
+    net = Net().eval()
+    x = torch.randn(3, 1, 8, 8)
+    path = tmp_path / "torch.onnx"
+    try:
+        torch.onnx.export(net, (x,), str(path), dynamo=False, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "batch"}},
+                          opset_version=17)
+    except Exception as err:  # an exporter that needs packages we do not have
+        pytest.skip(f"torch.onnx.export failed here: {err}")
+    model = onnx_io.load(path)
+    assert model.input.shape == (None, 1, 8, 8)
+    (got,) = tf_run(model, {"x": x.numpy()})
+    (expected,) = ort_run(str(path), {"x": x.numpy()})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
