@@ -527,3 +527,19 @@ def test_pytorch_exported_model_imports(tmp_path):
     (expected,) = ort_run(str(path), {"x": x.numpy()})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_malformed_node_is_an_onnx_error_naming_it():
+    """A node missing a required attribute (never a raw KeyError), and shapes that do
+    not fit (TinyFlow's ShapeError, with the ONNX node's name)."""
+    pool = helper.make_node("MaxPool", ["x"], ["y"], name="no_kernel")
+    graph = helper.make_graph([pool], "m", [helper.make_tensor_value_info("x", 1, [1, 1, 4, 4])],
+                              [helper.make_tensor_value_info("y", 1, None)])
+    with pytest.raises(onnx_io.OnnxError, match="MaxPool node 'no_kernel': KeyError"):
+        onnx_io.load(helper.make_model(graph))
+    mm = helper.make_node("MatMul", ["x", "w"], ["y"], name="bad_matmul")
+    graph = helper.make_graph([mm], "m", [helper.make_tensor_value_info("x", 1, ["N", 3])],
+                              [helper.make_tensor_value_info("y", 1, None)],
+                              [_init("w", np.ones((4, 2)), np.float32)])
+    with pytest.raises(onnx_io.OnnxError, match="MatMul node 'bad_matmul'.*inner dimensions"):
+        onnx_io.load(helper.make_model(graph))

@@ -527,6 +527,59 @@ def _new_nodes(outputs: Sequence[Node], first_id: int) -> list[Node]:
     return found
 
 
+def _read_model(path: Any) -> tuple[Any, str]:
+    """(ModelProto, name for messages) from a path, bytes or a ModelProto."""
+    onnx = _onnx()
+    if isinstance(path, (str, os.PathLike)):
+        source = os.fspath(path)
+        try:
+            return onnx.load(source), source
+        except Exception as err:  # protobuf's DecodeError, OSError: one error for users
+            raise OnnxError(f"{source}: not a readable ONNX model ({err})") from None
+    if isinstance(path, bytes):
+        try:
+            return onnx.load_from_string(path), "<model>"
+        except Exception as err:
+            raise OnnxError(f"not a readable ONNX model ({err})") from None
+    return path, "<model>"
+
+
+def _check_supported(model: Any) -> None:
+    """Raise UnsupportedOpError naming every operator type without a translation."""
+    missing: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        standard = node.domain in ("", "ai.onnx")
+        if not standard or node.op_type not in IMPORTERS:
+            label = node.op_type if standard else f"{node.domain}.{node.op_type}"
+            missing.setdefault(label, []).append(node.name or node.output[0])
+    if missing:
+        raise _unsupported("ONNX", missing, list(IMPORTERS))
+
+
+def _translate(im: _Importer, onnx_node: Any, base: str) -> None:
+    """Translate one ONNX node; name and locate the nodes it made."""
+    im.node = onnx_node
+    first = next_node_id()
+    try:
+        result = IMPORTERS[onnx_node.op_type](im, _attrs(onnx_node))
+    except OnnxError:
+        raise
+    except Exception as err:  # a shape rule's error, a missing attribute: name the node
+        raise im.fail(f"{type(err).__name__}: {err}") from None
+    label = onnx_node.name or onnx_node.output[0]
+    where = onnx_node.doc_string if _looks_like_where(onnx_node.doc_string) else \
+        f"{base}:{label}"
+    for new in _new_nodes([result], first):
+        new.where = where
+        if new is not result:  # the helper nodes of a translation: "bn1/sqrt"
+            new.name = f"{label}/{new.op}"
+            new.provenance = (new.name,)
+    if result.id >= first and result.op not in ("variable", "placeholder"):
+        result.name = onnx_node.output[0]  # the ONNX tensor name, as users know it
+        result.provenance = (result.name,)
+    im.env[onnx_node.output[0]] = result
+
+
 def load(path: Any, initializers: str = "variables") -> OnnxModel:
     """Translate an ONNX model (a path, bytes or a ModelProto) into TinyFlow nodes.
 
@@ -537,29 +590,10 @@ def load(path: Any, initializers: str = "variables") -> OnnxModel:
     without a translation and the nodes using it, and OnnxError for an attribute
     or input that TinyFlow cannot honour (naming the node).
     """
-    onnx = _onnx()
     if initializers not in ("variables", "constants"):
         raise ValueError(f"initializers must be 'variables' or 'constants', got {initializers!r}")
-    source = "<model>"
-    if isinstance(path, (str, os.PathLike)):
-        source = os.fspath(path)
-        try:
-            model = onnx.load(source)
-        except Exception as err:  # protobuf's DecodeError, OSError: one error for users
-            raise OnnxError(f"{source}: not a readable ONNX model ({err})") from None
-    elif isinstance(path, bytes):
-        model = onnx.load_from_string(path)
-    else:
-        model = path
-    missing: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in IMPORTERS:
-            label = node.op_type if node.domain in ("", "ai.onnx") else \
-                f"{node.domain}.{node.op_type}"
-            missing.setdefault(label, []).append(node.name or node.output[0])
-    if missing:
-        raise _unsupported("ONNX", missing, list(IMPORTERS))
-
+    model, source = _read_model(path)
+    _check_supported(model)
     im = _Importer(model, source, initializers)
     base = os.path.basename(source)
     inputs = {}
@@ -570,26 +604,7 @@ def load(path: Any, initializers: str = "variables") -> OnnxModel:
         node.where = f"{base}:{value_info.name}"
         im.env[value_info.name] = inputs[value_info.name] = node
     for onnx_node in model.graph.node:
-        im.node = onnx_node
-        first = next_node_id()
-        try:
-            result = IMPORTERS[onnx_node.op_type](im, _attrs(onnx_node))
-        except OnnxError:
-            raise
-        except TinyFlowError as err:
-            raise im.fail(str(err)) from None
-        label = onnx_node.name or onnx_node.output[0]
-        where = onnx_node.doc_string if _looks_like_where(onnx_node.doc_string) else \
-            f"{base}:{label}"
-        for new in _new_nodes([result], first):
-            new.where = where
-            if new is not result:  # the helper nodes of a translation: "bn1/sqrt"
-                new.name = f"{label}/{new.op}"
-                new.provenance = (new.name,)
-        if result.id >= first and result.op not in ("variable", "placeholder"):
-            result.name = onnx_node.output[0]  # the ONNX tensor name, as users know it
-            result.provenance = (result.name,)
-        im.env[onnx_node.output[0]] = result
+        _translate(im, onnx_node, base)
     outputs = {o.name: im.tensor(o.name) for o in model.graph.output}
     return OnnxModel(inputs, outputs, im.variables, im.values, api.group(*im.assigns),
                      im.opset, source)
