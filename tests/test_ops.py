@@ -18,6 +18,7 @@ is on the tested path. Sizes are tiny: a gradient check costs two runs per eleme
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 import subprocess
 import sys
@@ -227,6 +228,8 @@ GRAD_CASES: dict[str, Callable[[np.random.Generator], list[GradCase]]] = {
     "sigmoid": lambda r: [C(ops.sigmoid, normal(r, 2, 3, scale=4.0))],
     "relu": lambda r: [C(ops.relu, away_from_zero(r, 2, 3))],
     "gelu": lambda r: [C(ops.gelu, normal(r, 2, 3, scale=2.0))],
+    "erf": lambda r: [C(ops.erf, normal(r, 2, 3, scale=1.5)),
+                      C(ops.erf, np.array([-3.0, -2.6, 2.4, 2.6, 4.0]), label="both sides of 2.5")],
     "abs": lambda r: [C(ops.abs, away_from_zero(r, 2, 3))],
     "sign": lambda r: [C(lambda x: ops.sign(x) * x, away_from_zero(r, 2, 3))],
     "cast": lambda r: [
@@ -771,6 +774,8 @@ FORWARD_CASES = [
             lambda x: np.exp(-np.logaddexp(0, -x))),
     FwdCase("relu", "", tf.nn.relu, [A23], lambda x: np.maximum(x, 0)),
     FwdCase("gelu", "", tf.nn.gelu, [A23], gelu_reference, rtol=1e-5),
+    FwdCase("erf", "", tf.ops.erf, [A23 * 2], lambda x: np.vectorize(math.erf)(x.astype(F64))
+            .astype(np.float32), rtol=1e-6),
     FwdCase("abs", "", tf.abs, [A23], np.abs),
     FwdCase("sign", "", ops.sign, [np.array([-2.0, 0.0, 3.0])], np.sign),
     FwdCase("cast", "float -> int truncates", lambda x: tf.cast(x, tf.int32),
@@ -1149,3 +1154,15 @@ def test_dtype_rule_and_kernel_agree_for_every_op_and_dtype(case):
             assert outs[0] is outs[1], f"{case.op} on {dtype}: fails with one option only"
             continue
         np.testing.assert_array_equal(outs[0], outs[1], err_msg=f"{case.op} on {dtype}")
+
+
+def test_reshape_copying_an_unknown_dim_still_resolves_minus_one():
+    """(?, 4, 1, 1) reshaped to (0, -1) is (?, 4): the copied unknown dim cancels
+    (the rule returned (?, -1), and a matmul after it failed to build)."""
+    x = tf.placeholder(tf.float32, (None, 4, 1, 1))
+    assert tf.reshape(x, (0, -1)).shape == (None, 4)
+    assert tf.reshape(x, (0, 2, -1)).shape == (None, 2, 2)
+    y = tf.placeholder(tf.float32, (None, None, 3))
+    assert tf.reshape(y, (0, -1)).shape == (None, None)
+    w = tf.matmul(tf.reshape(x, (0, -1)), tf.ones((4, 5)))
+    assert w.shape == (None, 5)

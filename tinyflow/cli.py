@@ -5,6 +5,8 @@
     tinyflow debug --run SCRIPT [args]    run SCRIPT recording a trace, then open it
     tinyflow export FILE --dot OUT        the graph as Graphviz DOT (--after PASS)
     tinyflow export FILE --perfetto OUT   the timelines as Perfetto / chrome://tracing JSON
+    tinyflow export FILE --onnx OUT.onnx  the recorded forward graph as ONNX (no weights)
+    tinyflow debug MODEL.onnx [--batch N] import an ONNX model, run it recorded, open it
     tinyflow launch -n N SCRIPT [args]    data-parallel: N ranks running SCRIPT
 
 The debugger and the exporters live in the separate `viz` package (the `viz` extra),
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 import tinyflow
@@ -93,6 +96,8 @@ def _debug(args: argparse.Namespace) -> int:
             raise CommandError("debug needs a DebugRecord FILE, or --run SCRIPT [args]")
         if not Path(args.file).is_file():
             raise CommandError(f"no such file: {args.file}")
+        if args.file.endswith(".onnx"):
+            return _debug_onnx(args)
         return _viz([args.file])
 
     # --run SCRIPT: the script runs in a child process with TINYFLOW_TRACE set, which
@@ -116,9 +121,43 @@ def _debug(args: argparse.Namespace) -> int:
     return _viz([str(trace)])
 
 
+def _onnx_io() -> Any:
+    try:
+        from tinyflow import onnx_io
+        onnx_io._onnx()
+    except Exception as err:  # OnnxError: the onnx extra is missing
+        raise CommandError(str(err)) from None
+    return onnx_io
+
+
+def _debug_onnx(args: argparse.Namespace) -> int:
+    """Import MODEL.onnx, compile and run it for example inputs while recording, then
+    open the record (or only write it, with --save)."""
+    onnx_io = _onnx_io()
+    if args.batch < 1:
+        raise CommandError(f"--batch must be >= 1, got {args.batch}")
+    out = args.save or str(Path(tempfile.mkdtemp(prefix="tinyflow-onnx-"))
+                           / (Path(args.file).stem + ".tfdbg.json"))
+    try:
+        onnx_io.record_model(args.file, out, batch=args.batch)
+    except tinyflow.TinyFlowError as err:
+        raise CommandError(str(err)) from None
+    print(f"tinyflow: record of {args.file} written to {out}", file=sys.stderr)
+    return 0 if args.save else _viz([out])
+
+
 def _export(args: argparse.Namespace) -> int:
     if not Path(args.file).is_file():
         raise CommandError(f"no such file: {args.file}")
+    if args.onnx is not None:
+        onnx_io = _onnx_io()
+        try:
+            onnx_io.export_record(args.file, args.onnx, opset=args.opset)
+        except tinyflow.TinyFlowError as err:
+            raise CommandError(str(err)) from None
+        print(f"tinyflow: {args.onnx} written (the forward graph; a DebugRecord keeps no "
+              "weights, so Variables are graph inputs)", file=sys.stderr)
+        return 0
     command = ["export", args.file]
     if args.dot is not None:
         command += ["--dot", args.dot]
@@ -171,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     debug.add_argument("file", nargs="?", metavar="FILE")
     debug.add_argument("--run", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
                        help="run SCRIPT (with ARGS) recording a trace, then open it")
+    debug.add_argument("--batch", type=int, default=1, metavar="N",
+                       help="FILE.onnx: the size of the model's unknown (batch) dims")
+    debug.add_argument("--save", metavar="RECORD",
+                       help="FILE.onnx: write the record here instead of opening it")
     debug.set_defaults(handler=_debug)
 
     export = commands.add_parser(
@@ -180,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--dot", metavar="OUT", help="write the graph as DOT")
     target.add_argument("--perfetto", metavar="OUT", help="write the timelines as "
                         "Perfetto (chrome://tracing) JSON")
+    target.add_argument("--onnx", metavar="OUT", help="write the forward graph as ONNX "
+                        "(Variables as inputs: a record keeps no weights)")
+    export.add_argument("--opset", type=int, default=20, help="ONNX opset (--onnx)")
     export.add_argument("--after", metavar="PASS", help="the graph after this pass "
                         "(default: the last)")
     export.set_defaults(handler=_export)
