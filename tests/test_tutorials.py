@@ -169,6 +169,7 @@ def check_09(out: str) -> None:
     assert eager_line.split(" in ")[0][7:] == traced_line.split(" in ")[0][7:]  # same losses
     assert "2 trace(s)" in out and "graph break at 09_eager_and_tracing.py:" in out
     assert "static plan arena" in out and "caching: peak reserved" in out
+    assert "eager ops; memory view: caching allocator" in out and "why is the first" in out
 
 
 CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05,

@@ -225,6 +225,28 @@ for event in report["events"][:6]:
 assert report["static_arena"] <= report["malloc_peak"] <= report["caching_reserved"]
 
 # %% [markdown]
+# The same eager step in the debugger: inside `tf.debug.record`, every eager op
+# becomes a node (forward and backward), a bar on the timeline, and a block in the
+# memory view, whose inspector says why the block is where it is (the best-fitting
+# free block, or a new segment). Open it with `tinyflow debug FILE`.
+
+# %%
+import os  # noqa: E402
+import tempfile  # noqa: E402
+
+from tinyflow import trace  # noqa: E402
+
+with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "eager.tfdbg.json")
+    with tf.debug.record(path, title="one eager SGD step"):
+        sgd_step(eager.tensor(images[:64], dtype=np.float64), eager.tensor(labels[:64]))
+    record = trace.load(path)
+plan = record["memory_plan"]
+print(f"recorded {len(record['schedule'])} eager ops; memory view: {plan['strategy']}, "
+      f"{kib(plan['arena_bytes'])} reserved, {kib(plan['lower_bound_bytes'])} allocated at peak")
+print("why is the first block here?", plan["tensors"][0]["reason"])
+
+# %% [markdown]
 # Why the order: the plan sees the future, so it packs tensors tighter than any
 # allocator that only learns of a tensor when it is made; malloc gives back what is
 # freed at once; the caching allocator keeps whole segments (and rounds every
