@@ -186,7 +186,7 @@ class Program:
     # One run at a time: the arena, the slots and the stream workers are the
     # Program's own, so concurrent callers (Session.run from several threads, which
     # TF1 allows) take turns on it.
-    lock: Any = field(default_factory=threading.Lock, repr=False)
+    lock: Any = field(default_factory=threading.RLock, repr=False)
     # check mode: slot -> (user node, "feed for placeholder" / "variable") and the
     # graph's node of each such slot
     source_slots: dict = field(default_factory=dict)
@@ -542,9 +542,13 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     checkpoint     None, "sqrt" or a byte budget: gradient checkpointing (sublinear.py)
     trace          record a timeline of every run (program.timelines)
     trace_values   also summarize every step's value (min/max/mean/NaN/Inf)
-    check_numerics stop at the first step that produces a NaN or Inf (NumericsError)
+    check_numerics stop at the first step that produces a NaN or Inf (NumericsError);
+                   nothing is fused or folded then, so the error names one op and
+                   its line, and a NaN/Inf fed or held by a variable names that
     debug          a path: write a DebugRecord of this program there (after each run)
     wait_timeout   seconds a stream may wait for another before it is an error
+
+    Options are checked by `validate_options` (OptionError names the valid values).
     """
     opts = validate_options(options)
     if opts["debug"]:
@@ -807,6 +811,7 @@ class Session:
         self.closed = False
         self._lock = threading.Lock()  # guards the caches, not the runs
         self._finalizer = weakref.finalize(self, _close_programs, self._cache)
+        self._finalizer.atexit = False  # at exit the (daemon) threads just stop
 
     # -- the TF1 API ---------------------------------------------------------------
     def run(self, fetches: Any, feed_dict: dict | None = None) -> Any:

@@ -321,6 +321,7 @@ class CpuStreams:
         self.workers: dict[int, _Worker] = {}
         # The threads end with this object: a finalizer holds the workers, not self.
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers)
+        self._finalizer.atexit = False
 
     def _start_workers(self) -> None:
         """A worker per extra stream that has steps (an empty stream costs nothing)."""
