@@ -295,6 +295,8 @@ def test_user_node_named_like_a_pass_made_node_keeps_names_unique(tmp_path):
     ({"streams": 0}, ">= 1"),
     ({"streams": 1.5}, ">= 1"),
     ({"memory": "best"}, "greedy_by_size"),
+    ({"memory": ["naive"]}, "'auto'"),
+    ({"debug": 3}, "file path"),
     ({"poison": "yes"}, "True or False"),
     ({"check_numerics": 1}, "True or False"),
     ({"stream": 2}, "unknown options ['stream']"),

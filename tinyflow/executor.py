@@ -456,13 +456,49 @@ DEFAULT_OPTIONS = {"passes": None, "disable": (), "streams": 1, "memory": "auto"
                    "poison": False, "checkpoint": None, "trace": False,
                    "trace_values": False, "check_numerics": False, "debug": None,
                    "wait_timeout": 120.0}
-BOOLEAN_OPTIONS = ("poison", "trace", "trace_values", "check_numerics")
-
-
 class OptionError(TinyFlowError, TypeError, ValueError):
     """A compile/Session option that does not exist or has a value it cannot take;
     the message lists the valid ones. (A TypeError for an unknown name, as Python
     says of an unknown keyword; a ValueError for a bad value.)"""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_flag(value: Any) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _is_seconds(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not _is_flag(value)
+            and math.isfinite(value) and value > 0)
+
+
+_FLAG = (_is_flag, "True or False")
+# The valid values of each option: (test, what to say). Pass lists are checked apart.
+OPTION_RULES: dict[str, tuple[Any, str]] = {
+    "streams": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+    "memory": (lambda v: v is None or v is True or v == "auto"
+               or (isinstance(v, str) and v in memory.STRATEGIES),
+               f"None, True, 'auto' or one of {sorted(memory.STRATEGIES)}"),
+    "checkpoint": (lambda v: v is None or v == "sqrt" or (_is_int(v) and v > 0),
+                   "None, 'sqrt' or a positive byte budget (int)"),
+    "poison": _FLAG, "trace": _FLAG, "trace_values": _FLAG, "check_numerics": _FLAG,
+    "debug": (lambda v: v is None or isinstance(v, (str, os.PathLike)), "None or a file path"),
+    "wait_timeout": (_is_seconds, "a number of seconds > 0"),
+}
+
+
+def _check_pass_list(where: str, key: str, value: Any) -> None:
+    """`passes`/`disable`: a list (tuple, set) of names from the pipeline."""
+    names = [name for name, _ in PIPELINE]
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise OptionError(f"{where}: {key}={value!r} must be a list of pass names "
+                          f"(e.g. {key}=[{names[1]!r}]); passes: {names}")
+    bad = [name for name in value if name not in names]
+    if bad:
+        raise OptionError(f"{where}: {key} names unknown passes {bad}; passes: {names}")
 
 
 def validate_options(options: dict[str, Any], where: str = "compile()") -> dict[str, Any]:
@@ -477,48 +513,14 @@ def validate_options(options: dict[str, Any], where: str = "compile()") -> dict[
         raise OptionError(f"{where} got unknown options {unknown}; known: "
                           f"{sorted(DEFAULT_OPTIONS)}")
     opts = {**DEFAULT_OPTIONS, **options}
-    pass_names = [name for name, _ in PIPELINE]
-    for key in ("passes", "disable"):
-        value = opts[key]
-        if value is None and key == "passes":
-            continue
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set,
-                                                                     frozenset)):
-            raise OptionError(f"{where}: {key}={value!r} must be a list of pass names "
-                              f"(e.g. {key}=[{pass_names[1]!r}]); passes: {pass_names}")
-        bad = [name for name in value if name not in pass_names]
-        if bad:
-            raise OptionError(f"{where}: {key} names unknown passes {bad}; passes: "
-                              f"{pass_names}")
-    _check(where, "streams", opts["streams"], _is_int(opts["streams"]) and opts["streams"] >= 1,
-           "a whole number >= 1")
-    strategies = ["auto", *memory.STRATEGIES]
-    _check(where, "memory", opts["memory"],
-           opts["memory"] is None or opts["memory"] is True or opts["memory"] in strategies,
-           f"None, True or one of {strategies}")
-    checkpoint = opts["checkpoint"]
-    _check(where, "checkpoint", checkpoint,
-           checkpoint is None or checkpoint == "sqrt" or (_is_int(checkpoint) and checkpoint > 0),
-           "None, 'sqrt' or a positive byte budget (int)")
-    for key in BOOLEAN_OPTIONS:
-        _check(where, key, opts[key], isinstance(opts[key], (bool, np.bool_)), "True or False")
-    debug = opts["debug"]
-    _check(where, "debug", debug, debug is None or isinstance(debug, (str, os.PathLike)),
-           "None or a file path")
-    timeout = opts["wait_timeout"]
-    _check(where, "wait_timeout", timeout,
-           isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-           and math.isfinite(timeout) and timeout > 0, "a number of seconds > 0")
+    if opts["passes"] is not None:
+        _check_pass_list(where, "passes", opts["passes"])
+    _check_pass_list(where, "disable", opts["disable"])
+    for key, (valid, description) in OPTION_RULES.items():
+        if not valid(opts[key]):
+            raise OptionError(f"{where}: {key}={opts[key]!r} is not valid; {key} must be "
+                              f"{description}")
     return opts
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _check(where: str, key: str, value: Any, ok: bool, valid: str) -> None:
-    if not ok:
-        raise OptionError(f"{where}: {key}={value!r} is not valid; {key} must be {valid}")
 
 
 def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None = None,
