@@ -20,13 +20,18 @@ a `None` batch dimension specializes at run time.
 
 from __future__ import annotations
 
+import math
+import os
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tinyflow import backend, memory, sublinear
+from tinyflow import backend, fusion, memory, sublinear
 from tinyflow import passes as passes_mod
 from tinyflow.graph import (
     VARIABLE_WRITERS,
@@ -68,7 +73,7 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
         if array.dtype.kind in "OUSV" or not np.can_cast(array.dtype, want, "same_kind"):
             raise FeedError(f"feed for placeholder {node.name!r} (created at {node.where}) "
                             f"has dtype {array.dtype}, expected {want}")
-        array = array.astype(want)
+        array = _cast_in_range(node, array, np.dtype(want))
     if node.shape is not None:
         ok = len(node.shape) == array.ndim and all(
             d is None or d == s for d, s in zip(node.shape, array.shape))
@@ -78,6 +83,30 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
             raise FeedError(f"feed for placeholder {node.name!r} (created at {node.where}) "
                             f"has shape {array.shape}, expected {declared}")
     return array
+
+
+def _cast_in_range(node: Node, array: np.ndarray, want: np.dtype) -> np.ndarray:
+    """`array` cast to `want`, refusing what the cast would not keep: an integer
+    outside `want`'s range (numpy wraps 2**40 + 5 to 5 in int32), or a finite value
+    that becomes inf (1e300 into float32). NaN and inf fed as such stay as they are."""
+    def refuse(what: str) -> FeedError:
+        return FeedError(f"feed for placeholder {node.name!r} (created at {node.where}) "
+                         f"has {what}, which {want} cannot hold (dtype {array.dtype} "
+                         f"-> {want})")
+    if want.kind in "iu" and array.dtype.kind in "iub" and array.size:
+        info = np.iinfo(want)
+        low, high = array.min(), array.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise refuse(f"value {bad} outside [{info.min}, {info.max}]")
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = array.astype(want)
+    if want.kind == "f" and array.size:
+        overflowed = np.isinf(cast) & np.isfinite(array)
+        if overflowed.any():
+            bad = array[overflowed].flat[0]
+            raise refuse(f"value {bad} beyond +-{np.finfo(want).max:g}")
+    return cast
 
 
 NO_ARENA_OPS = memory.NO_ARENA_OPS  # an assign's value is the variable's own buffer
@@ -115,6 +144,7 @@ class Step:
     copy_views: bool = False
     poison_after: tuple[tuple[int, int], ...] = ()
     nbytes: int = 0
+    sources: tuple[tuple[str, str], ...] = ()  # fused: (name, line) per instruction
 
 
 @dataclass
@@ -153,6 +183,14 @@ class Program:
     runs: int = 0
     check_failure: dict | None = None
     fetched_before_writes: tuple[int, ...] = ()  # fetched variables this program writes
+    # One run at a time: the arena, the slots and the stream workers are the
+    # Program's own, so concurrent callers (Session.run from several threads, which
+    # TF1 allows) take turns on it.
+    lock: Any = field(default_factory=threading.RLock, repr=False)
+    # check mode: slot -> (user node, "feed for placeholder" / "variable") and the
+    # graph's node of each such slot
+    source_slots: dict = field(default_factory=dict)
+    graph_node_of_slot: dict = field(default_factory=dict)
 
     @property
     def last_timeline(self) -> list[dict] | None:
@@ -161,7 +199,18 @@ class Program:
     def run(self, feeds: dict[Node, np.ndarray], store: dict[Node, np.ndarray]) -> list:
         """Execute once. `feeds` maps the user's fed nodes to checked arrays; `store`
         is the Session's variables (updated in place by assigns). Returns the fetched
-        arrays (copies: later runs never change what a caller holds)."""
+        arrays (copies: later runs never change what a caller holds). Thread-safe:
+        callers from several threads run one after the other."""
+        with self.lock:
+            return self._run(feeds, store)
+
+    def close(self) -> None:
+        """End the stream worker threads (a later run starts them again)."""
+        if self.runner is not None:
+            with self.lock:
+                self.runner.close()
+
+    def _run(self, feeds: dict[Node, np.ndarray], store: dict[Node, np.ndarray]) -> list:
         self.store_ref[0] = store
         values = list(self.slot_template)
         xp = self.xp
@@ -183,6 +232,8 @@ class Program:
                  if values[slot] is not None}
         self.runs += 1
         opts = self.options
+        if opts["check_numerics"]:
+            self._check_sources(values)
         if self.runner is None and not (opts["trace"] or opts["poison"]
                                         or opts["check_numerics"]):
             self._run_serial(values)
@@ -223,9 +274,7 @@ class Program:
                     if result is not out:  # the kernel could not write into `out`
                         out[...] = result
                 else:
-                    result = step.compute(xp, *args, **step.attrs)
-                    if step.copy_views and result.base is not None:
-                        result = result.copy()
+                    result = _materialize(xp, step, step.compute(xp, *args, **step.attrs))
                     values[step.output] = result
                     for slot in step.free_after:
                         values[slot] = None
@@ -245,9 +294,7 @@ class Program:
                 if result is not out:
                     out[...] = result
                 return out
-            result = step.compute(self.xp, *args, **step.attrs)
-            if step.copy_views and result.base is not None:
-                result = result.copy()
+            result = _materialize(self.xp, step, step.compute(self.xp, *args, **step.attrs))
             values[step.output] = result
             return result
         except TinyFlowError:
@@ -287,6 +334,20 @@ class Program:
         for offset, nbytes in step.poison_after:
             self.arena[offset:offset + nbytes].fill(POISON_BYTE)
 
+    def _check_sources(self, values: list) -> None:
+        """Check mode: a NaN or Inf fed, or held by a variable, is named as such (not
+        as the first op that reads it)."""
+        for slot, (user, what) in self.source_slots.items():
+            summary = value_summary(self.xp, values[slot])
+            if summary and (summary["nan"] or summary["inf"]):
+                node = self.graph_node_of_slot[slot]
+                message = (f"check_numerics: {what} {user.name!r} (created at "
+                           f"{user.where}) holds {summary['nan']} NaN and {summary['inf']} "
+                           f"Inf values (shape {tuple(values[slot].shape)}); no op made them")
+                self.check_failure = {"node": node.name, "where": user.where,
+                                      "message": message}
+                raise NumericsError(message)
+
     def _numerics_failure(self, step: Step, result: Any, summary: dict) -> None:
         node = step.node
         origin = (f", standing for {', '.join(node.provenance)}"
@@ -297,6 +358,25 @@ class Program:
                        f"{i.name} {i.shape}" for i in node.inputs))
         self.check_failure = {"node": node.name, "where": node.where, "message": message}
         raise NumericsError(message)
+
+
+def _materialize(xp: Any, step: Step, result: Any) -> Any:
+    """An unplanned step's result as the planned path would hold it: C-contiguous.
+
+    A planned kernel writes into its C-contiguous arena view; unplanned, numpy
+    returns views (a transpose) or keeps its inputs' layout (x.T * 2 is Fortran
+    ordered), and a later reduction or matmul then adds the same numbers in another
+    order: float results would differ in the last bits between `memory=None` and a
+    plan. Copying such results to C order makes both paths compute on the same
+    layout, hence bitwise equal. A view of a variable (`copy_views`) is copied too:
+    a later assign in the same run would change it."""
+    if result is None or not hasattr(result, "flags"):
+        return result
+    if not result.flags.c_contiguous:
+        return xp.ascontiguousarray(result)
+    if step.copy_views and result.base is not None:
+        return result.copy()
+    return result
 
 
 MAX_KEPT_TIMELINES = 20
@@ -325,8 +405,16 @@ def _kernel_error(step: Step | None, err: Exception, stream: str | None = None
     node = step.node
     shapes = ", ".join(str(i.shape) for i in node.inputs)
     where = f" on stream {stream}" if stream else ""
-    return ExecutionError(f"{node.op} {node.name} (created at {node.where}) failed{where} "
-                          f"on inputs of shapes {shapes}: {type(err).__name__}: {err}")
+    culprit = f"{node.op} {node.name} (created at {node.where})"
+    k = fusion.failed_instruction(err) if step.sources else None
+    if k is not None and k < len(step.sources):
+        # A fused kernel: name the op of the instruction that raised, and its line.
+        op, operands, _ = node.attrs["program"][k]
+        name, line = step.sources[k]
+        culprit = (f"{op} {name} (created at {line}; instruction t{k} = {op}"
+                   f"({', '.join(operands)}) of fused node {node.name})")
+    return ExecutionError(f"{culprit} failed{where} on inputs of shapes {shapes}: "
+                          f"{type(err).__name__}: {err}")
 
 
 def _make_assign(store_ref: list, var: Node):
@@ -370,6 +458,71 @@ DEFAULT_OPTIONS = {"passes": None, "disable": (), "streams": 1, "memory": "auto"
                    "poison": False, "checkpoint": None, "trace": False,
                    "trace_values": False, "check_numerics": False, "debug": None,
                    "wait_timeout": 120.0}
+class OptionError(TinyFlowError, TypeError, ValueError):
+    """A compile/Session option that does not exist or has a value it cannot take;
+    the message lists the valid ones. (A TypeError for an unknown name, as Python
+    says of an unknown keyword; a ValueError for a bad value.)"""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_flag(value: Any) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _is_seconds(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not _is_flag(value)
+            and math.isfinite(value) and value > 0)
+
+
+_FLAG = (_is_flag, "True or False")
+# The valid values of each option: (test, what to say). Pass lists are checked apart.
+OPTION_RULES: dict[str, tuple[Any, str]] = {
+    "streams": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+    "memory": (lambda v: v is None or v is True or v == "auto"
+               or (isinstance(v, str) and v in memory.STRATEGIES),
+               f"None, True, 'auto' or one of {sorted(memory.STRATEGIES)}"),
+    "checkpoint": (lambda v: v is None or v == "sqrt" or (_is_int(v) and v > 0),
+                   "None, 'sqrt' or a positive byte budget (int)"),
+    "poison": _FLAG, "trace": _FLAG, "trace_values": _FLAG, "check_numerics": _FLAG,
+    "debug": (lambda v: v is None or isinstance(v, (str, os.PathLike)), "None or a file path"),
+    "wait_timeout": (_is_seconds, "a number of seconds > 0"),
+}
+
+
+def _check_pass_list(where: str, key: str, value: Any) -> None:
+    """`passes`/`disable`: a list (tuple, set) of names from the pipeline."""
+    names = [name for name, _ in PIPELINE]
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise OptionError(f"{where}: {key}={value!r} must be a list of pass names "
+                          f"(e.g. {key}=[{names[1]!r}]); passes: {names}")
+    bad = [name for name in value if name not in names]
+    if bad:
+        raise OptionError(f"{where}: {key} names unknown passes {bad}; passes: {names}")
+
+
+def validate_options(options: dict[str, Any], where: str = "compile()") -> dict[str, Any]:
+    """Check compile options, the one place that does; return them over the defaults.
+
+    Called where options come in (`Session(...)` and `compile(...)`), so a wrong one
+    fails at once, naming itself and what it may be, never later as a wrong answer
+    or a spurious error from the layer that reads it.
+    """
+    unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
+    if unknown:
+        raise OptionError(f"{where} got unknown options {unknown}; known: "
+                          f"{sorted(DEFAULT_OPTIONS)}")
+    opts = {**DEFAULT_OPTIONS, **options}
+    if opts["passes"] is not None:
+        _check_pass_list(where, "passes", opts["passes"])
+    _check_pass_list(where, "disable", opts["disable"])
+    for key, (valid, description) in OPTION_RULES.items():
+        if not valid(opts[key]):
+            raise OptionError(f"{where}: {key}={opts[key]!r} is not valid; {key} must be "
+                              f"{description}")
+    return opts
 
 
 def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None = None,
@@ -393,15 +546,15 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     checkpoint     None, "sqrt" or a byte budget: gradient checkpointing (sublinear.py)
     trace          record a timeline of every run (program.timelines)
     trace_values   also summarize every step's value (min/max/mean/NaN/Inf)
-    check_numerics stop at the first step that produces a NaN or Inf (NumericsError)
+    check_numerics stop at the first step that produces a NaN or Inf (NumericsError);
+                   nothing is fused or folded then, so the error names one op and
+                   its line, and a NaN/Inf fed or held by a variable names that
     debug          a path: write a DebugRecord of this program there (after each run)
     wait_timeout   seconds a stream may wait for another before it is an error
+
+    Options are checked by `validate_options` (OptionError names the valid values).
     """
-    unknown = set(options) - set(DEFAULT_OPTIONS)
-    if unknown:
-        raise TypeError(f"compile() got unknown options {sorted(unknown)}; known: "
-                        f"{sorted(DEFAULT_OPTIONS)}")
-    opts = {**DEFAULT_OPTIONS, **options}
+    opts = validate_options(options)
     if opts["debug"]:
         opts["trace"] = True
     if device not in ("cpu", "cuda"):
@@ -419,8 +572,11 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     disable = tuple(opts["disable"])
     if opts["check_numerics"]:
         # Check mode checks every op on its own, so that the first NaN is pinned to
-        # one op and its line, not to a fused kernel of several.
-        disable += tuple(name for name, _ in passes_mod.PIPELINE if name.startswith("fuse"))
+        # one op and its line, not to a fused kernel of several, nor to a constant
+        # folded from several ops (tf.log(tf.constant(0.)) must be named, not its
+        # first consumer).
+        disable += tuple(name for name, _ in passes_mod.PIPELINE
+                         if name.startswith("fuse") or name == "fold")
     graph = passes_mod.run_pipeline(graph, ctx, passes=opts["passes"], disable=disable,
                                     pipeline=PIPELINE)
     # The schedule: with a memory plan, the topological order with the lowest peak
@@ -466,7 +622,7 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
             attrs["generators"] = generators
         nbytes = node_nbytes(node) + sum(node_nbytes(i) for i in node.inputs)
         steps.append(Step(node, compute, tuple(slot_of[id(i)] for i in node.inputs), slot,
-                          attrs, nbytes=nbytes))
+                          attrs, nbytes=nbytes, sources=ctx.sources.get(node.name, ())))
 
     schedule, deps = _schedule(steps, opts["streams"])
     workspaces: list[dict] = [{} for _ in schedule.names]  # scratch, one per stream
@@ -509,6 +665,13 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     written = {id(s.node.inputs[0]) for s in steps if s.node.op in VARIABLE_WRITERS}
     program.fetched_before_writes = tuple(
         slot_of[id(f)] for f in graph.outputs if f.op == "variable" and id(f) in written)
+    if opts["check_numerics"]:
+        for user, slot in feed_slots:
+            what = "variable (fed)" if user.op == "variable" else "feed for placeholder"
+            program.source_slots[slot] = (user, what)
+        for user, slot, _ in variable_slots:
+            program.source_slots[slot] = (user, "variable")
+        program.graph_node_of_slot = {slot: order[slot] for slot in program.source_slots}
     if opts["debug"]:
         from tinyflow import debug
         debug.attach(program, opts["debug"])
@@ -608,6 +771,19 @@ def _plan_and_bind(graph: Graph, order: list[Node], steps: list[Step], schedule:
     return plan, arena
 
 
+class SessionClosedError(TinyFlowError, RuntimeError):
+    """Session.run after Session.close() (TF1: "Attempted to use a closed Session")."""
+
+
+def _close_programs(cache: OrderedDict) -> None:
+    """End the stream threads of every cached Program (Session.close, or the
+    Session garbage collected)."""
+    programs = list(cache.values())
+    cache.clear()
+    for program in programs:
+        program.close()
+
+
 class Session:
     """TF1's Session: holds variable values; `run` compiles, caches and executes.
 
@@ -615,7 +791,15 @@ class Session:
     `compile` for every program the Session builds. ``device='gpu'``
     is the original TinyFlow's spelling: it selects CUDA when a GPU is available and
     falls back to the CPU with a warning otherwise, so those programs run anywhere.
+
+    Programs are cached per fetches and fed shapes, at most `MAX_CACHED_PROGRAMS`
+    (least recently used dropped first: a `None` batch dim fed 400 sizes must not
+    keep 400 programs). `close()` (or leaving a ``with`` block, or the Session
+    being garbage collected) ends the programs' stream threads; a closed Session
+    refuses to run. `run` may be called from several threads at once.
     """
+
+    MAX_CACHED_PROGRAMS = 32
 
     def __init__(self, device: str = "cpu", config: Any = None, **options: Any) -> None:
         if config == "gpu" or device == "gpu":
@@ -627,17 +811,18 @@ class Session:
                 warnings.warn("tf.Session(device='gpu'): no GPU found, running on the CPU",
                               stacklevel=2)
                 device = "cpu"
-        unknown = set(options) - set(DEFAULT_OPTIONS)
-        if unknown:
-            raise TypeError(f"Session() got unknown options {sorted(unknown)}; known: "
-                            f"{sorted(DEFAULT_OPTIONS)}")
+        validate_options(options, "Session()")
         self.device = device
         self.options = options
         self.variables: dict[Node, np.ndarray] = {}
-        self._cache: dict[tuple, Program] = {}
+        self._cache: OrderedDict[tuple, Program] = OrderedDict()
         self._variables_read: dict[tuple, list[Node]] = {}
         self.generators: dict = {}  # this Session's random streams, by op seed
         self.last_program: Program | None = None
+        self.closed = False
+        self._lock = threading.Lock()  # guards the caches, not the runs
+        self._finalizer = weakref.finalize(self, _close_programs, self._cache)
+        self._finalizer.atexit = False  # at exit the (daemon) threads just stop
 
     # -- the TF1 API ---------------------------------------------------------------
     def run(self, fetches: Any, feed_dict: dict | None = None) -> Any:
@@ -654,7 +839,12 @@ class Session:
             feeds[node] = check_feed(node, value)
         from tinyflow import debug
         recorder = debug.current()
-        extra = recorder.compile_options if recorder is not None else {}
+        extra = {}
+        if recorder is not None:
+            # The recorder's options are defaults: what the user set on this Session
+            # (check_numerics=True, trace_values) wins; tracing is what recording is.
+            extra = {k: v for k, v in recorder.compile_options.items()
+                     if k == "trace" or k not in self.options}
         program = self.program_for(flat, feeds, extra)
         try:
             results = program.run(feeds, self.variables)
@@ -668,18 +858,31 @@ class Session:
     def program_for(self, fetches: list[Node], feeds: dict[Node, np.ndarray],
                     extra_options: dict | None = None) -> Program:
         """The compiled Program for these fetches and fed shapes (cached)."""
+        if self.closed:
+            raise SessionClosedError("Attempted to use a closed Session: it was closed "
+                                     "(Session.close() or the end of its with block)")
         var_specs = self._variable_specs(fetches, feeds)
         extra_options = extra_options or {}
         # Keyed by Node.id, never reused (id() of a freed node can come back).
         key = (tuple(sorted(extra_options.items())), tuple(f.id for f in fetches),
                tuple((n.id, a.shape, a.dtype.str) for n, a in feeds.items()),
                tuple((v.id, s, np.dtype(d).str) for v, (s, d) in var_specs.items()))
-        program = self._cache.get(key)
+        with self._lock:
+            program = self._cache.get(key)
+            if program is not None:
+                self._cache.move_to_end(key)
         if program is None:
             program = compile(fetches, {n: (a.shape, a.dtype) for n, a in feeds.items()},
                               var_specs, device=self.device, generators=self.generators,
                               **{**self.options, **extra_options})
-            self._cache[key] = program
+            with self._lock:
+                program = self._cache.setdefault(key, program)  # another thread's twin
+                self._cache.move_to_end(key)
+                evicted = []
+                while len(self._cache) > self.MAX_CACHED_PROGRAMS:
+                    evicted.append(self._cache.popitem(last=False)[1])
+            for old in evicted:  # (its threads end; a caller still holding it may
+                old.close()      # run it again, which starts them anew)
         self.last_program = program
         return program
 
@@ -703,8 +906,12 @@ class Session:
         return specs
 
     def close(self) -> None:
-        self._cache.clear()
-        self._variables_read.clear()
+        """Free the programs and end their stream threads; later runs raise
+        SessionClosedError (as TF1's do)."""
+        self.closed = True
+        with self._lock:
+            _close_programs(self._cache)
+            self._variables_read.clear()
 
     def __enter__(self) -> Session:
         return self

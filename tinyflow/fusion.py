@@ -193,7 +193,8 @@ def _generate(plan: _Plan, num_inputs: int, xp: Any) -> None:
     names = [f"x{i}" for i in range(num_inputs)]
     args = names + [f"b{b}" for b in range(len(plan.buffers))]
     lines = [f"def kernel(xp, {', '.join(args)}):"]
-    namespace: dict[str, Any] = {}
+    instruction_of_line: list[int | None] = [None]  # source line - 1 -> instruction
+    namespace: dict[str, Any] = {"__instruction_of_line__": instruction_of_line}
     for k, ((compute, regs, attrs, buffer), (op, operands, _)) in enumerate(
             zip(plan.steps, plan.program)):
         operands_now = ", ".join(names[r] for r in regs)
@@ -209,11 +210,27 @@ def _generate(plan: _Plan, num_inputs: int, xp: Any) -> None:
                 extra = f", **a{k}"
             lines.append(f"    r = c{k}(xp, {operands_now}, out=b{buffer}{extra}){comment}")
             lines.append(f"    if r is not b{buffer}: b{buffer}[...] = r")
+        instruction_of_line.extend([k] * (len(lines) - len(instruction_of_line)))
         names.append(f"b{buffer}")  # register num_inputs + k now lives in that buffer
     lines.append(f"    return b{OUT}")
     plan.source = "\n".join(lines)
     exec(compile(plan.source, "<fused_elementwise>", "exec"), namespace)  # noqa: S102
     plan.kernel = namespace["kernel"]
+
+
+def failed_instruction(err: BaseException) -> int | None:
+    """The index of the program instruction whose kernel raised `err`, read from the
+    traceback's frame in a generated kernel (its lines map to instructions); None
+    when the error did not come from one. Costs nothing until something fails."""
+    found, tb = None, err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename == "<fused_elementwise>":
+            lines = frame.f_globals.get("__instruction_of_line__", [])
+            if 0 < tb.tb_lineno <= len(lines):
+                found = lines[tb.tb_lineno - 1]
+        tb = tb.tb_next
+    return found
 
 
 _plans: dict[tuple, _Plan] = {}

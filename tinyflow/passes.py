@@ -96,10 +96,25 @@ class PassContext:
     device: str = "cpu"
     options: dict[str, Any] = field(default_factory=dict)
     current_pass: str = ""
+    names: set[str] = field(default_factory=set)  # every node name used so far
+    # fused node name -> (name, line) of the node each instruction of its program
+    # came from, so that a kernel error inside it names the op that raised
+    sources: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def record(self, removed: list[Node], added: list[Node], reason: str) -> None:
         self.records.append(RewriteRecord(self.current_pass, [n.name for n in removed],
                                           [n.name for n in added], reason))
+
+    def unique_name(self, base: str) -> str:
+        """`base`, or `base_1`, `base_2`... : a name no node of this compile has had,
+        so a pass-made node ("fused_" + y.name) never takes a user node's name (the
+        memory plan and the DebugRecord refer to nodes by name)."""
+        name, k = base, 0
+        while name in self.names:
+            k += 1
+            name = f"{base}_{k}"
+        self.names.add(name)
+        return name
 
 
 def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
@@ -460,7 +475,7 @@ def fold(graph: Graph, ctx: PassContext) -> Graph:
             values[id(node)] = value
             return node
         const = new_node("constant", [], {"value": ConstValue(value)}, node,
-                          name=f"folded_{node.name}")
+                          name=ctx.unique_name(f"folded_{node.name}"))
         values[id(const)] = value
         cone[id(const)] = [old] + [n for i in node.inputs for n in cone.get(id(i), [i])]
         return const
@@ -579,7 +594,7 @@ def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
                  "activation": node.op if act else None}
         members = [matmul, adder] + ([node] if act else [])
         fused = new_node("fused_dense", [*matmul.inputs, adder.inputs[bias_pos]], attrs,
-                          node, tuple(members[:-1]), name=f"fused_{node.name}",
+                          node, tuple(members[:-1]), name=ctx.unique_name(f"fused_{node.name}"),
                           same_value=True)
         ctx.record(members, [fused], " + ".join(m.op for m in members) + " -> fused_dense")
         return fused
@@ -649,7 +664,9 @@ def fuse_elementwise(graph: Graph, ctx: PassContext) -> Graph:
                 operands.append(name)
             program.append((m.op, tuple(operands), tuple(sorted(m.attrs.items()))))
         fused = new_node("fused_elementwise", inputs, {"program": tuple(program)}, node,
-                          tuple(ordered[:-1]), name=f"fused_{node.name}", same_value=True)
+                          tuple(ordered[:-1]), name=ctx.unique_name(f"fused_{node.name}"),
+                          same_value=True)
+        ctx.sources[fused.name] = tuple((m.name, m.where) for m in ordered)
         ops = ", ".join(m.op for m in ordered)
         ctx.record(ordered, [fused], f"fused {len(ordered)} elementwise ops ({ops}), each "
                                      "read only by the next, into one kernel")
@@ -734,7 +751,9 @@ def fuse_assign(graph: Graph, ctx: PassContext) -> Graph:
         var, value = node.inputs
         program, inputs = _update_program(value)  # the value's inputs as rewritten
         fused = new_node("fused_assign", [var, *inputs], {"program": program}, node,
-                         (value,), name=f"fused_{node.name}", same_value=True)
+                         (value,), name=ctx.unique_name(f"fused_{node.name}"),
+                         same_value=True)
+        ctx.sources[fused.name] = ctx.sources.get(value.name, ((value.name, value.where),))
         ctx.record([value, node], [fused],
                    f"{value.op} read only by assign({var.name}, ...) -> fused_assign: "
                    f"the update is computed straight into {var.name}'s buffer (no "
@@ -824,6 +843,7 @@ def run_pipeline(graph: Graph, ctx: PassContext, passes: list[str] | None = None
     chosen = [p for p in pipeline if (passes is None or p[0] in passes)
               and p[0] not in disable]
     ctx.snapshots.append(("input", graph, 0.0))
+    ctx.names.update(n.name for n in graph.nodes)
     # Passes build tens of thousands of small objects that form no reference cycles
     # (a graph is a DAG); Python's cycle collector would walk all of them again and
     # again for nothing, which costs a third of the pipeline's time on big graphs.
@@ -847,6 +867,7 @@ def run_pass(name: str, graph: Graph, ctx: PassContext | None = None) -> Graph:
     ctx = ctx if ctx is not None else PassContext()
     fn = dict(PIPELINE)[name]
     ctx.current_pass = name
+    ctx.names.update(n.name for n in graph.nodes)
     return fn(graph, ctx)
 
 

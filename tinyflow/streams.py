@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -260,10 +261,16 @@ class _Worker:
             self.start.wait()
             self.start.clear()
             job, self.job = self.job, None
+            if job is _STOP:
+                self.done.set()
+                return
             try:
                 if job is not None:
                     job()
             finally:
+                # Drop the job before waiting again: it refers to the program, which
+                # could then never be freed (nor this thread stopped with it).
+                job = None
                 self.done.set()
 
     def submit(self, job: Callable[[], None]) -> None:
@@ -271,10 +278,33 @@ class _Worker:
         self.job = job
         self.start.set()
 
+    def stop(self) -> None:
+        """Ask the thread to end once its current job (if any) is done."""
+        self.job = _STOP
+        self.start.set()
+
+
+def _STOP() -> None:
+    """The job that ends a worker's thread."""
+
+
+def _stop_workers(workers: dict[int, _Worker], join: float = 0.0) -> None:
+    """End the workers' threads (waiting up to `join` seconds for each); used by
+    CpuStreams.close and when a CpuStreams is garbage collected."""
+    stopping = list(workers.values())
+    workers.clear()
+    for worker in stopping:
+        worker.stop()
+    for worker in stopping:
+        if join and worker.thread is not threading.current_thread():
+            worker.thread.join(join)
+
 
 class CpuStreams:
     """Run a Schedule on threads: the caller's thread is stream 0, each other stream
-    has a worker thread kept for the program's life.
+    has a worker thread, started on the first run and kept until `close()` (or until
+    this object is garbage collected, with its Program); a run after `close()`
+    starts them again.
 
     `run(run_step)` calls run_step(b) for every step, each stream in its order,
     waiting on events across streams. The first exception stops all streams and is
@@ -288,12 +318,25 @@ class CpuStreams:
         self.node_names = list(node_names)
         self.timeout = timeout
         self.stream_steps = [schedule.steps_of(s) for s in range(len(schedule.names))]
-        # A worker per extra stream that has steps (an empty stream costs nothing).
-        self.workers = {s: _Worker(f"tinyflow-{schedule.names[s]}")
-                        for s in range(1, len(schedule.names)) if self.stream_steps[s]}
+        self.workers: dict[int, _Worker] = {}
+        # The threads end with this object: a finalizer holds the workers, not self.
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers)
+        self._finalizer.atexit = False
+
+    def _start_workers(self) -> None:
+        """A worker per extra stream that has steps (an empty stream costs nothing)."""
+        names = self.schedule.names
+        self.workers.update({s: _Worker(f"tinyflow-{names[s]}")
+                             for s in range(1, len(names)) if self.stream_steps[s]})
+
+    def close(self) -> None:
+        """End the worker threads (each after its current step, if one runs)."""
+        _stop_workers(self.workers, join=self.timeout)
 
     def run(self, run_step: Callable[[int], None]) -> None:
         names = self.schedule.names
+        if not self.workers:
+            self._start_workers()
         for stream, worker in self.workers.items():
             name = names[stream]
             if not worker.done.wait(self.timeout):  # a step of a failed run still going
@@ -363,6 +406,9 @@ class CudaStreams:
         self.schedule = schedule
         self.timeout = timeout
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in schedule.names]
+
+    def close(self) -> None:
+        """Nothing to end: CUDA streams are not threads (CuPy frees them)."""
 
     def run(self, run_step: Callable[[int], None]) -> None:
         cuda = self.cupy.cuda

@@ -389,8 +389,10 @@ def recompute(graph: Graph, keep: set[int], ctx: Any = None) -> Graph:
             segment, anchor = [], node.name
         if id(node) not in needed:
             continue
+        name = f"{node.name}/recompute"
         clone = Node(node.op, [clone_of.get(id(i), i) for i in node.inputs], node.attrs,
-                     name=f"{node.name}/recompute", shape=node.shape, dtype=node.dtype,
+                     name=ctx.unique_name(name) if hasattr(ctx, "unique_name") else name,
+                     shape=node.shape, dtype=node.dtype,
                      where=node.where, provenance=node.provenance, phase="backward")
         clone_of[id(node)] = clone
         segment.append(clone)
