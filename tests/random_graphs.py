@@ -494,43 +494,8 @@ def _shared_seed_random(b: _Builder) -> None:
     b.add(first + second * 2.0, [x, y], f"random_normal and dropout with seed={seed}")
 
 
-def _integer_nn(b: _Builder) -> None:
-    """Integer inputs to ops whose kernels make floats (issue 14 item 4)."""
-    (x,) = b.pick()
-    i = ops.cast(x * 4.0, np.int64)
-    if b.draw(st.booleans()):
-        out = nn_ops.avg_pool2d(ops.reshape(i, (1, 1, 3, 4)), 2, 1, "SAME")
-    else:
-        out = tf.nn.dropout(i, 0.5, seed=next(_seeds))
-    b.add(ops.cast(ops.reshape(out, SHAPE), F64), [x], "integer avg_pool/dropout")
-
-
-# The identities that are exact for every float (the simplifier's exp/log rules are
-# not yet: issue 14 item 2), for a test that must be bitwise.
-EXACT_IDENTITIES = {k: v for k, v in IDENTITIES.items() if "exp" not in k and "log" not in k}
-
-
-EXP_LOG_IDENTITIES = {k: v for k, v in IDENTITIES.items() if k not in EXACT_IDENTITIES}
-
-
-def _exact_identity(b: _Builder) -> None:
-    x, y = b.pick(2)
-    kind = b.choice(sorted(EXACT_IDENTITIES))
-    b.add(EXACT_IDENTITIES[kind](x, y), [x, y], kind)
-
-
-def _exp_log_identity(b: _Builder) -> None:
-    x, y = b.pick(2)
-    kind = b.choice(sorted(EXP_LOG_IDENTITIES))
-    b.add(EXP_LOG_IDENTITIES[kind](x, y), [x, y], kind)
-
-
 EXTRA_FAMILIES = {"integers": _integers, "float32": _float32, "literals": _literals,
-                  "seeded_random": _seeded_random}
-# Families that differ between option sets until issue 14 items 1, 2 and 4 are fixed.
-PENDING_FAMILIES = {"shared_seed_random": _shared_seed_random,
-                    "exp_log_identity": _exp_log_identity,
-                    "integer_nn": _integer_nn}
+                  "seeded_random": _seeded_random, "shared_seed_random": _shared_seed_random}
 
 
 @st.composite

@@ -16,7 +16,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import random_graphs as rg
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, given, settings
 
 from tinyflow import memory
 from tinyflow import streams as streams_mod
@@ -36,9 +36,10 @@ OPTION_SETS = [
 ]
 REFERENCE = {"passes": [], "memory": None}
 
-# Everything but the simplifier's exp/log identities (issue 14 item 2, below).
-EXACT = {**{k: v for k, v in rg.FAMILIES.items() if k != "identity"},
-         "exact_identity": rg._exact_identity, **rg.EXTRA_FAMILIES}
+# Every family: float64 graphs, integer arithmetic, float32 reductions of
+# transposes, literals, seeded random ops (also several sharing one seed), and the
+# simplifier's identities (all exact now: issue 14 item 2).
+EXACT = {**rg.FAMILIES, **rg.EXTRA_FAMILIES}
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -95,27 +96,14 @@ def test_random_graphs_are_bitwise_equal_under_every_option_set():
     assert max(streams_used) >= 3, f"the cases never spread over streams: {streams_used}"
 
 
-# Cases that differ between option sets until items of issue 14 fixed on another
-# branch are merged; each family alone on top of the exact ones.
-PENDING = [
-    pytest.param("shared_seed_random", marks=pytest.mark.xfail(
-        strict=False, reason="issue 14 item 1, fixed on branch a1")),
-    pytest.param("exp_log_identity", marks=pytest.mark.xfail(
-        strict=False, reason="issue 14 item 2, fixed on branch a1")),
-    pytest.param("integer_nn", marks=pytest.mark.xfail(
-        strict=False, reason="issue 14 item 4, fixed on branch a1")),
-]
-
-
-@pytest.mark.parametrize("family", PENDING)
-def test_pending_families_are_bitwise_equal_under_every_option_set(family):
-    # No shrinking: these are expected to fail for now, and shrinking a failure
-    # would cost minutes.
-    @settings(max_examples=12, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck),
-              phases=[Phase.explicit, Phase.reuse, Phase.generate])
-    @given(rg.random_graph_cases(families={**EXACT, family: rg.PENDING_FAMILIES[family]}))
-    def check(case):
-        run_everywhere(case)
-
-    check()
+def test_integer_inputs_to_float_only_ops_are_refused_when_built():
+    """avg_pool2d and dropout compute in floats: on integers they once made floats
+    that a planned int buffer truncated (an option-dependent answer, issue 14 item
+    4). Now the graph refuses to build them, as TF1 does, naming op and line."""
+    import tinyflow as tf
+    from tinyflow import nn_ops
+    x = tf.placeholder(np.int64, (1, 1, 3, 4))
+    with pytest.raises(tf.ShapeError, match=r"avg_pool2d.*float.*test_bitwise.py:\d+"):
+        nn_ops.avg_pool2d(x, 2, 1, "SAME")
+    with pytest.raises(tf.ShapeError, match=r"dropout.*float.*test_bitwise.py:\d+"):
+        tf.nn.dropout(x, 0.5, seed=3)
