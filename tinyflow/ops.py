@@ -12,7 +12,9 @@ above asks the registry, never a chain of `if op == ...`:
   hold ``None`` dims (a batch size not fed yet): rules treat them as "any";
 * passes read the flags: `elementwise`, `inplace` (which input may share the output's
   memory), `pure` (same inputs give the same result: safe to merge and fold),
-  `commutative`.
+  `commutative`; the executor reads `random` (the kernel draws from the Session's
+  random streams); `make` runs `check(attrs)` (attributes no input could make valid)
+  even before shapes are known.
 
 The user-facing builders (``add``, ``matmul``, ...) live here too, since a builder is
 just "check shapes with the rule, make the Node". Neural-network ops (convolution,
@@ -160,8 +162,8 @@ def literal_dtype(value: Any, like: Any) -> np.dtype:
     if array.dtype.kind not in "biuf":
         raise TypeError(f"{value!r} is not a number, a list of numbers or an array")
     kinds = "biuf"
-    if like is not None and kinds.index(array.dtype.kind) <= kinds.index(
-            "i" if like.kind == "u" else like.kind):
+    if like is not None and (like.kind not in kinds or kinds.index(array.dtype.kind)
+                             <= kinds.index("i" if like.kind == "u" else like.kind)):
         return np.dtype(like)
     if isinstance(value, (np.ndarray, np.generic)):
         return array.dtype
