@@ -264,6 +264,10 @@ def _x4():
     (lambda: tf.reduce_sum(tf.placeholder(tf.float32, (2, 3)), [1, -1]), "sum.*axis"),
     (lambda: tf.gather(tf.placeholder(tf.float32, (4, 3)), tf.placeholder(tf.float32, (2,))),
      "gather.*indices.*float32"),
+    (lambda: tf.gather(tf.placeholder(tf.float32), tf.placeholder(tf.float32)),
+     "gather.*indices.*float32"),  # checked before any shape is known
+    (lambda: tf.nn.conv2d(tf.placeholder(tf.float32), tf.placeholder(tf.float32),
+                          padding="FULL"), "conv2d.*padding"),
 ])
 def test_item20_bad_attributes_are_build_errors_naming_op_and_line(build, words):
     with pytest.raises(ShapeError, match=rf"{words}.*{HERE}:\d+"):
@@ -286,6 +290,7 @@ def test_item20_float_labels_must_be_whole_numbers():
 @pytest.mark.parametrize("build", [
     lambda: tf.nn.avg_pool(tf.placeholder(tf.int32, (1, 1, 4, 4))),
     lambda: tf.nn.dropout(tf.placeholder(tf.int32, (4,)), 0.5),
+    lambda: tf.nn.avg_pool(tf.placeholder(tf.int32)),
 ])
 def test_item4_integer_avg_pool_and_dropout_are_build_errors(build):
     with pytest.raises(ShapeError, match=rf"float.*{HERE}:\d+"):
