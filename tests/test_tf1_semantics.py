@@ -22,7 +22,8 @@ HERE = os.path.basename(__file__)
 
 # Option sets that must never change an answer.
 OPTION_SETS = [dict(passes=[], memory=None), dict(), dict(memory=None), dict(streams=2),
-               dict(streams=4), dict(passes=[]), dict(streams=2, memory=None)]
+               dict(streams=4), dict(passes=[]), dict(streams=2, memory=None),
+               dict(checkpoint="sqrt"), dict(poison=True)]
 
 
 def _run_everywhere(fetches, feeds=None, init=None):
@@ -67,7 +68,11 @@ def test_item1_dropout_of_matmul_same_under_every_option():
     _assert_all_equal(_run_everywhere([y, z], feeds))
 
 
-def test_item1_graph_seed_with_op_seeds_reproduces_and_differs_by_op():
+def test_item1_graph_seed_with_op_seeds_reproduces_and_differs_by_op(monkeypatch):
+    # (The module's seed state comes back after the test: later tests keep theirs.)
+    for name in ("_graph_seed", "_seed_counter"):
+        monkeypatch.setattr(ops, name, getattr(ops, name))
+    monkeypatch.setattr(ops, "_seed_uses", dict(ops._seed_uses))
     tf.set_random_seed(1234)
     first = tf.random_uniform((5,), seed=3)
     second = tf.random_uniform((5,), seed=3)
@@ -78,6 +83,10 @@ def test_item1_graph_seed_with_op_seeds_reproduces_and_differs_by_op():
     again = tf.Session().run([first, second])
     np.testing.assert_array_equal(again[0], one)
     np.testing.assert_array_equal(again[1], two)
+    # The graph seed matters: the same program under another one draws otherwise.
+    tf.set_random_seed(99)
+    other = tf.Session().run(tf.random_uniform((5,), seed=3))
+    assert not np.array_equal(other, one)
 
 
 # ----------------------------------------------------------------------------------
