@@ -26,10 +26,12 @@ def _isolated_variable_lists():
     """Each test sees the TF1 global lists (initializers, variables) as it found them,
     so `tf.initialize_all_variables()` in one test never runs another test's leftovers."""
     saved = (list(api._pending_initializers), list(api._global_variables),
-             list(api._trainable_variables), dict(api.deferred_shapes))
+             list(api._trainable_variables), list(api.update_ops), dict(api.deferred_shapes),
+             dict(api.deferred_fills))
     yield
     for target, value in zip((api._pending_initializers, api._global_variables,
-                              api._trainable_variables), saved[:3]):
+                              api._trainable_variables, api.update_ops), saved[:4]):
         target[:] = value
-    api.deferred_shapes.clear()
-    api.deferred_shapes.update(saved[3])
+    for target, value in zip((api.deferred_shapes, api.deferred_fills), saved[4:]):
+        target.clear()
+        target.update(value)

@@ -22,7 +22,8 @@ HERE = os.path.basename(__file__)
 
 # Option sets that must never change an answer.
 OPTION_SETS = [dict(passes=[], memory=None), dict(), dict(memory=None), dict(streams=2),
-               dict(streams=4), dict(passes=[]), dict(streams=2, memory=None)]
+               dict(streams=4), dict(passes=[]), dict(streams=2, memory=None),
+               dict(checkpoint="sqrt"), dict(poison=True)]
 
 
 def _run_everywhere(fetches, feeds=None, init=None):
@@ -67,7 +68,11 @@ def test_item1_dropout_of_matmul_same_under_every_option():
     _assert_all_equal(_run_everywhere([y, z], feeds))
 
 
-def test_item1_graph_seed_with_op_seeds_reproduces_and_differs_by_op():
+def test_item1_graph_seed_with_op_seeds_reproduces_and_differs_by_op(monkeypatch):
+    # (The module's seed state comes back after the test: later tests keep theirs.)
+    for name in ("_graph_seed", "_seed_counter"):
+        monkeypatch.setattr(ops, name, getattr(ops, name))
+    monkeypatch.setattr(ops, "_seed_uses", dict(ops._seed_uses))
     tf.set_random_seed(1234)
     first = tf.random_uniform((5,), seed=3)
     second = tf.random_uniform((5,), seed=3)
@@ -78,6 +83,10 @@ def test_item1_graph_seed_with_op_seeds_reproduces_and_differs_by_op():
     again = tf.Session().run([first, second])
     np.testing.assert_array_equal(again[0], one)
     np.testing.assert_array_equal(again[1], two)
+    # The graph seed matters: the same program under another one draws otherwise.
+    tf.set_random_seed(99)
+    other = tf.Session().run(tf.random_uniform((5,), seed=3))
+    assert not np.array_equal(other, one)
 
 
 # ----------------------------------------------------------------------------------
@@ -264,6 +273,10 @@ def _x4():
     (lambda: tf.reduce_sum(tf.placeholder(tf.float32, (2, 3)), [1, -1]), "sum.*axis"),
     (lambda: tf.gather(tf.placeholder(tf.float32, (4, 3)), tf.placeholder(tf.float32, (2,))),
      "gather.*indices.*float32"),
+    (lambda: tf.gather(tf.placeholder(tf.float32), tf.placeholder(tf.float32)),
+     "gather.*indices.*float32"),  # checked before any shape is known
+    (lambda: tf.nn.conv2d(tf.placeholder(tf.float32), tf.placeholder(tf.float32),
+                          padding="FULL"), "conv2d.*padding"),
 ])
 def test_item20_bad_attributes_are_build_errors_naming_op_and_line(build, words):
     with pytest.raises(ShapeError, match=rf"{words}.*{HERE}:\d+"):
@@ -286,6 +299,7 @@ def test_item20_float_labels_must_be_whole_numbers():
 @pytest.mark.parametrize("build", [
     lambda: tf.nn.avg_pool(tf.placeholder(tf.int32, (1, 1, 4, 4))),
     lambda: tf.nn.dropout(tf.placeholder(tf.int32, (4,)), 0.5),
+    lambda: tf.nn.avg_pool(tf.placeholder(tf.int32)),
 ])
 def test_item4_integer_avg_pool_and_dropout_are_build_errors(build):
     with pytest.raises(ShapeError, match=rf"float.*{HERE}:\d+"):
@@ -372,3 +386,59 @@ def test_cast_gradient_float_to_float_still_flows():
     (g,) = tf.gradients(tf.reduce_sum(tf.cast(x, tf.float64) * 2.0), [x])
     np.testing.assert_array_equal(tf.Session().run(g, {x: np.ones(2, np.float32)}), [2, 2])
     assert ops.REGISTRY["cast"].gradient is not None
+
+
+# ----------------------------------------------------------------------------------
+# 26. batch normalization (TF1's function, the original TinyFlow's layer)
+# ----------------------------------------------------------------------------------
+
+def test_item26_batch_normalization_gradients_match_finite_differences():
+    from test_ops import GradCase, check_gradient
+    rng = np.random.default_rng(26)
+
+    def bn(x, s, o):
+        mean, variance = tf.nn.moments(x, [0, 2], keepdims=True)
+        return tf.nn.batch_normalization(x, mean, variance, tf.reshape(o, (1, -1, 1)),
+                                         tf.reshape(s, (1, -1, 1)), 1e-3)
+
+    case = GradCase(bn, [rng.standard_normal((4, 3, 5)), rng.uniform(0.5, 2.0, 3),
+                         rng.standard_normal(3)], rtol=1e-4, atol=1e-6)
+    check_gradient("mean", case, rng)
+    plain = GradCase(lambda x, m, v: tf.nn.batch_normalization(x, m, v, None, None, 1e-3),
+                     [rng.standard_normal((4, 3)), rng.standard_normal(3),
+                      rng.uniform(0.5, 2.0, 3)], rtol=1e-4, atol=1e-6)
+    check_gradient("sqrt", plain, rng)
+
+
+def test_item26_batch_norm_layer_trains_with_batch_statistics_and_infers_with_moving_ones():
+    x = tf.placeholder(tf.float64)  # rank unknown, as in the original's cifar_resnet
+    train_out = tf.nn.batch_normalization(x, name="bn_t")
+    loss = tf.reduce_mean(train_out * train_out * 0.5 + train_out)
+    step = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
+    shapes = list(tf.infer_variable_shapes(loss, feed_dict={x: [8, 3, 2, 2]}))
+    assert shapes == []  # the layer initializes its own Variables
+    sess = tf.Session()
+    sess.run(tf.initialize_all_variables())
+    rng = np.random.default_rng(0)
+    xv = rng.standard_normal((8, 3, 2, 2)) * np.array([1.0, 2.0, 3.0])[:, None, None] + 5.0
+    out = sess.run(train_out, {x: xv})
+    np.testing.assert_allclose(out.mean(axis=(0, 2, 3)), 0.0, atol=1e-12)
+    np.testing.assert_allclose(out.var(axis=(0, 2, 3)), xv.var(axis=(0, 2, 3)) /
+                               (xv.var(axis=(0, 2, 3)) + 1e-5), rtol=1e-12)
+    for _ in range(3):
+        sess.run(step, {x: xv})
+    variables = {v.name: v for v in tf.global_variables() if v.name.startswith("bn_t_")}
+    moving_mean = sess.run(variables["bn_t_moving_mean"])
+    np.testing.assert_allclose(moving_mean, (1 - 0.9 ** 3) * xv.mean(axis=(0, 2, 3)))
+    # Inference reads the moving statistics, and the trained scale and offset.
+    infer_out = tf.nn.batch_normalization(x, name="bn_t", training=False)  # same layer
+    scale, offset = (sess.run(variables[f"bn_t_{k}"]) for k in ("scale", "offset"))
+    assert not np.allclose(offset, 0.0)  # the offset trained
+    moving_var = sess.run(variables["bn_t_moving_variance"])
+    expected = (xv - moving_mean[:, None, None]) / np.sqrt(moving_var[:, None, None] + 1e-5) \
+        * scale[:, None, None] + offset[:, None, None]
+    direct = tf.nn.batch_normalization(
+        x, tf.constant(moving_mean[:, None, None]), tf.constant(moving_var[:, None, None]),
+        tf.constant(offset[:, None, None]), tf.constant(scale[:, None, None]), 1e-5)
+    np.testing.assert_allclose(sess.run(direct, {x: xv}), expected, rtol=1e-12)
+    np.testing.assert_allclose(sess.run(infer_out, {x: xv}), expected, rtol=1e-12)

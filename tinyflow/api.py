@@ -166,6 +166,8 @@ def _initialize_fills(known: dict[Node, tuple | None]) -> None:
     """Give every self-initialized layer variable whose input shape is now known its
     shape and its initializer (see `deferred_fills`)."""
     for var, fill in deferred_fills.items():
+        if var not in deferred_shapes:
+            continue
         source, rule = deferred_shapes[var]
         if var.shape is not None or known.get(source) is None or None in known[source]:
             continue  # initialized already, or not inferable yet

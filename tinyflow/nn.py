@@ -124,8 +124,10 @@ def batch_normalization(x: Node, mean: Any = None, variance: Any = None, offset:
     and variance. With training=True it normalizes with the batch's statistics and
     every `minimize` of a loss under it also updates the moving averages
     (moving = momentum * moving + (1 - momentum) * batch); with training=False it
-    uses the moving averages. Its Variables initialize themselves once their shape is
-    known (`tf.infer_variable_shapes`, then `tf.initialize_all_variables`).
+    uses the moving averages; calling it again with the same `name` reuses the
+    layer's Variables (an inference graph beside the training one). Its Variables
+    initialize themselves once their shape is known (`tf.infer_variable_shapes`,
+    then `tf.initialize_all_variables`).
     """
     if mean is None and variance is None:
         return _batch_norm_layer(x, variance_epsilon, name, training, momentum)
@@ -136,13 +138,19 @@ def batch_normalization(x: Node, mean: Any = None, variance: Any = None, offset:
     return x * inv + shift  # TF1's own arrangement of the arithmetic
 
 
+_batch_norms: dict[str, dict[str, Node]] = {}  # layer name -> its Variables
+
+
 def _batch_norm_layer(x: Node, eps: float, name: str | None, training: bool,
                       momentum: float) -> Node:
     name = name or f"batchnorm_{next(_layer_ids)}"
-    params = {key: _channel_variable(x, f"{name}_{key}", fill, trainable)
-              for key, fill, trainable in [("scale", 1.0, True), ("offset", 0.0, True),
-                                           ("moving_mean", 0.0, False),
-                                           ("moving_variance", 1.0, False)]}
+    params = _batch_norms.get(name)
+    if params is None:  # a new layer; a known name reuses its Variables (TF1's reuse)
+        params = _batch_norms[name] = {
+            key: _channel_variable(x, f"{name}_{key}", fill, trainable)
+            for key, fill, trainable in [("scale", 1.0, True), ("offset", 0.0, True),
+                                         ("moving_mean", 0.0, False),
+                                         ("moving_variance", 1.0, False)]}
     # x as (N, C, everything else), so that any rank >= 2 works, even one not known
     # yet; statistics over axes 0 and 2, parameters seen along axis 1.
     x3 = ops.reshape(x, (0, 0, -1))

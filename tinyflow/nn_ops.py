@@ -17,6 +17,7 @@ from tinyflow import backend
 from tinyflow.graph import Node, ShapeError, user_source_line
 from tinyflow.ops import (
     OpDef,
+    _infer_same,
     _Mismatch,
     _result_dtype,
     cast,
@@ -49,7 +50,7 @@ def _pads(size: int, kernel: int, stride: int, padding) -> tuple[int, int]:
     return int(padding), int(padding)
 
 
-def _window_check(attrs: dict) -> None:
+def _window_check(attrs: dict, dtypes: list) -> None:
     """Strides and window sizes are positive; padding is "SAME", "VALID" or an int >= 0."""
     for key in ("stride", "ksize"):
         if key in attrs and any(int(v) < 1 for v in attrs[key]):
@@ -58,6 +59,14 @@ def _window_check(attrs: dict) -> None:
     if isinstance(padding, str) and padding not in ("SAME", "VALID") or \
             not isinstance(padding, str) and int(padding) < 0:
         raise _Mismatch(f"padding {padding!r} must be 'SAME', 'VALID' or an int >= 0")
+
+
+def _float_window_check(attrs: dict, dtypes: list) -> None:
+    """A window check, and a float input 0: a mean of ints is a fraction (TF1's
+    avg_pool refuses ints too)."""
+    _window_check(attrs, dtypes)
+    if dtypes[0] is not None and dtypes[0].kind != "f":
+        raise _Mismatch(f"needs a float input, got {dtypes[0]} (cast it first)")
 
 
 def _out_size(size, kernel, stride, padding):
@@ -242,20 +251,6 @@ def _pool_infer(shapes, dtypes, attrs):
             _out_size(x[3], kw, sw, padding)), dtypes[0]
 
 
-def _avg_pool_infer(shapes, dtypes, attrs):
-    """As max pooling; floats only (TF1's avg_pool too): a mean of ints is a fraction."""
-    if dtypes[0] is not None and dtypes[0].kind != "f":
-        raise _Mismatch(f"avg_pool2d needs a float input, got {dtypes[0]} (cast it first)")
-    return _pool_infer(shapes, dtypes, attrs)
-
-
-def _avg_pool_grad_infer(shapes, dtypes, attrs):
-    """Shape of x (input 1), dtype of g (input 0): floats, as avg_pool2d."""
-    if dtypes[0] is not None and dtypes[0].kind != "f":
-        raise _Mismatch(f"avg_pool2d_grad needs a float gradient, got {dtypes[0]}")
-    return tuple(shapes[1]), dtypes[0]
-
-
 def _pool_infer_second(shapes, dtypes, attrs):
     """Pooled shape of input 1 (x), dtype of input 0 (g)."""
     shape, _ = _pool_infer(shapes[1:], dtypes[1:], attrs)
@@ -321,15 +316,15 @@ register(OpDef("max_pool2d_pick", _max_pool_pick_compute, _pool_infer_second,
                lambda n, gg: [make("max_pool2d_grad", gg, n.inputs[1], **n.attrs), None],
                doc="g (shaped like x) read at the first max of each window of x",
                check=_window_check))
-register(OpDef("avg_pool2d", _avg_pool_compute, _avg_pool_infer,
+register(OpDef("avg_pool2d", _avg_pool_compute, _pool_infer,
                lambda n, g: [make("avg_pool2d_grad", g, n.inputs[0], **n.attrs)],
                doc="mean over each window (padding counts as zeros)",
-               check=_window_check))
+               check=_float_window_check))
 register(OpDef("avg_pool2d_grad", _avg_pool_grad_compute,
-               _avg_pool_grad_infer,
+               lambda s, d, a: (tuple(s[1]), d[0]),
                lambda n, gg: [make("avg_pool2d", gg, **n.attrs), None],
                doc="gradient of avg_pool2d",
-               check=_window_check))
+               check=_float_window_check))
 
 
 def _pool(op, x, ksize, stride, padding):
@@ -521,14 +516,14 @@ def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0, generators=None):
 
 # The mask's values do not depend on x's values (only its shape): zero gradient.
 # It lies on the path from the weights to the loss (x * mask), so it needs one.
-def _dropout_mask_infer(shapes, dtypes, attrs):
+def _dropout_mask_check(attrs, dtypes):
     if dtypes[0] is not None and dtypes[0].kind != "f":
         raise _Mismatch(f"dropout needs a float input, got {dtypes[0]} (TF1 too)")
-    return tuple(shapes[0]), dtypes[0]
 
 
-register(OpDef("dropout_mask", _dropout_mask_compute, _dropout_mask_infer, zero_gradient,
-               pure=False, random=True, doc="random 0 or 1/(1-rate) of x's shape"))
+register(OpDef("dropout_mask", _dropout_mask_compute, _infer_same, zero_gradient,
+               pure=False, random=True, doc="random 0 or 1/(1-rate) of x's shape",
+               check=_dropout_mask_check))
 
 
 def dropout(x, rate: float = 0.5, training: bool = True, seed: int | None = None) -> Node:

@@ -12,7 +12,9 @@ above asks the registry, never a chain of `if op == ...`:
   hold ``None`` dims (a batch size not fed yet): rules treat them as "any";
 * passes read the flags: `elementwise`, `inplace` (which input may share the output's
   memory), `pure` (same inputs give the same result: safe to merge and fold),
-  `commutative`.
+  `commutative`; the executor reads `random` (the kernel draws from the Session's
+  random streams); `make` runs `check(attrs, dtypes)` (attributes or dtypes no
+  input shape could make valid) even before shapes are known.
 
 The user-facing builders (``add``, ``matmul``, ...) live here too, since a builder is
 just "check shapes with the rule, make the Node". Neural-network ops (convolution,
@@ -57,10 +59,11 @@ class OpDef:
     # compiles, so per-run work (finding a plan) disappears; `workspace` is a dict of
     # scratch buffers shared by the steps of one stream, which never run at once.
     bind: Callable[..., Any] | None = None
-    # Optional: check(attrs) raises _Mismatch for attributes no input could make valid
-    # (a stride of 0, an unknown padding). Run at build time even when the input
-    # shapes are not known yet, so the error names the user's line.
-    check: Callable[[dict], None] | None = None
+    # Optional: check(attrs, dtypes) raises _Mismatch for attributes or input dtypes no
+    # shape could make valid (a stride of 0, an unknown padding, float indices). Run
+    # at build time even when the input shapes are not known yet, so the error names
+    # the user's line.
+    check: Callable[[dict, list], None] | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -113,7 +116,7 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
     dtypes = [i.dtype for i in inputs] if dtypes is None else list(dtypes)
     if opdef.check is not None:
         try:
-            opdef.check(attrs)
+            opdef.check(attrs, dtypes)
         except _Mismatch as why:
             raise ShapeError(f"{op}: {why}; attributes {_fmt_attrs(attrs)} "
                              f"(at {where})") from None
@@ -176,8 +179,8 @@ def literal_dtype(value: Any, like: Any) -> np.dtype:
     if array.dtype.kind not in "biuf":
         raise TypeError(f"{value!r} is not a number, a list of numbers or an array")
     kinds = "biuf"
-    if like is not None and kinds.index(array.dtype.kind) <= kinds.index(
-            "i" if like.kind == "u" else like.kind):
+    if like is not None and (like.kind not in kinds or kinds.index(array.dtype.kind)
+                             <= kinds.index("i" if like.kind == "u" else like.kind)):
         return np.dtype(like)
     if isinstance(value, (np.ndarray, np.generic)):
         return array.dtype

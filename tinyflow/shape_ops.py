@@ -36,7 +36,7 @@ def _resolve_zeros(src: tuple, target: tuple) -> list:
     return [src[i] if d == 0 and i < len(src) else d for i, d in enumerate(target)]
 
 
-def _reshape_check(attrs):
+def _reshape_check(attrs, dtypes):
     shape = attrs["shape"]
     if any(d < -1 for d in shape):
         raise _Mismatch(f"shape {tuple(shape)} has a negative size other than -1")
@@ -355,8 +355,6 @@ def _gather_infer(shapes, dtypes, attrs):
     params, indices = shapes
     if len(params) < 1:
         raise _Mismatch("gather needs params of rank >= 1")
-    if dtypes[1] is not None and dtypes[1].kind not in "iu":
-        raise _Mismatch(f"indices must be integers, got {dtypes[1]} (cast them first)")
     return tuple(indices) + tuple(params[1:]), dtypes[0]
 
 
@@ -374,9 +372,15 @@ def _scatter_rows_compute(xp, g, indices, ref, out=None):
     return result
 
 
+def _gather_check(attrs, dtypes):
+    if dtypes[1] is not None and dtypes[1].kind not in "iu":
+        raise _Mismatch(f"indices must be integers, got {dtypes[1]} (cast them first)")
+
+
 register(OpDef("gather", _gather_compute, _gather_infer,
                lambda n, g: [make("scatter_rows", g, n.inputs[1], n.inputs[0]), None],
-               doc="rows of params picked by integer indices (embeddings)"))
+               doc="rows of params picked by integer indices (embeddings)",
+               check=_gather_check))
 register(OpDef("scatter_rows", _scatter_rows_compute,
                lambda s, d, a: (tuple(s[2]), d[0]),
                lambda n, g: [gather(g, n.inputs[1]), None, None],
