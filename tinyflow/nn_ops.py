@@ -115,21 +115,62 @@ def _tap(x, i, j, oh, ow, stride):
     return x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
 
 
-def _im2col(xp, x, kh, kw, stride, padding, dtype=None):
-    """The windows of x as (N, C*kh*kw, OH*OW), and (OH, OW).
+def _conv_layout(x_shape, kh, kw, stride, padding):
+    """(pt, pb, pl, pr, oh, ow, row): the padding, the output size, and `row`, the
+    columns per output row in the GEMM layout: ow in general, but the padded width
+    when the stride is 1 (the "wide rows" layout of _im2col)."""
+    (sh, sw), (h, w) = stride, x_shape[2:]
+    (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    return pt, pb, pl, pr, oh, ow, (w + pl + pr if (sh, sw) == (1, 1) else ow)
+
+
+def _im2col(xp, x, kh, kw, stride, padding, dtype):
+    """The windows of x as (N, C*kh*kw, OH*row) in `dtype` (see _conv_layout).
 
     Row c*kh*kw + i*kw + j holds tap (i, j) of channel c for every output pixel, so
     the rows match OIHW filters reshaped to (O, C*kh*kw) and W @ cols[n] is sample
-    n's output in NCHW order. It is filled one tap at a time: kh*kw copies whose
-    inner loop runs along a row of the image (contiguous when the stride is 1)."""
-    padded, oh, ow, _ = _padded(xp, x, (kh, kw), stride, padding)
+    n's output in NCHW order: one batched GEMM, no transpose after it.
+
+    Stride 1 (the common case) uses "wide rows": the output is computed on the
+    padded width, so tap (i, j) of every window is ONE contiguous slice of the
+    flattened padded image, starting at i*Wp + j. The kh*kw copies then move long
+    runs (not OW-long pieces), and so do the adds of _col2im. The extra columns
+    (Wp - OW per row: +12% work for a 3x3 conv on 16x16) are thrown away; an extra
+    zero row at the bottom keeps the last tap's slice inside the array. Other
+    strides copy tap by tap from strided views."""
+    pt, pb, pl, pr, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
     n, c = x.shape[:2]
-    # Workspace: allocated per call (see the note on _matmul_into).
-    cols = xp.empty((n, c, kh, kw, oh, ow), dtype=dtype or x.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            cols[:, :, i, j] = _tap(padded, i, j, oh, ow, stride)
-    return cols.reshape(n, c * kh * kw, oh * ow), oh, ow
+    # The workspace is allocated per call, not planned: an op has one output in the
+    # IR, and a planned scratch tensor would need a new OpDef fact (its size) and a
+    # workspace argument from the executor. Measured on the benchmark CNN, fresh
+    # buffers cost nothing visible (with malloc told never to return memory to
+    # the OS, the step time did not change), so the copy that fills them is the cost.
+    cols = xp.empty((n, c, kh, kw, oh * row), dtype=dtype)
+    if tuple(stride) == (1, 1):
+        flat = xp.pad(x, ((0, 0), (0, 0), (pt, pb + 1), (pl, pr))).reshape(n, c, -1)
+        for i in range(kh):
+            for j in range(kw):
+                cols[:, :, i, j] = flat[:, :, i * row + j:i * row + j + oh * row]
+    else:
+        padded, _, _, _ = _padded(xp, x, (kh, kw), stride, padding)
+        for i in range(kh):
+            for j in range(kw):
+                cols[:, :, i, j].reshape(n, c, oh, ow)[...] = \
+                    _tap(padded, i, j, oh, ow, stride)
+    return cols.reshape(n, c * kh * kw, oh * row)
+
+
+def _rows(xp, g, row):
+    """g (N, O, OH, OW) in the GEMM layout (N, O, OH*row). In the wide layout the
+    extra columns are zeros: they meet the wrapped-around windows of _im2col, which
+    must contribute nothing to either gradient."""
+    n, o, oh, ow = g.shape
+    if row == ow:
+        return g.reshape(n, o, oh * ow)
+    wide = xp.zeros((n, o, oh, row), dtype=g.dtype)
+    wide[..., :ow] = g
+    return wide.reshape(n, o, oh * row)
 
 
 def _zeroed_padded(xp, shape, dtype, ksize, stride, padding, out):
@@ -152,31 +193,26 @@ def _uncrop(xp, buffer, crop, out):
     return _write(xp, buffer[:, :, pt:pt + h, pl:pl + w], out)
 
 
-def _col2im(xp, cols, x_shape, stride, padding, out):
-    """Adjoint of _im2col: add each tap's values (N, C, kh, kw, OH, OW) back into
-    an image of x_shape; kh*kw adds, each over the whole batch."""
-    kh, kw, oh, ow = cols.shape[2:]
-    dx, crop = _zeroed_padded(xp, x_shape, cols.dtype, (kh, kw), stride, padding, out)
+def _col2im(xp, dcols, x_shape, stride, padding, out):
+    """Adjoint of _im2col: add each tap's values (N, C, kh, kw, OH*row) back into
+    an image of x_shape; kh*kw adds, each over the whole batch (contiguous slices
+    in the wide-rows layout, strided views otherwise)."""
+    n, c, kh, kw = dcols.shape[:4]
+    pt, pb, pl, pr, oh, ow, row = _conv_layout(x_shape, kh, kw, stride, padding)
+    h, w = x_shape[2:]
+    if tuple(stride) == (1, 1):
+        flat = xp.zeros((n, c, (h + pt + pb + 1) * row), dtype=dcols.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, :, i, j]
+        image = flat.reshape(n, c, h + pt + pb + 1, row)
+        return _write(xp, image[:, :, pt:pt + h, pl:pl + w], out)
+    dx, crop = _zeroed_padded(xp, x_shape, dcols.dtype, (kh, kw), stride, padding, out)
     for i in range(kh):
         for j in range(kw):
             view = _tap(dx, i, j, oh, ow, stride)
-            view += cols[:, :, i, j]
+            view += dcols[:, :, i, j].reshape(n, c, oh, ow)
     return _uncrop(xp, dx, crop, out)
-
-
-def _matmul_into(xp, a, b, out, shape):
-    """a @ b (batched) reshaped to `shape`, written by BLAS straight into `out`
-    when out is a contiguous array of b's dtype, else copied there.
-
-    The im2col workspace itself is allocated per call rather than planned: an op
-    has one output in the IR, and a planned scratch tensor would need a new OpDef
-    fact and executor support. Measured, the allocation costs little next to the
-    copy that fills it (numpy's allocator reuses the freed block on the next step)."""
-    if out is not None and out.flags.c_contiguous and out.dtype == b.dtype \
-            and xp.result_type(a, b) == b.dtype:
-        xp.matmul(a, b, out=out.reshape(b.shape[:-2] + (a.shape[0], b.shape[-1])))
-        return out
-    return _write(xp, xp.matmul(a, b).reshape(shape), out)
 
 
 def _write(xp, result, out):
@@ -238,32 +274,40 @@ def _conv_infer(shapes, dtypes, attrs):
 
 
 def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0):
-    # One batched GEMM, (O, C*kh*kw) @ (N, C*kh*kw, OH*OW): the result is already
-    # (N, O, OH*OW), i.e. NCHW, so BLAS writes straight into the planned output.
+    # One batched GEMM, (O, C*kh*kw) @ (N, C*kh*kw, OH*row): the result is already
+    # (N, O, OH, row), i.e. NCHW, so BLAS writes straight into the planned output
+    # unless the wide-rows layout has extra columns to drop.
     o, c, kh, kw = w.shape
-    cols, oh, ow = _im2col(xp, x, kh, kw, stride, padding, xp.result_type(x, w))
+    dtype = xp.result_type(x, w)
+    _, _, _, _, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
+    cols = _im2col(xp, x, kh, kw, stride, padding, dtype)
+    wmat = w.reshape(o, c * kh * kw).astype(dtype, copy=False)
     n = x.shape[0]
-    wmat = w.reshape(o, c * kh * kw).astype(cols.dtype, copy=False)
-    return _matmul_into(xp, wmat, cols, out, (n, o, oh, ow))
+    if row == ow and out is not None and out.flags.c_contiguous and out.dtype == dtype:
+        xp.matmul(wmat, cols, out=out.reshape(n, o, oh * ow))
+        return out
+    result = xp.matmul(wmat, cols).reshape(n, o, oh, row)
+    return _write(xp, result[..., :ow], out)
 
 
 def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0):
     # The adjoint of the forward: W^T @ g gives every window's share of dx in the
-    # same (N, C*kh*kw, OH*OW) layout, and col2im adds the kh*kw taps back.
+    # same layout, and col2im adds the kh*kw taps back.
     o, c, kh, kw = w.shape
-    n, _, oh, ow = g.shape
-    dcols = xp.matmul(w.reshape(o, c * kh * kw).T, g.reshape(n, o, oh * ow))
-    return _col2im(xp, dcols.reshape(n, c, kh, kw, oh, ow), x.shape, stride, padding, out)
+    row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
+    dcols = xp.matmul(w.reshape(o, c * kh * kw).T, _rows(xp, g, row))
+    return _col2im(xp, dcols.reshape(g.shape[0], c, kh, kw, -1), x.shape, stride,
+                   padding, out)
 
 
 def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0):
-    # dW = sum over the batch of g[n] (O, OH*OW) @ cols[n]^T (OH*OW, C*kh*kw): one
-    # batched GEMM on the forward's im2col layout (transposed as a BLAS flag, no
-    # copy), then a sum over N of a small (N, O, C*kh*kw) array.
+    # dW = sum over the batch of g[n] (O, OH*row) @ cols[n]^T (OH*row, C*kh*kw): one
+    # batched GEMM on the forward's im2col layout (the transpose is a BLAS flag,
+    # not a copy), then a sum over N of a small (N, O, C*kh*kw) array.
     o, c, kh, kw = w.shape
-    cols, oh, ow = _im2col(xp, x, kh, kw, stride, padding)
-    n = x.shape[0]
-    per_sample = xp.matmul(g.reshape(n, o, oh * ow), cols.transpose(0, 2, 1))
+    row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
+    cols = _im2col(xp, x, kh, kw, stride, padding, xp.result_type(x, g))
+    per_sample = xp.matmul(_rows(xp, g, row), cols.transpose(0, 2, 1))
     return _write(xp, per_sample.sum(axis=0).reshape(o, c, kh, kw), out)
 
 
@@ -346,18 +390,19 @@ def _max_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
     return result
 
 
-def _first_max_masks(xp, x, ksize, stride, padding):
+def _first_max_masks(xp, x, ksize, stride, padding, peak=None):
     """Yield (i, j, hit) per tap: hit (N,C,OH,OW) is True where tap (i, j) is the
     first maximum of its window (row-major order, as cuDNN and PyTorch pick).
 
-    The backward needs the forward's argmax, but an op has one output, so the mask
-    is recomputed here: the max is kh*kw - 1 cheap ufunc calls (see
-    _max_pool_compute), the masks one compare per tap; together under a tenth of
-    the scatter they feed (measured on (64, 32, 32, 32)), and the forward's output
-    does not have to stay alive until the backward."""
+    `peak` is max_pool2d(x), the forward's output: the gradient op takes it as an
+    input (it is usually alive anyway, as the next layer's input), so the argmax
+    costs one compare per tap. An op has one output in the IR, so the forward
+    cannot hand over an argmax array; without `peak` (the 2-input form) the max is
+    recomputed, kh*kw - 1 ufunc calls."""
     padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=-np.inf)
-    peak = _max_pool_compute(xp, x, None, ksize, stride, padding)
-    taken = xp.zeros(peak.shape, dtype=bool)
+    if peak is None:
+        peak = _max_pool_compute(xp, x, None, ksize, stride, padding)
+    free = xp.ones(peak.shape, dtype=bool)
     hit = xp.empty(peak.shape, dtype=bool)
     # A window holding NaN has max NaN, which equals nothing: its first NaN is the
     # "max" then (as argmax picks it). Checked once, so clean inputs pay one isnan.
@@ -368,12 +413,13 @@ def _first_max_masks(xp, x, ksize, stride, padding):
             xp.equal(tap, peak, out=hit)
             if has_nan:
                 hit |= xp.isnan(tap)
-            hit &= ~taken               # an earlier tap already holds this max
-            taken |= hit
+            hit &= free                 # an earlier tap already holds this max
+            free ^= hit
             yield i, j, hit
 
 
-def _max_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 2),
+                           padding=0):
     # The gradient goes to the first max of each window (as cuDNN and PyTorch do).
     # Per tap, g lands where that tap is the max, in a strided view of dx. When the
     # windows do not overlap (stride >= ksize, the common 2x2 stride-2 pool) each
@@ -391,7 +437,7 @@ def _max_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padd
         dx, crop = xp.empty(x.shape, dtype=g.dtype), None
     else:
         dx, crop = _zeroed_padded(xp, x.shape, g.dtype, ksize, stride, padding, out)
-    for i, j, hit in _first_max_masks(xp, x, ksize, stride, padding):
+    for i, j, hit in _first_max_masks(xp, x, ksize, stride, padding, y):
         view = _tap(dx, i, j, oh, ow, stride)
         if disjoint:
             xp.multiply(g, hit, out=view)
@@ -426,13 +472,16 @@ def _avg_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padd
 # pooling gradients are linear in g with no gradient into x; their own gradients
 # (for second derivatives) are the adjoint linear maps: pick <-> scatter to the max,
 # avg_pool2d <-> avg_pool2d_grad.
+# The backward gets the forward's output too (g, x, y): see _first_max_masks.
 register(OpDef("max_pool2d", _max_pool_compute, _pool_infer,
-               lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], **n.attrs)],
+               lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], n, **n.attrs)],
                doc="max over each window"))
 register(OpDef("max_pool2d_grad", _max_pool_grad_compute,
                lambda s, d, a: (tuple(s[1]), d[0]),
-               lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs), None],
-               doc="gradient of max_pool2d: g to the first max of each window of x"))
+               lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs)]
+               + [None] * (len(n.inputs) - 1),
+               doc="gradient of max_pool2d (g, x[, y = max_pool2d(x)]): g to the first "
+                   "max of each window of x"))
 register(OpDef("max_pool2d_pick", _max_pool_pick_compute, _pool_infer_second,
                lambda n, gg: [make("max_pool2d_grad", gg, n.inputs[1], **n.attrs), None],
                doc="g (shaped like x) read at the first max of each window of x"))
