@@ -687,21 +687,35 @@ def validate_plan(plan: MemoryPlan, steps: Sequence[PlanStep],
         if spec.nbytes:
             arena.append(replace(spec, offset=mine.offset, inplace_of=mine.inplace_of))
 
-    # Every pair sharing a byte, found with one numpy comparison per tensor.
-    start = np.array([t.offset for t in arena], dtype=np.int64)
-    end = start + np.array([t.nbytes for t in arena], dtype=np.int64)
-    first = np.array([t.first_step for t in arena], dtype=np.int64)
-    last = np.array([t.last_step for t in arena], dtype=np.int64)
-    index = {t.name: k for k, t in enumerate(arena)}
-    for i, b in enumerate(arena):
-        share = (start < end[i]) & (end > start[i]) & (first <= first[i])
-        share[i:] &= first[i:] < first[i]     # each pair once: a is born first
-        if happens_before is None:            # serially, only a live pair is wrong
-            share &= last >= first[i]
-        if b.inplace_of in index:
-            share[index[b.inplace_of]] = False
-        for j in np.flatnonzero(share):
-            _check_pair(arena[int(j)], b, int(last[j]), happens_before, steps)
+    # Tensors that share bytes must be ordered in time. That relation is transitive
+    # (a dead before b is written, b dead before c is written: a dead before c), so
+    # each tensor is checked only against the latest earlier tensor(s) on each of
+    # its bytes: a sweep in birth order over a map of byte ranges to their last
+    # occupant. Each tensor replaces the segments it covers, so the sweep checks
+    # O(tensors) pairs, not every pair that ever shares a byte.
+    arena.sort(key=lambda t: t.first_step)
+    starts: list[int] = [0]                # segment k covers [starts[k], starts[k+1])
+    owners: list[TensorSpec | None] = [None]
+    for b in arena:
+        lo, hi = b.offset, b.offset + b.nbytes
+        _split_segment(starts, owners, lo)
+        _split_segment(starts, owners, hi)
+        i, j = bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)
+        checked: set[str] = set()
+        for a in owners[i:j]:
+            if a is not None and a.name != b.inplace_of and a.name not in checked:
+                checked.add(a.name)
+                _check_pair(a, b, a.last_step, happens_before, steps)
+        starts[i:j] = [lo]
+        owners[i:j] = [b]
+
+
+def _split_segment(starts: list[int], owners: list, at: int) -> None:
+    """Make `at` a segment boundary of the byte map (both halves keep the owner)."""
+    k = bisect.bisect_right(starts, at) - 1
+    if starts[k] != at:
+        starts.insert(k + 1, at)
+        owners.insert(k + 1, owners[k])
 
 
 def _check_pair(a: TensorSpec, b: TensorSpec, a_last: int,
