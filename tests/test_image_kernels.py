@@ -135,3 +135,29 @@ def test_training_curve_unchanged_by_the_kernel_rewrite():
     # float32 sums in another order differ in the last bits; relative 1e-5 is the
     # issue's bound, and a wrong gradient anywhere moves the curve far more.
     np.testing.assert_allclose(_train_small_cnn(), RECORDED_LOSSES, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("memory", [None, "auto"])
+def test_bound_convs_sharing_a_streams_scratch_match_loops(memory):
+    # Two convs of one shape on one stream share their bound im2col / padding /
+    # col2im scratch (OpDef.bind): each must still see its own input, and the
+    # padded buffer's zero border must survive both (and a second run).
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 6, 5))
+    w1, w2 = rng.standard_normal((3, 3, 3, 3)), rng.standard_normal((3, 3, 3, 3))
+    xn = tf.placeholder(tf.float64, x.shape)
+    w1n, w2n = tf.constant(w1, tf.float64), tf.constant(w2, tf.float64)
+    y = tf.nn.conv2d(xn, w1n, padding=1)
+    z = tf.nn.conv2d(y, w2n, padding=1)
+    g = rng.standard_normal(x.shape)
+    grads = tf.gradients(tf.reduce_sum(z * tf.constant(g, tf.float64)), [xn, w1n, w2n])
+    program = tf.compile([z] + grads, {xn: (x.shape, np.float64)}, {}, memory=memory)
+    y_ref = conv_reference(x, w1, padding=1)
+    gy = conv_grad_input_reference(g, w2, y_ref, padding=1)
+    want = [conv_reference(y_ref, w2, padding=1),
+            conv_grad_input_reference(gy, w1, x, padding=1),
+            conv_grad_filter_reference(gy, x, w1, padding=1),
+            conv_grad_filter_reference(g, y_ref, w2, padding=1)]
+    for _ in range(2):
+        for got, expected in zip(program.run({xn: x}, {}), want):
+            np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)

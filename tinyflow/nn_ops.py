@@ -125,7 +125,7 @@ def _conv_layout(x_shape, kh, kw, stride, padding):
     return pt, pb, pl, pr, oh, ow, (w + pl + pr if (sh, sw) == (1, 1) else ow)
 
 
-def _im2col(xp, x, kh, kw, stride, padding, dtype):
+def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     """The windows of x as (N, C*kh*kw, OH*row) in `dtype` (see _conv_layout).
 
     Row c*kh*kw + i*kw + j holds tap (i, j) of channel c for every output pixel, so
@@ -138,17 +138,20 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype):
     runs (not OW-long pieces), and so do the adds of _col2im. The extra columns
     (Wp - OW per row: +12% work for a 3x3 conv on 16x16) are thrown away; an extra
     zero row at the bottom keeps the last tap's slice inside the array. Other
-    strides copy tap by tap from strided views."""
+    strides copy tap by tap from strided views.
+
+    `workspace` (a stream's scratch dict, see _bind_scratch) supplies the buffers;
+    without it they are allocated here."""
     pt, pb, pl, pr, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
-    n, c = x.shape[:2]
-    # The workspace is allocated per call, not planned: an op has one output in the
-    # IR, and a planned scratch tensor would need a new OpDef fact (its size) and a
-    # workspace argument from the executor. Measured on the benchmark CNN, fresh
-    # buffers cost nothing visible (with malloc told never to return memory to
-    # the OS, the step time did not change), so the copy that fills them is the cost.
-    cols = xp.empty((n, c, kh, kw, oh * row), dtype=dtype)
+    n, (c, h, w) = x.shape[0], x.shape[1:]
+    cols = _scratch(xp, workspace, "im2col", (n, c, kh, kw, oh * row), dtype)
     if tuple(stride) == (1, 1):
-        flat = xp.pad(x, ((0, 0), (0, 0), (pt, pb + 1), (pl, pr))).reshape(n, c, -1)
+        # The padded copy: its border is zeroed once, when the buffer is made, and
+        # every user of the buffer writes only the inside.
+        padded = _scratch(xp, workspace, ("pad", pt, pl), (n, c, h + pt + pb + 1, row),
+                          dtype, zeros=True)
+        padded[:, :, pt:pt + h, pl:pl + w] = x
+        flat = padded.reshape(n, c, -1)
         for i in range(kh):
             for j in range(kw):
                 cols[:, :, i, j] = flat[:, :, i * row + j:i * row + j + oh * row]
@@ -159,6 +162,18 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype):
                 cols[:, :, i, j].reshape(n, c, oh, ow)[...] = \
                     _tap(padded, i, j, oh, ow, stride)
     return cols.reshape(n, c * kh * kw, oh * row)
+
+
+def _scratch(xp, workspace, kind, shape, dtype, zeros=False):
+    """A scratch buffer: from the stream's `workspace` when the kernel is bound
+    (made once at compile time and shared by the steps of that stream asking for
+    the same kind, shape and dtype: a stream runs one step at a time), else new."""
+    if workspace is None:
+        return (xp.zeros if zeros else xp.empty)(shape, dtype=dtype)
+    key = ("nn_ops", kind, tuple(shape), np.dtype(dtype))
+    if key not in workspace:
+        workspace[key] = xp.zeros(shape, dtype=dtype)
+    return workspace[key]
 
 
 def _rows(xp, g, row):
@@ -193,7 +208,7 @@ def _uncrop(xp, buffer, crop, out):
     return _write(xp, buffer[:, :, pt:pt + h, pl:pl + w], out)
 
 
-def _col2im(xp, dcols, x_shape, stride, padding, out):
+def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
     """Adjoint of _im2col: add each tap's values (N, C, kh, kw, OH*row) back into
     an image of x_shape; kh*kw adds, each over the whole batch (contiguous slices
     in the wide-rows layout, strided views otherwise)."""
@@ -201,7 +216,9 @@ def _col2im(xp, dcols, x_shape, stride, padding, out):
     pt, pb, pl, pr, oh, ow, row = _conv_layout(x_shape, kh, kw, stride, padding)
     h, w = x_shape[2:]
     if tuple(stride) == (1, 1):
-        flat = xp.zeros((n, c, (h + pt + pb + 1) * row), dtype=dcols.dtype)
+        flat = _scratch(xp, workspace, "col2im", (n, c, (h + pt + pb + 1) * row),
+                        dcols.dtype)
+        flat[...] = 0
         for i in range(kh):
             for j in range(kw):
                 flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, :, i, j]
@@ -273,14 +290,14 @@ def _conv_infer(shapes, dtypes, attrs):
             _out_size(x[3], w[3], sw, padding)), _result_dtype(dtypes)
 
 
-def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0):
+def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
     # One batched GEMM, (O, C*kh*kw) @ (N, C*kh*kw, OH*row): the result is already
     # (N, O, OH, row), i.e. NCHW, so BLAS writes straight into the planned output
     # unless the wide-rows layout has extra columns to drop.
     o, c, kh, kw = w.shape
     dtype = xp.result_type(x, w)
     _, _, _, _, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
-    cols = _im2col(xp, x, kh, kw, stride, padding, dtype)
+    cols = _im2col(xp, x, kh, kw, stride, padding, dtype, workspace)
     wmat = w.reshape(o, c * kh * kw).astype(dtype, copy=False)
     n = x.shape[0]
     if row == ow and out is not None and out.flags.c_contiguous and out.dtype == dtype:
@@ -290,23 +307,25 @@ def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0):
     return _write(xp, result[..., :ow], out)
 
 
-def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0):
+def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
+                             workspace=None):
     # The adjoint of the forward: W^T @ g gives every window's share of dx in the
     # same layout, and col2im adds the kh*kw taps back.
     o, c, kh, kw = w.shape
     row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
     dcols = xp.matmul(w.reshape(o, c * kh * kw).T, _rows(xp, g, row))
     return _col2im(xp, dcols.reshape(g.shape[0], c, kh, kw, -1), x.shape, stride,
-                   padding, out)
+                   padding, out, workspace)
 
 
-def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0):
+def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
+                              workspace=None):
     # dW = sum over the batch of g[n] (O, OH*row) @ cols[n]^T (OH*row, C*kh*kw): one
     # batched GEMM on the forward's im2col layout (the transpose is a BLAS flag,
     # not a copy), then a sum over N of a small (N, O, C*kh*kw) array.
     o, c, kh, kw = w.shape
     row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
-    cols = _im2col(xp, x, kh, kw, stride, padding, xp.result_type(x, g))
+    cols = _im2col(xp, x, kh, kw, stride, padding, xp.result_type(x, g), workspace)
     per_sample = xp.matmul(_rows(xp, g, row), cols.transpose(0, 2, 1))
     return _write(xp, per_sample.sum(axis=0).reshape(o, c, kh, kw), out)
 
@@ -335,13 +354,37 @@ def _conv_grad_filter_grad(n, gg):
             None]
 
 
+def _bind_scratch(compute, infer):
+    """OpDef.bind for the conv kernels: their im2col / col2im scratch comes from the
+    stream's workspace, made on the first run and then reused (no allocation and no
+    page faults per run), and the result is never a view of that shared scratch."""
+    def bind(xp, shapes, dtypes, attrs, workspace):
+        if xp is not np:
+            return None                 # the GPU keeps the generic compute
+        shape, dtype = infer(shapes, dtypes, attrs)
+
+        def bound_compute(xp, *arrays, out=None, **attrs):
+            if out is None:
+                out = np.empty(shape, dtype=dtype)
+            return compute(xp, *arrays, out=out, workspace=workspace, **attrs)
+        return bound_compute
+    return bind
+
+
+def _same_as_input_2(shapes, dtypes, attrs):
+    return tuple(shapes[2]), dtypes[0]
+
+
 register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
+               bind=_bind_scratch(_conv_compute, _conv_infer),
                doc="2-D convolution, NCHW input, OIHW filters (im2col + one batched GEMM)"))
-register(OpDef("conv2d_grad_input", _conv_grad_input_compute,
-               lambda s, d, a: (tuple(s[2]), d[0]), _conv_grad_input_grad,
+register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _same_as_input_2,
+               _conv_grad_input_grad,
+               bind=_bind_scratch(_conv_grad_input_compute, _same_as_input_2),
                doc="gradient of conv2d with respect to its input"))
-register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute,
-               lambda s, d, a: (tuple(s[2]), d[0]), _conv_grad_filter_grad,
+register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _same_as_input_2,
+               _conv_grad_filter_grad,
+               bind=_bind_scratch(_conv_grad_filter_compute, _same_as_input_2),
                doc="gradient of conv2d with respect to its filters"))
 
 
