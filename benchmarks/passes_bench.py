@@ -269,22 +269,26 @@ def figures(quick: bool = False, only: str | None = None) -> list[dict]:
     """The passes figures (see the module docstring); `quick` shrinks everything to a
     smoke test; `only` keeps the figures whose name contains it."""
     want = lambda name: only is None or only in name  # noqa: E731
+
+    def group(*names: str) -> bool:
+        """Whether a group of figures, measured together, has one that is wanted."""
+        return any(want(name) for name in names)
     rows: list[dict] = []
     with ExitStack() as stack:
         threads_note = limit_threads(stack, bench_threads())
         mlp = build_mlp((64, 32, 10), 8) if quick else build_mlp()
-        if want("mlp_nodes"):
+        if group("mlp_nodes_before", "mlp_nodes_after"):
             rows += count_rows(mlp)
-        if want("cnn_nodes"):
+        if group("cnn_nodes_before", "cnn_nodes_after"):
             rows += count_rows(build_cnn(4 if quick else 16))
-        if want("transformer_nodes"):
+        if group("transformer_nodes_before", "transformer_nodes_after"):
             rows += count_rows(build_transformer_block(2, 8, 16, 2, 20) if quick
                                else build_transformer_block())
         if want("fused_vs_unfused_mlp_step"):
             rows.append(step_ratio_row(mlp, 5 if quick else 300, threads_note))
         if want("fused_vs_unfused_small_ops"):
             rows.append(chain_ratio_row(30 if quick else 300, 5 if quick else 200))
-        if want("compile_ms"):
+        if group("compile_ms_1k_nodes", "compile_ms_10k_nodes"):
             rows += compile_rows(quick)
     return [r for r in rows if want(r["name"])]
 

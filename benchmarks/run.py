@@ -14,6 +14,7 @@ one error row; the other modules still run. Usage::
     python benchmarks/run.py                  # everything, full size
     python benchmarks/run.py --quick          # small sizes: does it all run?
     python benchmarks/run.py --only core      # modules or figures matching "core"
+    python benchmarks/run.py --only compile_ms_10k_nodes   # just that figure
     python benchmarks/run.py --json out.json  # also write the rows (and the machine)
     python benchmarks/run.py --threads 1      # BLAS/OpenMP threads for every library
 

@@ -575,3 +575,34 @@ def test_planned_and_checkpointed_runs_match_unplanned(case, strategy):
     assert_same_results(got, expected, case, f"memory={strategy}, poisoned")
     got = run_case(case, memory="auto", poison=True, checkpoint="sqrt")
     assert_same_results(got, expected, case, "checkpoint='sqrt', poisoned")
+
+
+def _brute_force_conflicts(conflicts: memory.Conflicts, i: int) -> list[int]:
+    """Conflicts of block i by comparing it with every block (the definition)."""
+    n = len(conflicts.size)
+    return [j for j in range(n) if j != i and conflicts.size[j] > 0
+            and conflicts.clash(i, j)]
+
+
+@pytest.mark.parametrize("streams", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(4))
+def test_conflict_windows_find_exactly_the_brute_force_conflicts(streams, seed):
+    # Conflicts.of looks only at blocks whose step windows meet (a binary search
+    # plus the long-lived blocks); it must return what comparing every pair returns.
+    from tinyflow.streams import build_schedule
+    rng = np.random.default_rng(seed)
+    steps = 400
+    deps = [sorted(set(rng.integers(max(0, b - 90), b, size=min(b, 2)).tolist()))
+            for b in range(steps)]
+    stream_of = [int(s) for s in rng.integers(0, streams, steps)]
+    schedule = build_schedule(stream_of, [f"s{k}" for k in range(streams)], deps)
+    blocks = []
+    for b in range(steps):
+        readers = [r for r in range(b + 1, steps) if b in deps[r]]
+        last = max(readers, default=b)
+        blocks.append(memory.Block([f"t{b}"], int(rng.integers(0, 3)) * 64, b, last, b,
+                                   {b, *readers}, to_end=bool(rng.random() < 0.02)))
+    hb = None if streams == 1 else schedule.happens_before
+    conflicts = memory.Conflicts(blocks, hb, stream_of if hb else None)
+    for i in range(steps):
+        assert conflicts.of(i).tolist() == _brute_force_conflicts(conflicts, i), i

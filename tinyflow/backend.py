@@ -293,3 +293,33 @@ class CudaClock:
 def step_clock(xp: Any) -> HostClock | CudaClock:
     """The clock a timeline of a program on `xp` is timed with."""
     return HostClock() if xp is np else CudaClock(xp)
+
+
+# ----------------------------------------------------------------------------------
+# CPU threads
+# ----------------------------------------------------------------------------------
+
+# What the training scripts and lessons run with unless told otherwise (--threads).
+DEFAULT_BLAS_THREADS = 1
+
+
+def set_blas_threads(threads: int | None = DEFAULT_BLAS_THREADS) -> str:
+    """Give numpy's BLAS (and OpenMP) `threads` threads for the rest of the process;
+    0 or None leaves the library's default (one per core). Returns what was done,
+    for a script to print.
+
+    Why one by default: the small models of the lessons gain little from a second
+    BLAS thread, and on a machine whose cores are busy with other work, a BLAS call
+    that splits itself over all cores waits for every one of them to be scheduled
+    (on a loaded 2-core machine `train mlp` took 172 s instead of 12.7 s). A Session
+    with several streams runs one kernel per stream at a time, each with this many
+    BLAS threads. Uses threadpoolctl, which can change the limit after numpy has
+    loaded its BLAS (OMP_NUM_THREADS and friends only work before)."""
+    if not threads:
+        return "BLAS threads: library default"
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return "BLAS threads: library default (threadpoolctl is not installed)"
+    threadpool_limits(limits=int(threads))   # kept for the process: no restore
+    return f"BLAS threads: {int(threads)}"

@@ -214,7 +214,15 @@ def _generate(plan: _Plan, num_inputs: int, xp: Any) -> None:
         names.append(f"b{buffer}")  # register num_inputs + k now lives in that buffer
     lines.append(f"    return b{OUT}")
     plan.source = "\n".join(lines)
-    exec(compile(plan.source, "<fused_elementwise>", "exec"), namespace)  # noqa: S102
+    # Compiling the source is the expensive part (~1 ms); a graph of repeated
+    # layers fuses into many groups of the same text, so the code object is cached
+    # by its text and only the (cheap) def runs per plan, with this plan's names.
+    code = _compiled.get(plan.source)
+    if code is None:
+        if len(_compiled) >= MAX_COMPILED:
+            _compiled.clear()
+        code = _compiled[plan.source] = compile(plan.source, "<fused_elementwise>", "exec")
+    exec(code, namespace)  # noqa: S102
     plan.kernel = namespace["kernel"]
 
 
@@ -231,6 +239,10 @@ def failed_instruction(err: BaseException) -> int | None:
                 found = lines[tb.tb_lineno - 1]
         tb = tb.tb_next
     return found
+
+
+_compiled: dict[str, Any] = {}   # kernel source -> its code object
+MAX_COMPILED = 4096
 
 
 _plans: dict[tuple, _Plan] = {}

@@ -346,8 +346,17 @@ class Conflicts:
     With happens_before: block a is safely before block b only when every step
     touching a happens-before the step that writes b (`stream_of` says which stream
     each step runs on; steps on one stream must happen in list order).
-    Queries are numpy comparisons against every block at once.
+
+    A query does not compare against every block (that made planning O(n^2)): each
+    block has a window of steps, [first, last] serially, [define, the step from
+    which every stream may overwrite it) with streams, and only blocks whose windows
+    meet can conflict. Blocks with short windows are kept sorted by window start,
+    so their candidates are one slice found by binary search; the few long-lived
+    ones (fetched outputs, values read much later) are always candidates. The exact
+    test then runs in numpy on the candidates alone.
     """
+
+    SHORT = 64      # windows of at most this many steps are "short"
 
     def __init__(self, blocks: Sequence[Block], happens_before: HappensBefore | None = None,
                  stream_of: Sequence[int] | None = None) -> None:
@@ -357,6 +366,7 @@ class Conflicts:
         self.define = np.array([b.define for b in blocks], dtype=np.int64)
         self.serial = happens_before is None
         if self.serial:
+            self._index(self.first, self.last)
             return
         if stream_of is None:
             raise ValueError("happens_before needs the stream of every step")
@@ -369,18 +379,37 @@ class Conflicts:
         self.safe = np.array([[math.inf] * streams if b.to_end else
                               _safe_from(b.touches, stream_of, on_stream, happens_before)
                               for b in blocks], dtype=float).reshape(len(blocks), streams)
+        # Block j can conflict with i only if define_j < max(safe[i]) and
+        # define_i < max(safe[j]): the windows [define, max(safe)) meet.
+        until = np.minimum(self.safe.max(axis=1, initial=0.0), len(stream_of) + 1)
+        self._index(self.define, until.astype(np.int64) - 1)
+
+    def _index(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Index the blocks' step windows [lo, hi] for `_candidates`."""
+        self.lo, self.hi = lo, hi
+        long = (hi - lo) > self.SHORT
+        by_lo = np.argsort(lo, kind="stable")
+        self.short_ids = by_lo[~long[by_lo]]
+        self.short_lo = lo[self.short_ids]
+        self.long_ids = np.flatnonzero(long)
+
+    def _candidates(self, i: int) -> np.ndarray:
+        """Blocks whose window meets block i's (a superset of its conflicts)."""
+        a = np.searchsorted(self.short_lo, self.lo[i] - self.SHORT, side="left")
+        b = np.searchsorted(self.short_lo, self.hi[i], side="right")
+        return np.concatenate([self.short_ids[a:b], self.long_ids])
 
     def of(self, i: int) -> np.ndarray:
-        """Indices of the (non-empty) blocks that conflict with block i."""
+        """Indices of the (non-empty) blocks that conflict with block i, ascending."""
+        j = self._candidates(i)
         if self.serial:
-            clash = (self.first <= self.last[i]) & (self.last >= self.first[i])
+            clash = (self.first[j] <= self.last[i]) & (self.last[j] >= self.first[i])
         else:
-            after = self.define >= self.safe[i, self.define_stream]        # j after i
-            before = self.define[i] >= self.safe[:, self.define_stream[i]]  # j before i
+            after = self.define[j] >= self.safe[i, self.define_stream[j]]        # j after i
+            before = self.define[i] >= self.safe[j, self.define_stream[i]]  # j before i
             clash = ~after & ~before
-        clash &= self.size > 0
-        clash[i] = False
-        return np.flatnonzero(clash)
+        clash &= (self.size[j] > 0) & (j != i)
+        return np.sort(j[clash])
 
     def clash(self, i: int, j: int) -> bool:
         """Whether blocks i and j conflict."""
@@ -551,22 +580,31 @@ def lower_bound(blocks: Sequence[Block]) -> int:
 def _reasons(blocks: Sequence[Block], offsets: Sequence[int], specs: dict[str, TensorSpec]
              ) -> dict[str, str]:
     """Explain each placement: the most recently dead block whose bytes it took, or
-    "fresh" when no earlier block ever used those bytes."""
-    start = np.array(offsets, dtype=np.int64)
-    end = start + np.array([b.size for b in blocks], dtype=np.int64)
-    define = np.array([b.define for b in blocks], dtype=np.int64)
-    last = np.array([b.last for b in blocks], dtype=np.int64)
+    "fresh" when no earlier block ever used those bytes.
+
+    A sweep in definition order over a map of byte ranges to their last occupant
+    (as in validate_plan): an earlier block whose bytes were taken over again died
+    before its successor did, so the most recently dead of all earlier blocks on
+    these bytes is among the current occupants."""
     reasons: dict[str, str] = {}
-    for i, block in enumerate(blocks):
+    starts: list[int] = [0]
+    owners: list[int] = [-1]
+    for i in sorted(range(len(blocks)), key=lambda k: blocks[k].define):
+        block = blocks[i]
         head = block.names[0]
         for parent, child in zip(block.names, block.names[1:]):
             reasons[child] = f"in place over {parent}"
         if block.size == 0:
             reasons[head] = "empty: needs no bytes"
             continue
-        earlier = (start < end[i]) & (end > start[i]) & (define < block.define)
-        if earlier.any():
-            j = int(np.flatnonzero(earlier)[np.argmax(last[earlier])])
+        lo, hi = offsets[i], offsets[i] + block.size
+        _split_segment(starts, owners, lo)
+        _split_segment(starts, owners, hi)
+        a, b = bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)
+        earlier = [j for j in owners[a:b] if j >= 0]
+        if earlier:
+            # The latest death; among equals the lowest block index, as before.
+            j = max(earlier, key=lambda k: (blocks[k].last, -k))
             died = next(n for n in reversed(blocks[j].names)
                         if specs[n].last_step == blocks[j].last)
             reasons[head] = f"took the space of {died}, dead after step {blocks[j].last}"
@@ -574,6 +612,8 @@ def _reasons(blocks: Sequence[Block], offsets: Sequence[int], specs: dict[str, T
             reasons[head] = f"fresh: no free gap of {format_bytes(block.size)}"
         if block.to_end:
             reasons[head] += "; fetched, so alive to the end"
+        starts[a:b] = [lo]
+        owners[a:b] = [i]
     return reasons
 
 
@@ -687,21 +727,35 @@ def validate_plan(plan: MemoryPlan, steps: Sequence[PlanStep],
         if spec.nbytes:
             arena.append(replace(spec, offset=mine.offset, inplace_of=mine.inplace_of))
 
-    # Every pair sharing a byte, found with one numpy comparison per tensor.
-    start = np.array([t.offset for t in arena], dtype=np.int64)
-    end = start + np.array([t.nbytes for t in arena], dtype=np.int64)
-    first = np.array([t.first_step for t in arena], dtype=np.int64)
-    last = np.array([t.last_step for t in arena], dtype=np.int64)
-    index = {t.name: k for k, t in enumerate(arena)}
-    for i, b in enumerate(arena):
-        share = (start < end[i]) & (end > start[i]) & (first <= first[i])
-        share[i:] &= first[i:] < first[i]     # each pair once: a is born first
-        if happens_before is None:            # serially, only a live pair is wrong
-            share &= last >= first[i]
-        if b.inplace_of in index:
-            share[index[b.inplace_of]] = False
-        for j in np.flatnonzero(share):
-            _check_pair(arena[int(j)], b, int(last[j]), happens_before, steps)
+    # Tensors that share bytes must be ordered in time. That relation is transitive
+    # (a dead before b is written, b dead before c is written: a dead before c), so
+    # each tensor is checked only against the latest earlier tensor(s) on each of
+    # its bytes: a sweep in birth order over a map of byte ranges to their last
+    # occupant. Each tensor replaces the segments it covers, so the sweep checks
+    # O(tensors) pairs, not every pair that ever shares a byte.
+    arena.sort(key=lambda t: t.first_step)
+    starts: list[int] = [0]                # segment k covers [starts[k], starts[k+1])
+    owners: list[TensorSpec | None] = [None]
+    for b in arena:
+        lo, hi = b.offset, b.offset + b.nbytes
+        _split_segment(starts, owners, lo)
+        _split_segment(starts, owners, hi)
+        i, j = bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)
+        checked: set[str] = set()
+        for a in owners[i:j]:
+            if a is not None and a.name != b.inplace_of and a.name not in checked:
+                checked.add(a.name)
+                _check_pair(a, b, a.last_step, happens_before, steps)
+        starts[i:j] = [lo]
+        owners[i:j] = [b]
+
+
+def _split_segment(starts: list[int], owners: list, at: int) -> None:
+    """Make `at` a segment boundary of the byte map (both halves keep the owner)."""
+    k = bisect.bisect_right(starts, at) - 1
+    if starts[k] != at:
+        starts.insert(k + 1, at)
+        owners.insert(k + 1, owners[k])
 
 
 def _check_pair(a: TensorSpec, b: TensorSpec, a_last: int,

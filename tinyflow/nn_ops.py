@@ -105,6 +105,152 @@ def _scatter_windows(xp, cols, x_shape, kh, kw, sh, sw, padding):
     return padded[:, :, pt:pt + h, pl:pl + w]
 
 
+# ----------------------------------------------------------------------------------
+# Taps: the loop behind the conv2d and max_pool2d kernels
+#
+# A kh x kw window has kh*kw taps; tap (i, j) of every window at once is one strided
+# view of the (padded) input, shaped like the output (N, C, OH, OW). The kernels
+# loop over the taps (9 or 25 iterations), each a single numpy call over the whole
+# batch, so Python's cost is per tap, not per window, and no (N,C,OH,OW,kh,kw) view
+# is ever reduced over its tiny trailing axes (which numpy does slowly).
+# ----------------------------------------------------------------------------------
+
+
+def _padded(xp, x, ksize, stride, padding, fill=0.0):
+    """x padded for windows of `ksize` (a copy only when there is padding), and the
+    output size (oh, ow) and the (top, left) padding."""
+    (kh, kw), (sh, sw) = ksize, stride
+    h, w = x.shape[2:]
+    (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
+    if pt or pb or pl or pr:
+        x = xp.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    return x, oh, ow, (pt, pl)
+
+
+def _tap(x, i, j, oh, ow, stride):
+    """Element (i, j) of every window: a strided view (N, C, oh, ow) of x."""
+    sh, sw = stride
+    return x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+
+
+def _conv_layout(x_shape, kh, kw, stride, padding):
+    """(pt, pb, pl, pr, oh, ow, row): the padding, the output size, and `row`, the
+    columns per output row in the GEMM layout: ow in general, but the padded width
+    when the stride is 1 (the "wide rows" layout of _im2col)."""
+    (sh, sw), (h, w) = stride, x_shape[2:]
+    (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    return pt, pb, pl, pr, oh, ow, (w + pl + pr if (sh, sw) == (1, 1) else ow)
+
+
+def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
+    """The windows of x as (N, C*kh*kw, OH*row) in `dtype` (see _conv_layout).
+
+    Row c*kh*kw + i*kw + j holds tap (i, j) of channel c for every output pixel, so
+    the rows match OIHW filters reshaped to (O, C*kh*kw) and W @ cols[n] is sample
+    n's output in NCHW order: one batched GEMM, no transpose after it.
+
+    Stride 1 (the common case) uses "wide rows": the output is computed on the
+    padded width, so tap (i, j) of every window is ONE contiguous slice of the
+    flattened padded image, starting at i*Wp + j. The kh*kw copies then move long
+    runs (not OW-long pieces), and so do the adds of _col2im. The extra columns
+    (Wp - OW per row: +12% work for a 3x3 conv on 16x16) are thrown away; an extra
+    zero row at the bottom keeps the last tap's slice inside the array. Other
+    strides copy tap by tap from strided views.
+
+    `workspace` (a stream's scratch dict, see _bind_scratch) supplies the buffers;
+    without it they are allocated here."""
+    pt, pb, pl, pr, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
+    n, (c, h, w) = x.shape[0], x.shape[1:]
+    cols = _scratch(xp, workspace, "im2col", (n, c, kh, kw, oh * row), dtype)
+    if tuple(stride) == (1, 1):
+        # The padded copy: its border is zeroed once, when the buffer is made, and
+        # every user of the buffer writes only the inside.
+        padded = _scratch(xp, workspace, ("pad", pt, pl), (n, c, h + pt + pb + 1, row),
+                          dtype, zeros=True)
+        padded[:, :, pt:pt + h, pl:pl + w] = x
+        flat = padded.reshape(n, c, -1)
+        for i in range(kh):
+            for j in range(kw):
+                cols[:, :, i, j] = flat[:, :, i * row + j:i * row + j + oh * row]
+    else:
+        padded, _, _, _ = _padded(xp, x, (kh, kw), stride, padding)
+        for i in range(kh):
+            for j in range(kw):
+                cols[:, :, i, j].reshape(n, c, oh, ow)[...] = \
+                    _tap(padded, i, j, oh, ow, stride)
+    return cols.reshape(n, c * kh * kw, oh * row)
+
+
+def _scratch(xp, workspace, kind, shape, dtype, zeros=False):
+    """A scratch buffer: from the stream's `workspace` when the kernel is bound
+    (made once at compile time and shared by the steps of that stream asking for
+    the same kind, shape and dtype: a stream runs one step at a time), else new."""
+    if workspace is None:
+        return (xp.zeros if zeros else xp.empty)(shape, dtype=dtype)
+    key = ("nn_ops", kind, tuple(shape), np.dtype(dtype))
+    if key not in workspace:
+        workspace[key] = xp.zeros(shape, dtype=dtype)
+    return workspace[key]
+
+
+def _rows(xp, g, row):
+    """g (N, O, OH, OW) in the GEMM layout (N, O, OH*row). In the wide layout the
+    extra columns are zeros: they meet the wrapped-around windows of _im2col, which
+    must contribute nothing to either gradient."""
+    n, o, oh, ow = g.shape
+    if row == ow:
+        return g.reshape(n, o, oh * ow)
+    wide = xp.zeros((n, o, oh, row), dtype=g.dtype)
+    wide[..., :ow] = g
+    return wide.reshape(n, o, oh * row)
+
+
+def _zeroed_padded(xp, shape, dtype, ksize, stride, padding, out):
+    """A zeroed buffer to scatter windows into: `out` itself when there is no
+    padding and it is contiguous (the planned memory, already paged in), else a new
+    padded array. Returns it and the (top, left, h, w) crop that is x's part."""
+    n, c, h, w = shape
+    (pt, pb), (pl, pr) = _pads(h, ksize[0], stride[0], padding), \
+        _pads(w, ksize[1], stride[1], padding)
+    if out is not None and not (pt or pb or pl or pr) and out.flags.c_contiguous:
+        out[...] = 0
+        return out, None
+    return xp.zeros((n, c, h + pt + pb, w + pl + pr), dtype=dtype), (pt, pl, h, w)
+
+
+def _uncrop(xp, buffer, crop, out):
+    if crop is None:        # the buffer is `out`
+        return buffer
+    pt, pl, h, w = crop
+    return _write(xp, buffer[:, :, pt:pt + h, pl:pl + w], out)
+
+
+def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
+    """Adjoint of _im2col: add each tap's values (N, C, kh, kw, OH*row) back into
+    an image of x_shape; kh*kw adds, each over the whole batch (contiguous slices
+    in the wide-rows layout, strided views otherwise)."""
+    n, c, kh, kw = dcols.shape[:4]
+    pt, pb, pl, pr, oh, ow, row = _conv_layout(x_shape, kh, kw, stride, padding)
+    h, w = x_shape[2:]
+    if tuple(stride) == (1, 1):
+        flat = _scratch(xp, workspace, "col2im", (n, c, (h + pt + pb + 1) * row),
+                        dcols.dtype)
+        flat[...] = 0
+        for i in range(kh):
+            for j in range(kw):
+                flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, :, i, j]
+        image = flat.reshape(n, c, h + pt + pb + 1, row)
+        return _write(xp, image[:, :, pt:pt + h, pl:pl + w], out)
+    dx, crop = _zeroed_padded(xp, x_shape, dcols.dtype, (kh, kw), stride, padding, out)
+    for i in range(kh):
+        for j in range(kw):
+            view = _tap(dx, i, j, oh, ow, stride)
+            view += dcols[:, :, i, j].reshape(n, c, oh, ow)
+    return _uncrop(xp, dx, crop, out)
+
+
 def _write(xp, result, out):
     if out is None:
         return result
@@ -163,32 +309,44 @@ def _conv_infer(shapes, dtypes, attrs):
             _out_size(x[3], w[3], sw, padding)), _result_dtype(dtypes)
 
 
-def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0):
+def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
+    # One batched GEMM, (O, C*kh*kw) @ (N, C*kh*kw, OH*row): the result is already
+    # (N, O, OH, row), i.e. NCHW, so BLAS writes straight into the planned output
+    # unless the wide-rows layout has extra columns to drop.
     o, c, kh, kw = w.shape
-    win = _windows(xp, x, kh, kw, stride[0], stride[1], padding)      # N,C,OH,OW,kh,kw
-    n, _, oh, ow = win.shape[:4]
-    cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
-    result = cols @ w.reshape(o, c * kh * kw).T                        # (N*OH*OW, O)
-    return _write(xp, result.reshape(n, oh, ow, o).transpose(0, 3, 1, 2), out)
+    dtype = xp.result_type(x, w)
+    _, _, _, _, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
+    cols = _im2col(xp, x, kh, kw, stride, padding, dtype, workspace)
+    wmat = w.reshape(o, c * kh * kw).astype(dtype, copy=False)
+    n = x.shape[0]
+    if row == ow and out is not None and out.flags.c_contiguous and out.dtype == dtype:
+        xp.matmul(wmat, cols, out=out.reshape(n, o, oh * ow))
+        return out
+    result = xp.matmul(wmat, cols).reshape(n, o, oh, row)
+    return _write(xp, result[..., :ow], out)
 
 
-def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0):
+def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
+                             workspace=None):
+    # The adjoint of the forward: W^T @ g gives every window's share of dx in the
+    # same layout, and col2im adds the kh*kw taps back.
     o, c, kh, kw = w.shape
-    n, _, oh, ow = g.shape
-    gmat = g.transpose(0, 2, 3, 1).reshape(n * oh * ow, o)
-    cols = (gmat @ w.reshape(o, c * kh * kw)).reshape(n, oh, ow, c, kh, kw)
-    result = _scatter_windows(xp, cols.transpose(0, 3, 1, 2, 4, 5), x.shape,
-                              kh, kw, stride[0], stride[1], padding)
-    return _write(xp, result, out)
+    row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
+    dcols = xp.matmul(w.reshape(o, c * kh * kw).T, _rows(xp, g, row))
+    return _col2im(xp, dcols.reshape(g.shape[0], c, kh, kw, -1), x.shape, stride,
+                   padding, out, workspace)
 
 
-def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0):
+def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
+                              workspace=None):
+    # dW = sum over the batch of g[n] (O, OH*row) @ cols[n]^T (OH*row, C*kh*kw): one
+    # batched GEMM on the forward's im2col layout (the transpose is a BLAS flag,
+    # not a copy), then a sum over N of a small (N, O, C*kh*kw) array.
     o, c, kh, kw = w.shape
-    win = _windows(xp, x, kh, kw, stride[0], stride[1], padding)
-    n, _, oh, ow = win.shape[:4]
-    cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
-    gmat = g.transpose(0, 2, 3, 1).reshape(n * oh * ow, o)
-    return _write(xp, (gmat.T @ cols).reshape(o, c, kh, kw), out)
+    row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
+    cols = _im2col(xp, x, kh, kw, stride, padding, xp.result_type(x, g), workspace)
+    per_sample = xp.matmul(_rows(xp, g, row), cols.transpose(0, 2, 1))
+    return _write(xp, per_sample.sum(axis=0).reshape(o, c, kh, kw), out)
 
 
 def _conv_grad(n, g):
@@ -215,15 +373,39 @@ def _conv_grad_filter_grad(n, gg):
             None]
 
 
+def _bind_scratch(compute, infer):
+    """OpDef.bind for the conv kernels: their im2col / col2im scratch comes from the
+    stream's workspace, made on the first run and then reused (no allocation and no
+    page faults per run), and the result is never a view of that shared scratch."""
+    def bind(xp, shapes, dtypes, attrs, workspace):
+        if xp is not np:
+            return None                 # the GPU keeps the generic compute
+        shape, dtype = infer(shapes, dtypes, attrs)
+
+        def bound_compute(xp, *arrays, out=None, **attrs):
+            if out is None:
+                out = np.empty(shape, dtype=dtype)
+            return compute(xp, *arrays, out=out, workspace=workspace, **attrs)
+        return bound_compute
+    return bind
+
+
+def _same_as_input_2(shapes, dtypes, attrs):
+    return tuple(shapes[2]), dtypes[0]
+
+
 register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
-               doc="2-D convolution, NCHW input, OIHW filters (im2col + matmul)",
+               bind=_bind_scratch(_conv_compute, _conv_infer),
+               doc="2-D convolution, NCHW input, OIHW filters (im2col + one batched GEMM)",
                check=_window_check))
-register(OpDef("conv2d_grad_input", _conv_grad_input_compute,
-               lambda s, d, a: (tuple(s[2]), d[0]), _conv_grad_input_grad,
+register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _same_as_input_2,
+               _conv_grad_input_grad,
+               bind=_bind_scratch(_conv_grad_input_compute, _same_as_input_2),
                doc="gradient of conv2d with respect to its input",
                check=_window_check))
-register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute,
-               lambda s, d, a: (tuple(s[2]), d[0]), _conv_grad_filter_grad,
+register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _same_as_input_2,
+               _conv_grad_filter_grad,
+               bind=_bind_scratch(_conv_grad_filter_compute, _same_as_input_2),
                doc="gradient of conv2d with respect to its filters",
                check=_window_check))
 
@@ -258,34 +440,86 @@ def _pool_infer_second(shapes, dtypes, attrs):
 
 
 def _max_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
-    win = _windows(xp, x, *ksize, *stride, padding, fill=-np.inf)
-    return _write(xp, win.max(axis=(4, 5)), out)
+    # A running maximum over the kh*kw taps: kh*kw - 1 ufunc calls, each over the
+    # whole (N, C, OH, OW) output. For the common 2x2 stride-2 pool that is 3 calls
+    # on strided views (the reshape (N,C,OH,2,OW,2).max(axis=(3,5)) reads the same
+    # memory but numpy reduces its two tiny axes ~40x slower).
+    padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=-np.inf)
+    shape = x.shape[:2] + (oh, ow)
+    result = out if out is not None else xp.empty(shape, x.dtype)
+    result[...] = _tap(padded, 0, 0, oh, ow, stride)
+    for i in range(ksize[0]):
+        for j in range(ksize[1]):
+            if i or j:
+                xp.maximum(result, _tap(padded, i, j, oh, ow, stride), out=result)
+    return result
 
 
-def _first_max(xp, x, ksize, stride, padding):
-    """For each window of x, the position (0 .. kh*kw-1) of its first maximum."""
-    win = _windows(xp, x, *ksize, *stride, padding, fill=-np.inf)
-    n, c, oh, ow, kh, kw = win.shape
-    return win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)
+def _first_max_masks(xp, x, ksize, stride, padding, peak=None):
+    """Yield (i, j, hit) per tap: hit (N,C,OH,OW) is True where tap (i, j) is the
+    first maximum of its window (row-major order, as cuDNN and PyTorch pick).
+
+    `peak` is max_pool2d(x), the forward's output: the gradient op takes it as an
+    input (it is usually alive anyway, as the next layer's input), so the argmax
+    costs one compare per tap. An op has one output in the IR, so the forward
+    cannot hand over an argmax array; without `peak` (the 2-input form) the max is
+    recomputed, kh*kw - 1 ufunc calls."""
+    padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=-np.inf)
+    if peak is None:
+        peak = _max_pool_compute(xp, x, None, ksize, stride, padding)
+    free = xp.ones(peak.shape, dtype=bool)
+    hit = xp.empty(peak.shape, dtype=bool)
+    # A window holding NaN has max NaN, which equals nothing: its first NaN is the
+    # "max" then (as argmax picks it). Checked once, so clean inputs pay one isnan.
+    has_nan = bool(xp.isnan(peak).any())
+    for i in range(ksize[0]):
+        for j in range(ksize[1]):
+            tap = _tap(padded, i, j, oh, ow, stride)
+            xp.equal(tap, peak, out=hit)
+            if has_nan:
+                hit |= xp.isnan(tap)
+            hit &= free                 # an earlier tap already holds this max
+            free ^= hit
+            yield i, j, hit
 
 
-def _max_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 2),
+                           padding=0):
     # The gradient goes to the first max of each window (as cuDNN and PyTorch do).
-    kh, kw = ksize
-    first = _first_max(xp, x, ksize, stride, padding)
-    onehot = (xp.arange(kh * kw) == first[..., None]).astype(g.dtype)
-    cols = (onehot * g[..., None]).reshape(g.shape + (kh, kw))
-    return _write(xp, _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding), out)
+    # Per tap, g lands where that tap is the max, in a strided view of dx. When the
+    # windows do not overlap (stride >= ksize, the common 2x2 stride-2 pool) each
+    # element of dx is in one window at most, so g * hit can be *written* (4x faster
+    # than a masked add, and with exact tiling dx needs no zeroing first); windows
+    # that overlap add into the same elements, so there the adds accumulate.
+    n, c, h, w = x.shape
+    oh, ow = g.shape[2:]
+    (kh, kw), (sh, sw) = ksize, stride
+    disjoint = sh >= kh and sw >= kw
+    tiled = (sh, sw) == (kh, kw) and (oh * kh, ow * kw) == (h, w)  # no pad, no gaps
+    if tiled and out is not None and out.flags.c_contiguous:
+        dx, crop = out, None
+    elif tiled:
+        dx, crop = xp.empty(x.shape, dtype=g.dtype), None
+    else:
+        dx, crop = _zeroed_padded(xp, x.shape, g.dtype, ksize, stride, padding, out)
+    for i, j, hit in _first_max_masks(xp, x, ksize, stride, padding, y):
+        view = _tap(dx, i, j, oh, ow, stride)
+        if disjoint:
+            xp.multiply(g, hit, out=view)
+        else:
+            xp.add(view, g, out=view, where=hit)
+    return _uncrop(xp, dx, crop, out)
 
 
 def _max_pool_pick_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
     # The adjoint of max_pool2d_grad: read g (shaped like x) where each window of x
-    # has its first max.
-    kh, kw = ksize
-    first = _first_max(xp, x, ksize, stride, padding)
-    win = _windows(xp, g, kh, kw, *stride, padding)
-    flat = win.reshape(win.shape[:4] + (kh * kw,))
-    return _write(xp, xp.take_along_axis(flat, first[..., None], axis=-1)[..., 0], out)
+    # has its first max. Exactly one tap per window hits, so copies do not collide.
+    padded_g, oh, ow, _ = _padded(xp, g, ksize, stride, padding)
+    result = out if out is not None else xp.empty(g.shape[:2] + (oh, ow), g.dtype)
+    result[...] = 0
+    for i, j, hit in _first_max_masks(xp, x, ksize, stride, padding):
+        xp.copyto(result, _tap(padded_g, i, j, oh, ow, stride), where=hit)
+    return result
 
 
 def _avg_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
@@ -303,14 +537,17 @@ def _avg_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padd
 # pooling gradients are linear in g with no gradient into x; their own gradients
 # (for second derivatives) are the adjoint linear maps: pick <-> scatter to the max,
 # avg_pool2d <-> avg_pool2d_grad.
+# The backward gets the forward's output too (g, x, y): see _first_max_masks.
 register(OpDef("max_pool2d", _max_pool_compute, _pool_infer,
-               lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], **n.attrs)],
+               lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], n, **n.attrs)],
                doc="max over each window",
                check=_window_check))
 register(OpDef("max_pool2d_grad", _max_pool_grad_compute,
                lambda s, d, a: (tuple(s[1]), d[0]),
-               lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs), None],
-               doc="gradient of max_pool2d: g to the first max of each window of x",
+               lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs)]
+               + [None] * (len(n.inputs) - 1),
+               doc="gradient of max_pool2d (g, x[, y = max_pool2d(x)]): g to the first "
+                   "max of each window of x",
                check=_window_check))
 register(OpDef("max_pool2d_pick", _max_pool_pick_compute, _pool_infer_second,
                lambda n, gg: [make("max_pool2d_grad", gg, n.inputs[1], **n.attrs), None],

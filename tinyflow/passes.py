@@ -652,15 +652,16 @@ def fuse_elementwise(graph: Graph, ctx: PassContext) -> Graph:
         ordered = list(reversed(group))  # topological order, root last
         register_of = {id(current_of[id(m)]): f"t{k}" for k, m in enumerate(ordered)}
         inputs: list[Node] = []
-        program = []
+        input_index: dict[int, int] = {}  # id -> position in inputs (a list scan
+        program = []                      # per operand was quadratic in wide groups)
         for m in ordered:
             operands = []
             for i in current_of[id(m)].inputs:
                 name = register_of.get(id(i))
                 if name is None:
-                    if i not in inputs:
+                    name = f"x{input_index.setdefault(id(i), len(inputs))}"
+                    if len(input_index) > len(inputs):
                         inputs.append(i)
-                    name = f"x{inputs.index(i)}"
                 operands.append(name)
             program.append((m.op, tuple(operands), tuple(sorted(m.attrs.items()))))
         fused = new_node("fused_elementwise", inputs, {"program": tuple(program)}, node,

@@ -24,7 +24,12 @@
 import numpy as np
 
 import tinyflow as tf
+from tinyflow.backend import set_blas_threads
 from tinyflow.graph import topological_order
+
+# One BLAS thread: the lesson's small matrices gain nothing from more, and on a
+# busy machine more are much slower (README, "Threads"). 0 = numpy's default.
+set_blas_threads(1)
 
 sess = tf.Session()
 rng = np.random.default_rng(0)

@@ -25,7 +25,12 @@ import numpy as np
 
 import tinyflow as tf
 from tinyflow import fusion, passes, rules
+from tinyflow.backend import set_blas_threads
 from tinyflow.rules import Rule, add_rule, new_node
+
+# One BLAS thread: the lesson's small matrices gain nothing from more, and on a
+# busy machine more are much slower (README, "Threads"). 0 = numpy's default.
+set_blas_threads(1)
 
 rng = np.random.default_rng(0)
 

@@ -26,7 +26,12 @@ import numpy as np
 
 import tinyflow as tf
 from tinyflow import memory, sublinear
+from tinyflow.backend import set_blas_threads
 from tinyflow.memory import format_bytes
+
+# One BLAS thread: the lesson's small matrices gain nothing from more, and on a
+# busy machine more are much slower (README, "Threads"). 0 = numpy's default.
+set_blas_threads(1)
 
 # %% [markdown]
 # ## 1. A training step to plan

@@ -26,8 +26,13 @@ import dataclasses
 import numpy as np
 
 import tinyflow as tf
+from tinyflow.backend import set_blas_threads
 from tinyflow.executor import NumericsError
 from tinyflow.streams import ScheduleError, validate_schedule
+
+# One BLAS thread: the lesson's small matrices gain nothing from more, and on a
+# busy machine more are much slower (README, "Threads"). 0 = numpy's default.
+set_blas_threads(1)
 
 rng = np.random.default_rng(0)
 

@@ -26,6 +26,11 @@ import numpy as np
 
 from tinyflow.allreduce import (chunk_bounds, naive_allreduce, ring_allreduce,
                                 ring_bytes_per_rank, run_threads)
+from tinyflow.backend import set_blas_threads
+
+# One BLAS thread: the lesson's small matrices gain nothing from more, and on a
+# busy machine more are much slower (README, "Threads"). 0 = numpy's default.
+set_blas_threads(1)
 
 RANKS = 4
 

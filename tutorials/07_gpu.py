@@ -30,7 +30,11 @@ import numpy as np
 
 import tinyflow as tf
 from tinyflow import fusion, gpu, ops
-from tinyflow.backend import gpu_available
+from tinyflow.backend import gpu_available, set_blas_threads
+
+# One BLAS thread: the lesson's small matrices gain nothing from more, and on a
+# busy machine more are much slower (README, "Threads"). 0 = numpy's default.
+set_blas_threads(1)
 
 HAVE_GPU = gpu_available()
 print("GPU available:", HAVE_GPU)

@@ -30,6 +30,11 @@ import numpy as np
 
 import tinyflow as tf
 from tinyflow import trace
+from tinyflow.backend import set_blas_threads
+
+# One BLAS thread: the lesson's small matrices gain nothing from more, and on a
+# busy machine more are much slower (README, "Threads"). 0 = numpy's default.
+set_blas_threads(1)
 
 folder = Path(tempfile.mkdtemp(prefix="tinyflow_lesson8_"))
 record_path = folder / "mlp.tfdbg.json"

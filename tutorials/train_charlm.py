@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
+from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import CharVocab, char_corpus
 from tinyflow.saver import Saver
@@ -68,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where to save the trained Variables ('' to skip)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights, the batches and the sampling")
+    parser.add_argument("--threads", type=int, default=DEFAULT_BLAS_THREADS, metavar="N",
+                        help="BLAS threads (default %(default)s: fastest on a busy machine; "
+                             "0: one per core)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.epochs = min(args.steps, 40), None
@@ -211,6 +215,7 @@ def sample(sess: tf.Session, logits: tf.Node, ids: tf.Node, positions: tf.Node,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    set_blas_threads(args.threads)
     text = char_corpus(args.corpus_chars)
     vocab = CharVocab(text)
     data = vocab.encode(text)

@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
+from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import load_digits, minibatches
 from tinyflow.saver import Saver
@@ -53,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where to save the trained Variables ('' to skip)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the minibatch order (the train/test split is fixed)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_BLAS_THREADS, metavar="N",
+                        help="BLAS threads (default %(default)s: fastest on a busy machine; "
+                             "0: one per core)")
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs = min(args.epochs, 5)
@@ -89,6 +93,7 @@ def accuracy(sess: tf.Session, predictions: tf.Node, x: tf.Node,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    set_blas_threads(args.threads)
     x_train, y_train, x_test, y_test = load_digits(layout="flat")
 
     # The graph: placeholders with a free batch dimension, the model, loss, update.
