@@ -76,21 +76,25 @@ SPLIT_REMAINDER_LARGE = 1 << 20
 POISON_BYTE = 0xFF  # freed blocks are filled with it when poisoning (NaN in floats)
 
 
-@dataclass(eq=False)
 class Block:
-    """A run of bytes inside a segment, free or handed out to one Tensor."""
+    """A run of bytes inside a segment, free or handed out to one Tensor.
 
-    segment: int
-    offset: int
-    size: int
-    allocated: bool = False
-    requested: int = 0               # bytes the Tensor asked for (<= size)
-    prev: Block | None = None        # neighbours in the same segment (for merging)
-    next: Block | None = None
-    id: int = 0
+    `prev` and `next` are its neighbours in the same segment (for merging);
+    `requested` is what the Tensor asked for (the size is rounded up). A plain class
+    with slots, not a dataclass: one is made per split, on every eager op's path.
+    """
 
-    def key(self) -> tuple[int, int, int]:
-        return (self.size, self.segment, self.offset)
+    __slots__ = ("segment", "offset", "size", "allocated", "requested", "prev", "next", "id")
+
+    def __init__(self, segment: int, offset: int, size: int, id: int = 0) -> None:
+        self.segment, self.offset, self.size, self.id = segment, offset, size, id
+        self.allocated, self.requested = False, 0
+        self.prev: Block | None = None
+        self.next: Block | None = None
+
+    def __repr__(self) -> str:
+        state = "allocated" if self.allocated else "free"
+        return f"<Block #{self.id} {state} {self.size} B at {self.segment}:{self.offset}>"
 
 
 @dataclass
@@ -577,14 +581,13 @@ MAX_INFERRED = 65536  # distinct (op, shapes, dtypes, attrs); a model has a few 
 def _infer(op: str, opdef: Any, arrays: list, attrs: dict) -> tuple:
     """`opdef.infer` on the arrays' shapes and dtypes, remembered: a shape rule is a
     pure function, and an eager loop asks it the same question every step."""
-    shapes = tuple(a.shape for a in arrays)
-    dtypes = tuple(a.dtype for a in arrays)
+    shapes = tuple([a.shape for a in arrays])
+    dtypes = tuple([a.dtype for a in arrays])
+    key = (op, shapes, dtypes, tuple(attrs.items())) if attrs else (op, shapes, dtypes)
     try:
-        key = (op, shapes, dtypes, tuple(attrs.items()) if attrs else ())
-        hash(key)
+        result = _inferred.get(key)
     except TypeError:  # an attribute that cannot be hashed: just ask
-        key = None
-    result = _inferred.get(key) if key is not None else None
+        key = result = None
     if result is None:
         try:
             result = opdef.infer(list(shapes), list(dtypes), attrs)
