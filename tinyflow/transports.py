@@ -7,6 +7,9 @@ interface, the one MPI's point-to-point layer offers:
     comm.sendrecv(array, dst, out, src, tag)
                                 send `array` to rank `dst` while receiving rank
                                 `src`'s message into `out` (either half may be None)
+    comm.exchange(sends, recvs, tag)
+                                the general form: several (dst, array) sends and
+                                (src, out) receives at once (a tree node's children)
     comm.send(dst, array, tag), comm.recv(src, out, tag)
     comm.bytes_sent             payload bytes this rank has sent so far
     comm.xp                     the array module the transport moves (numpy, cupy)
@@ -43,6 +46,7 @@ Four transports, from the lesson to the real engines:
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import select
@@ -200,6 +204,17 @@ class Transport:
         the message expected; `tag` names the collective, for checks and errors.
         Raises CollectiveError on a timeout, a dead peer or a mismatch.
         """
+        self.exchange([] if array is None else [(dst, array)],
+                      [] if out is None else [(src, out)], tag)
+
+    def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
+                 tag: str = "") -> None:
+        """Send each (dst, array) and receive each (src, out), all concurrently; return
+        when all are done. The general form of `sendrecv`, for collectives whose rank
+        talks to several peers at once (a tree node receives from both children).
+        Two messages between the same pair of ranks in one call travel in list order
+        on both sides (as MPI's non-overtaking rule guarantees).
+        """
         raise NotImplementedError
 
     def send(self, dst: int, array: Any, tag: str = "") -> None:
@@ -314,14 +329,14 @@ class ThreadTransport(Transport):
             raise ValueError(f"a group needs at least one rank, got {size}")
         return ThreadGroup(size, timeout).comms
 
-    def sendrecv(self, array, dst, out, src, tag=""):
+    def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
-        if array is not None:
+        for dst, array in sends:  # a send never blocks: the mailbox holds a copy
             array = _contiguous(array)
             message = (tag, array.dtype.str, array.nbytes, array.copy())
             self.group.mailboxes[(self.rank, dst)].put(message)
             self.bytes_sent += array.nbytes
-        if out is not None:
+        for src, out in recvs:
             tag_in, dtype, nbytes, payload = self._take(src, tag)
             self._check_header(src, (tag_in, dtype, nbytes), out, tag)
             out.reshape(-1)[...] = payload.reshape(-1)
@@ -544,20 +559,20 @@ class ProcessTransport(Transport):
                                      peer, "connect") from None
                 time.sleep(0.01)
 
-    def sendrecv(self, array, dst, out, src, tag=""):
+    def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
-        # (socket, message, peer) for each half; with two ranks both use one socket.
-        jobs = []
-        if array is not None:
-            jobs.append((self.peers[dst], _Outgoing(_pack_header(tag, _contiguous(array)),
-                                                    array), dst))
-        if out is not None:
-            check = lambda got: self._check_header(src, got, out, tag)  # noqa: E731
+        # (socket, message, peer) per message; with two ranks a sendrecv's two halves
+        # share one socket (one direction each).
+        jobs = [(self.peers[dst], _Outgoing(_pack_header(tag, _contiguous(array)), array),
+                 dst) for dst, array in sends]
+        for src, out in recvs:
+            check = functools.partial(self._check_header, src, out=out, tag=tag)
             jobs.append((self.peers[src], _Incoming(_contiguous(out), check), src))
         deadline, posted = self._deadline(), False
         while True:
+            active = _first_per_stream(jobs)
             # Move what can move without waiting; small messages finish right here.
-            for sock, message, peer in jobs:
+            for sock, message, peer in active:
                 try:
                     message.progress(sock)
                 except BlockingIOError:
@@ -567,22 +582,22 @@ class ProcessTransport(Transport):
             jobs = [job for job in jobs if not job[1].done]
             if not jobs:
                 break
-            readers = [sock for sock, message, _ in jobs if isinstance(message, _Incoming)]
-            writers = [sock for sock, message, _ in jobs if isinstance(message, _Outgoing)]
+            active = _first_per_stream(jobs)
+            readers = [sock for sock, message, _ in active if isinstance(message, _Incoming)]
+            writers = [sock for sock, message, _ in active if isinstance(message, _Outgoing)]
             left = max(deadline - time.monotonic(), 0)
             # Most waits are short; only one that outlasts POST_AFTER is posted on
             # the board (a file write), so that a late rank can be traced through it.
             ready = select.select(readers, writers, [], left if posted else
                                   min(left, self.POST_AFTER))
             if not any(ready) and not posted and left > self.POST_AFTER:
-                self.board.post(self.rank, jobs[-1][2], tag)  # the receive, if any
+                self.board.post(self.rank, _awaited(active), tag)
                 posted = True
             elif not any(ready):
-                raise self._timed_out(jobs[-1][2], tag)
+                raise self._timed_out(_awaited(active), tag)
         if posted:
             self.board.clear(self.rank)
-        if array is not None:
-            self.bytes_sent += array.nbytes
+        self.bytes_sent += sum(array.nbytes for _, array in sends)
 
     def _lost(self, peer: int, tag: str, err: OSError) -> CollectiveError:
         chain = self._late_behind(peer)
@@ -598,6 +613,25 @@ class ProcessTransport(Transport):
         for sock in self.peers.values():
             sock.close()
         self.peers.clear()
+
+
+def _first_per_stream(jobs: list[tuple]) -> list[tuple]:
+    """The first unfinished message per (socket, direction): messages that share a
+    socket and direction must go one after another, or their bytes would interleave."""
+    seen, first = set(), []
+    for job in jobs:
+        key = (job[0].fileno(), isinstance(job[1], _Incoming))
+        if key not in seen:
+            seen.add(key)
+            first.append(job)
+    return first
+
+
+def _awaited(jobs: list[tuple]) -> int:
+    """The peer to name when waiting on `jobs`: a sender we wait to hear from first
+    (we cannot know whether a slow receiver is late or just busy)."""
+    incoming = [peer for _, message, peer in jobs if isinstance(message, _Incoming)]
+    return (incoming or [jobs[0][2]])[0]
 
 
 def _clean_up_on_sigterm(comm: ProcessTransport) -> None:
@@ -693,18 +727,17 @@ class MPITransport(Transport):
         own_core = _ranks_on_this_machine(self.size) <= _usable_cores()
         self.spin = self.SPIN_OWN_CORE if own_core else self.SPIN_SHARED_CORE
 
-    def sendrecv(self, array, dst, out, src, tag=""):
+    def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
         MPI = self.MPI
         code = _tag_number(tag)
-        requests = []
-        if out is not None:
-            requests.append(self.comm.Irecv([_as_bytes(out), MPI.BYTE], src, MPI.ANY_TAG))
-        if array is not None:
-            requests.append(self.comm.Isend([_as_bytes(array), MPI.BYTE], dst, code))
+        requests = [self.comm.Irecv([_as_bytes(out), MPI.BYTE], src, MPI.ANY_TAG)
+                    for src, out in recvs]
+        requests += [self.comm.Isend([_as_bytes(array), MPI.BYTE], dst, code)
+                     for dst, array in sends]
         statuses = [MPI.Status() for _ in requests]
         deadline = self._deadline()
-        peer = src if out is not None else dst
+        peer = recvs[0][0] if recvs else (sends[0][0] if sends else self.rank)
         try:
             started = time.monotonic()
             while not MPI.Request.Testall(requests, statuses):
@@ -716,13 +749,16 @@ class MPITransport(Transport):
                 if now - started > self.spin:
                     time.sleep(self.NAP)
                 if now > deadline:
+                    pending = [i for i, r in enumerate(requests) if not r.Test()]
+                    if pending:
+                        i = pending[0]
+                        peer = recvs[i][0] if i < len(recvs) else sends[i - len(recvs)][0]
                     raise self._timed_out(peer, tag)
         except MPI.Exception as err:  # e.g. MPI_ERR_TRUNCATE: the message was larger
             raise self._fail(f"{_operation(tag)}: MPI failed receiving '{tag}' from rank "
-                             f"{src} ({err.Get_error_string()}); the ranks probably "
-                             "disagree on the array size", src, tag) from None
-        if out is not None:
-            status = statuses[0]
+                             f"{peer} ({err.Get_error_string()}); the ranks probably "
+                             "disagree on the array size", peer, tag) from None
+        for (src, out), status in zip(recvs, statuses):
             got = status.Get_count(MPI.BYTE)
             if status.Get_tag() != code or got != out.nbytes:
                 raise self._fail(
@@ -730,8 +766,7 @@ class MPITransport(Transport):
                     f"#{status.Get_tag()}, rank {self.rank} expected "
                     f"{_describe(tag, out.dtype.str, out.nbytes)} (tag #{code}): the ranks "
                     "disagree on the operation, the array size or the dtype", src, tag)
-        if array is not None:
-            self.bytes_sent += array.nbytes
+        self.bytes_sent += sum(array.nbytes for _, array in sends)
 
     def native_allreduce(self, array: np.ndarray) -> np.ndarray:
         """MPI's own Allreduce (sum, in place): the reference our ring is measured by."""
@@ -781,23 +816,25 @@ class NCCLTransport(Transport):
             self.comm = nccl.NcclCommunicator(self.size, tuple(uid.view(np.int8).tolist()),
                                               self.rank)
 
-    def sendrecv(self, array, dst, out, src, tag=""):
+    def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
         nccl = self.nccl
         stream = self.xp.cuda.get_current_stream()
         nccl.groupStart()
         try:  # (empty chunks send nothing: both sides agree on the sizes)
-            if array is not None and array.nbytes:
-                self.comm.send(_contiguous(array).data.ptr, array.nbytes, nccl.NCCL_UINT8,
-                               dst, stream.ptr)
-            if out is not None and out.nbytes:
-                self.comm.recv(_contiguous(out).data.ptr, out.nbytes, nccl.NCCL_UINT8, src,
-                               stream.ptr)
+            for dst, array in sends:
+                if array.nbytes:
+                    self.comm.send(_contiguous(array).data.ptr, array.nbytes,
+                                   nccl.NCCL_UINT8, dst, stream.ptr)
+            for src, out in recvs:
+                if out.nbytes:
+                    self.comm.recv(_contiguous(out).data.ptr, out.nbytes, nccl.NCCL_UINT8,
+                                   src, stream.ptr)
         finally:
             nccl.groupEnd()
-        self._wait(stream, src if out is not None else dst, tag)
-        if array is not None:
-            self.bytes_sent += array.nbytes
+        peers = [src for src, _ in recvs] + [dst for dst, _ in sends]
+        self._wait(stream, peers[0] if peers else self.rank, tag)
+        self.bytes_sent += sum(array.nbytes for _, array in sends)
 
     def _wait(self, stream: Any, peer: int, tag: str) -> None:
         done = self.xp.cuda.Event(disable_timing=True)
