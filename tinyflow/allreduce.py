@@ -151,7 +151,7 @@ def _check_root(root: int, comm: Transport, operation: str) -> None:
 
 
 def ring_allreduce(array: Any, comm: Transport, op: str = "sum", *,
-                   record: list[dict] | None = None) -> Any:
+                   record: list[dict] | None = None, label: str = "") -> Any:
     """Reduce `array` across all ranks of `comm` with the ring; return the result.
 
     The reduction happens in place when `array` is a contiguous writeable array of
@@ -159,7 +159,8 @@ def ring_allreduce(array: Any, comm: Transport, op: str = "sum", *,
     reduced copy is returned. Any length works, also fewer elements than ranks (some
     chunks are then empty); dtypes are whatever the array module can add. `op` is
     "sum", "mean" (float arrays only), "max" or "min". Every rank must call it with
-    the same size, dtype and op (else CollectiveError).
+    the same size, dtype and op (else CollectiveError); `label`, if given, joins
+    the tag (a scheme calling it names itself, e.g. "zero1").
 
     `record` (or `comm.trace` when `record` is None), if a list, gets one entry per
     step this rank takes: {"phase": "reduce-scatter" | "all-gather", "step", "chunk",
@@ -177,7 +178,7 @@ def ring_allreduce(array: Any, comm: Transport, op: str = "sum", *,
     combine = getattr(xp, REDUCTIONS[op])
     scratch = xp.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype)  # largest chunk
     right, left = (rank + 1) % size, (rank - 1) % size
-    tag = _tag("allreduce", flat, f"op={op} ring")
+    tag = _tag("allreduce", flat, f"op={op} ring {label}".strip())
     record = comm.trace if record is None else record
 
     def chunk(i: int) -> Any:

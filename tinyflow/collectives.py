@@ -61,7 +61,7 @@ BETA = 1 / 2e9
 # Reduce-scatter and all-gather (the two halves of the ring)
 # ----------------------------------------------------------------------------------
 
-def reduce_scatter(array: Any, comm: Transport, op: str = "sum") -> Any:
+def reduce_scatter(array: Any, comm: Transport, op: str = "sum", *, label: str = "") -> Any:
     """Reduce `array` over the ranks and return this rank's chunk of the result: rank r
     gets elements chunk_bounds(array.size, N)[r] of the flattened reduction (a new
     array; `array` is used as scratch when it is a contiguous writeable array).
@@ -69,7 +69,8 @@ def reduce_scatter(array: Any, comm: Transport, op: str = "sum") -> Any:
     The ring's first phase, shifted by one so that rank r ends owning chunk r: in
     step s rank r sends its partial sum of chunk (r - s - 1) to rank r+1 and adds the
     partial it receives, of chunk (r - s - 2), into its copy. "mean" divides the
-    finished chunk by N. Every rank must call it with the same size, dtype and op.
+    finished chunk by N. Every rank must call it with the same size, dtype and op
+    (and `label`, which goes into the tag: a scheme names itself, e.g. "zero2").
     """
     xp = comm.xp
     work = _working_array(array, xp)
@@ -86,7 +87,7 @@ def reduce_scatter(array: Any, comm: Transport, op: str = "sum") -> Any:
         combine = getattr(xp, REDUCTIONS[op])
         scratch = xp.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype)
         right, left = (rank + 1) % size, (rank - 1) % size
-        tag = _tag("reduce_scatter", flat, f"op={op}")
+        tag = _tag("reduce_scatter", flat, f"op={op} {label}".strip())
         for step in range(size - 1):
             mine = chunk(rank - step - 2)
             incoming = scratch[:mine.size]
@@ -98,7 +99,8 @@ def reduce_scatter(array: Any, comm: Transport, op: str = "sum") -> Any:
     return owned
 
 
-def all_gather(part: Any, comm: Transport, total: int | None = None) -> Any:
+def all_gather(part: Any, comm: Transport, total: int | None = None, *,
+               label: str = "") -> Any:
     """Every rank's `part`, concatenated in rank order, on every rank (a new flat array).
 
     Parts follow the `chunk_bounds(total, N)` layout (the first total % N ranks hold
@@ -122,7 +124,7 @@ def all_gather(part: Any, comm: Transport, total: int | None = None) -> Any:
 
     chunk(rank)[...] = part
     right, left = (rank + 1) % size, (rank - 1) % size
-    tag = _tag("all_gather", flat)
+    tag = _tag("all_gather", flat, label)
     for step in range(size - 1):
         comm.sendrecv(chunk(rank - step), right, chunk(rank - step - 1), left, tag)
     return flat
