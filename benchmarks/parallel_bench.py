@@ -22,6 +22,13 @@ formulas (the Ultra-Scale Playbook's, the ZeRO paper's, GPipe's).
     The most microbatch inputs any stage held at once, 1F1B / GPipe, p = 4, m = 8
     (goal <= 0.525: p/m plus 5%).
 
+``tp_bytes_vs_theory``
+    Megatron column-then-row tensor parallelism (`tinyflow.tensor_parallel`) of two
+    MLP blocks on 4 thread ranks: payload bytes each rank sent in one SGD step
+    (the largest over ranks) / theory: a ring allreduce of the batch x out
+    activations per block forward, and of the batch x in gradients backward for
+    every block but the first (fed by data) (goal == 1.0).
+
 Everything runs on thread ranks in this process: these figures count bytes and
 steps, not seconds, so they do not depend on the machine's load.
 """
@@ -146,6 +153,50 @@ def _pipeline_figures(want) -> list[dict]:
     return rows
 
 
+def _tp_bytes_vs_theory() -> dict:
+    import tinyflow as tf
+    from tinyflow.allreduce import ThreadTransport, run_threads
+    from tinyflow.tensor_parallel import TensorParallel, tp_bytes_theory
+    blocks, batch, ranks = [(32, 64, 32), (32, 64, 8)], 16, 4
+    rng = np.random.default_rng(3)
+    x = tf.placeholder(tf.float64, (batch, blocks[0][0]))
+    y = tf.placeholder(tf.int64, (batch,))
+    h, marks = x, []
+    for inp, hid, out in blocks:
+        w1 = tf.Variable(rng.standard_normal((inp, hid)) / np.sqrt(inp), dtype=tf.float64)
+        w2 = tf.Variable(rng.standard_normal((hid, out)) / np.sqrt(hid), dtype=tf.float64)
+        h = tf.nn.tanh(tf.matmul(tf.nn.relu(tf.matmul(h, w1)), w2))
+        marks.append((w1, w2))
+    loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(h, y)
+    comms = ThreadTransport.group_of(ranks, timeout=60)
+    tps, trains = [], []
+    for comm in comms:
+        tp = TensorParallel(comm)
+        for w1, w2 in marks:
+            tp.split_column(w1)
+            tp.split_row(w2)
+        local = tp.apply(loss)
+        trains.append(tf.train.SGD(0.1).minimize(local))
+        tps.append(tp)
+    init = tf.global_variables_initializer()
+    feed = {x: rng.standard_normal((batch, blocks[0][0])), y: rng.integers(0, 8, batch)}
+
+    def rank(comm):
+        sess = tf.Session()
+        sess.run(init)
+        tps[comm.rank].shard(sess)
+        sess.run(trains[comm.rank], feed)   # compile and warm up
+        before = comm.bytes_sent
+        sess.run(trains[comm.rank], feed)
+        return comm.bytes_sent - before
+
+    sent = max(run_threads(comms, rank))
+    theory = tp_bytes_theory(batch, [(i, o) for i, _, o in blocks], ranks, 8)
+    return _row("tp_bytes_vs_theory", sent / theory, "== 1.0", "x",
+                f"max bytes a rank sent in one SGD step ({sent}) / theory ({theory:.0f}); "
+                f"2 Megatron MLP blocks {blocks}, batch {batch}, {ranks} thread ranks, float64")
+
+
 def figures(quick: bool = False, only: str | None = None) -> list[dict]:
     """The parallel-scheme figures (see the module docstring)."""
     want = lambda name: only is None or only in name  # noqa: E731
@@ -153,6 +204,8 @@ def figures(quick: bool = False, only: str | None = None) -> list[dict]:
     if want("zero_bytes_vs_formula"):
         rows.append(_zero_bytes_vs_formula())
     rows += _pipeline_figures(want)
+    if want("tp_bytes_vs_theory"):
+        rows.append(_tp_bytes_vs_theory())
     return rows
 
 
