@@ -364,7 +364,7 @@ class ThreadTransport(Transport):
                                  + (f"; rank {chain[-1]} is late" if len(chain) > 1 else ""),
                                  chain[-1], tag)
             if time.monotonic() > deadline:
-                raise self._timed_out(src, tag, ", which sent nothing")
+                raise self._timed_out(src, tag)
 
 
 def run_threads(ranks: int | Sequence[ThreadTransport], fn: Callable[[ThreadTransport], Any],
