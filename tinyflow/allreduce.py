@@ -333,13 +333,17 @@ def _mpiexec_command(mpiexec: str, n: int) -> list[str]:
 
 
 def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = "auto",
-           timeout: float | None = None, env: dict[str, str] | None = None) -> int:
+           timeout: float | None = None, env: dict[str, str] | None = None,
+           trace: str | None = None) -> int:
     """Run `python script args...` as `n` ranks; return 0 when all succeed.
 
     use_mpi  "auto": mpiexec when mpi4py and an mpiexec are installed, else local
              processes; True / False force one or the other.
     timeout  seconds each rank waits on a peer (sets TINYFLOW_TIMEOUT for the ranks)
     env      extra environment variables for the ranks
+    trace    a DebugRecord path: each rank records itself (TINYFLOW_TRACE=
+             trace.rank<r>.json), then the records are merged into one with a lane
+             per rank and stream (rank_trace.merge_files). Local processes only.
 
     With local processes, each rank gets TINYFLOW_RANK / _SIZE / _ADDR (a fresh socket
     directory) and builds its transport with `init_communicator()`. Each rank's BLAS
@@ -361,7 +365,10 @@ def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = 
     if timeout is not None:
         child_env[ENV_TIMEOUT] = str(timeout)
     if use_mpi == "auto":
-        use_mpi = _mpi_available()
+        use_mpi = _mpi_available() and trace is None
+    if use_mpi and trace is not None:
+        raise TinyFlowError("launch(trace=...) records local processes; with MPI, "
+                            "record each rank yourself (tf.debug.record)")
     argv = [sys.executable, script, *map(str, args)]
     if use_mpi:
         mpiexec = find_mpiexec()
@@ -381,7 +388,18 @@ def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = 
                 return process.wait()
             finally:
                 _stop([process])  # a SIGTERM to us: mpiexec stops its ranks on SIGTERM
-    return _launch_local(n, argv, child_env)
+    if trace is None:
+        return _launch_local(n, argv, child_env)
+    parts = [f"{trace}.rank{r}.json" for r in range(n)]
+    status = _launch_local(n, argv, child_env,
+                           [{"TINYFLOW_TRACE": part} for part in parts])
+    written = [p for p in parts if Path(p).exists()]
+    if len(written) == n:
+        from tinyflow.rank_trace import merge_files  # (it needs trace.py; launch not)
+        merge_files(written, trace, title=f"{Path(script).name} on {n} ranks")
+        for part in written:
+            os.unlink(part)
+    return status
 
 
 # A launcher that dies must take its ranks along. SIGTERM (and Ctrl-C) to the launcher
@@ -431,21 +449,25 @@ def _terminate_as_exit() -> Any:
 
 
 def spawn_local(n: int, argv: Sequence[str], env: dict[str, str] | None = None,
-                addr: str | None = None) -> tuple[list[subprocess.Popen], str]:
+                addr: str | None = None, rank_env: Sequence[dict[str, str]] | None = None
+                ) -> tuple[list[subprocess.Popen], str]:
     """Start `argv` as n local ranks wired for `ProcessTransport` (returns the processes
-    and the socket directory, which the caller removes). `launch` is built on it."""
+    and the socket directory, which the caller removes). `launch` is built on it.
+    `rank_env[r]`, if given, is added to rank r's environment."""
     addr = addr or tempfile.mkdtemp(prefix="tinyflow-ranks-")
     base = {**os.environ, **(env or {})}
-    procs = [subprocess.Popen(list(argv), env={**base, ENV_RANK: str(rank), ENV_SIZE: str(n),
+    procs = [subprocess.Popen(list(argv), env={**base, **(rank_env[rank] if rank_env else {}),
+                                               ENV_RANK: str(rank), ENV_SIZE: str(n),
                                                ENV_ADDR: addr},
                               preexec_fn=_die_with_parent())
              for rank in range(n)]
     return procs, addr
 
 
-def _launch_local(n: int, argv: Sequence[str], env: dict[str, str]) -> int:
+def _launch_local(n: int, argv: Sequence[str], env: dict[str, str],
+                  rank_env: Sequence[dict[str, str]] | None = None) -> int:
     with _terminate_as_exit():
-        procs, addr = spawn_local(n, argv, env)
+        procs, addr = spawn_local(n, argv, env, rank_env=rank_env)
         return _watch(procs, addr)
 
 
