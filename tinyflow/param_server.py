@@ -13,7 +13,9 @@ The other ranks are **workers**: each computes gradients on its part of the batc
 * **Asynchronous** SGD with bounded staleness: a server applies each worker's
   gradient as soon as it is its turn (it visits the workers in a fixed rotation)
   and answers that worker's pull at once, so a worker computes its next gradient on
-  parameters that miss at most W-1 other workers' updates. It converges, but is not
+  parameters that miss at most W-1 other workers' updates. Each gradient is scaled
+  by 1/W, so a round of W updates moves as far as one synchronous step (with the
+  full rate, W stale updates per step overshoot and training diverges). It converges, but is not
   equal to synchronous training (documented; the tests check that it learns). A real
   parameter server takes pushes in arrival order; the rotation keeps ours
   deterministic for the lesson.
@@ -99,6 +101,7 @@ class ParameterServer:
                 for worker in self.workers:  # one at a time: bounded staleness W-1
                     grad = np.empty_like(shard)
                     self.comm.recv(worker, grad, tag)
+                    grad /= len(self.workers)  # W updates move as far as one sync step
                     self._update(shard, grad, velocity)
                     self.comm.send(worker, shard, tag)
         return shard
