@@ -17,6 +17,8 @@ and a second allreduce algorithm, the tree, for small messages:
   half the array, built so that a rank that is an inner node of one tree is a leaf
   of the other; then no rank sends more than 2 arrays' worth, as much as the ring,
   but in 2*log2(N) rounds instead of the ring's 2(N-1) steps.
+* `broadcast(x, comm, root)` (from allreduce.py): root's array on every rank, after
+  the ranks `agree` on the call (a rank naming another root is an error everywhere).
 * `allreduce(x, comm, algorithm="ring"|"tree"|"auto")`: "auto" asks the alpha-beta
   cost model (`choose_algorithm`): each round costs a latency alpha plus the bytes it
   moves times beta. The ring's 2(N-1) rounds of S/N bytes win for large arrays; the
@@ -41,12 +43,13 @@ from tinyflow.allreduce import (
     _check_op,
     _tag,
     _working_array,
+    broadcast,
     chunk_bounds,
     ring_allreduce,
 )
 from tinyflow.transports import Transport
 
-__all__ = ["reduce_scatter", "all_gather", "tree_allreduce", "allreduce",
+__all__ = ["reduce_scatter", "all_gather", "broadcast", "tree_allreduce", "allreduce",
            "binary_tree", "double_binary_trees", "choose_algorithm", "tree_bytes_per_rank",
            "ALPHA", "BETA"]
 

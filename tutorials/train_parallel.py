@@ -261,7 +261,7 @@ def train(runner, comm, sess, data, args):
             runner.step(sess, step, xb, yb)
             step += 1
             if isinstance(runner, PipelineRunner):
-                events += runner.pipe.events
+                events = list(runner.pipe.events)  # the last step's F's and B's
     seconds = time.perf_counter() - started
     events += collective_events(comm.trace or [], comm.rank)
     return runner.weights(sess), events, seconds
