@@ -142,7 +142,8 @@ def _launch(args: argparse.Namespace) -> int:
                            ) from None
     if args.trace is not None and not Path(args.trace).resolve().parent.is_dir():
         raise CommandError(f"--trace: no such folder: {Path(args.trace).parent}")
-    status = launch(args.n, args.script, list(args.script_args), trace=args.trace)
+    extra = {} if args.trace is None else {"trace": args.trace}
+    status = launch(args.n, args.script, list(args.script_args), **extra)
     return status if isinstance(status, int) else 0
 
 
