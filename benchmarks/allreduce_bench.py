@@ -1,4 +1,4 @@
-"""Allreduce and data-parallel figures: our ring against MPI's own, and overlap.
+"""Allreduce and data-parallel figures: our ring against MPI's own, tree vs ring, overlap.
 
 ``ring_vs_mpi_n{N}_{S}MiB``
     Under ``mpiexec -n N``, a float32 array of S MiB is summed across the ranks by our
@@ -11,6 +11,21 @@
 ``ring_bytes_vs_theory``
     Payload bytes each rank sent in a ring allreduce of 4 Mi float32 over 4 thread
     ranks (the largest of the ranks), divided by 2(N-1)/N of the array (goal 1.0).
+``tree_bytes_vs_theory``
+    Payload bytes sent by the busiest rank in a double-binary-tree allreduce
+    (`tinyflow.collectives.tree_allreduce`) of 1 Mi float32 over 4 and over 8 thread
+    ranks, divided by 2S, the double tree's bound (an inner node of one tree sends
+    S/2 up and S/2 to each of two children; it is a leaf of the other tree, S/2 up).
+    The larger of the two ratios (goal <= 1.0).
+``tree_vs_ring_8KiB_n4``, ``tree_vs_ring_16MiB_n4``
+    4 local processes (`ProcessTransport`): median time of the double-tree allreduce
+    / median time of the ring, alternating in the same run, each call timed between
+    barriers as the slowest rank's. The tree takes 2*log2(4) = 4 rounds, the ring
+    2(N-1) = 6, so for 8 KiB, where a round is mostly latency, the tree should win
+    (< 1); the ring sends 2(N-1)/N = 1.5 S per rank in rounds of S/4 while our tree
+    (not pipelined, unlike NCCL's) moves S/2 per message with an inner node sending
+    1.5 S, so for 16 MiB, where bytes dominate, the ring should win (> 1). This is
+    the rule `choose_algorithm` ("auto") encodes.
 ``dp_overlap_ratio``
     Data-parallel SGD on 2 local processes (`ProcessTransport`), an MLP 256-1024-1024-
     1024-10 (float32, 2.4 M parameters) on 16 examples per rank: step time with
@@ -148,6 +163,86 @@ def _bytes_vs_theory(quick: bool) -> dict:
                 f"({theory:.0f}); {ranks} thread ranks, {count} float32")
 
 
+def _tree_bytes_vs_theory(quick: bool) -> dict:
+    from tinyflow.collectives import tree_allreduce
+    from tinyflow.transports import run_threads
+    count = 1 << (14 if quick else 20)
+    ratios = {}
+    for ranks in (4, 8):
+        def rank_bytes(comm):
+            tree_allreduce(np.ones(count, np.float32), comm)
+            return comm.bytes_sent
+
+        ratios[ranks] = max(run_threads(ranks, rank_bytes)) / (2 * count * 4)
+    return _row("tree_bytes_vs_theory", max(ratios.values()), "<= 1.0", "x",
+                "busiest rank's payload bytes / 2S in a double-binary-tree allreduce of "
+                f"{count} float32 over thread ranks: "
+                + ", ".join(f"N={n}: {r:.3f}" for n, r in ratios.items()))
+
+
+# ----------------------------------------------------------------------------------
+# Tree vs ring (child runs as 4 local processes)
+# ----------------------------------------------------------------------------------
+
+TREE_SIZES = {"8KiB": 8 << 10, "16MiB": 16 << 20}
+
+
+def tree_child(reps: int) -> None:
+    from tinyflow.allreduce import init_communicator, ring_allreduce
+    from tinyflow.collectives import tree_allreduce
+    comm = init_communicator(timeout=120)
+    flag = np.zeros(1)
+
+    def barrier():  # a tiny ring allreduce: every rank must arrive before any leaves
+        ring_allreduce(flag, comm)
+
+    def slowest(seconds: float) -> float:
+        took = np.array([seconds])
+        ring_allreduce(took, comm, "max")
+        return float(took[0])
+
+    result = {}
+    for label, nbytes in TREE_SIZES.items():
+        base = np.full(nbytes // 4, 1.0 + comm.rank, dtype=np.float32)
+        work = np.empty_like(base)
+        calls = {"ring": lambda w=work: ring_allreduce(w, comm),
+                 "tree": lambda w=work: tree_allreduce(w, comm)}
+        times: dict[str, list[float]] = {"ring": [], "tree": []}
+        for rep in range(reps + 2):  # two warm-up rounds
+            for name in (("ring", "tree") if rep % 2 else ("tree", "ring")):
+                work[...] = base
+                barrier()
+                began = time.perf_counter()
+                calls[name]()
+                took = slowest(time.perf_counter() - began)
+                if rep >= 2:
+                    times[name].append(took)
+                if work[0] != comm.size * (comm.size + 1) / 2:
+                    raise SystemExit(f"{name} allreduce gave {work[0]}")
+        result[label] = {k: statistics.median(v) for k, v in times.items()}
+    if comm.rank == 0:
+        print(json.dumps(result), flush=True)
+
+
+def _tree_vs_ring(quick: bool, want) -> list[dict]:
+    names = [f"tree_vs_ring_{label}_n4" for label in TREE_SIZES]
+    if not any(want(name) for name in names):
+        return []
+    reps = 3 if quick else 21
+    command = [sys.executable, "-c",
+               "import sys; from tinyflow.allreduce import launch; "
+               f"sys.exit(launch(4, {str(HERE)!r}, ['tree-child', '--reps', '{reps}'], "
+               "use_mpi=False, timeout=120))"]
+    out = _run_child(command, timeout=600)
+    goals = {"8KiB": "< 1.0", "16MiB": "> 1.0"}
+    return [_row(f"tree_vs_ring_{label}_n4", t["tree"] / t["ring"], goals[label], "x",
+                 f"double-tree / ring allreduce time, {label} float32, 4 local processes, "
+                 f"median of {reps}: tree {t['tree'] * 1e3:.3f} ms, ring "
+                 f"{t['ring'] * 1e3:.3f} ms (< 1: the tree wins; it should at 8 KiB, "
+                 "fewer rounds, and lose at 16 MiB, more bytes per round)")
+            for label, t in out.items() if want(f"tree_vs_ring_{label}_n4")]
+
+
 # ----------------------------------------------------------------------------------
 # Data-parallel overlap (child runs as local processes)
 # ----------------------------------------------------------------------------------
@@ -210,6 +305,9 @@ def figures(quick: bool = False, only: str | None = None) -> list[dict]:
     rows = _ring_vs_mpi(quick, want)
     if want("ring_bytes_vs_theory"):
         rows.append(_bytes_vs_theory(quick))
+    if want("tree_bytes_vs_theory"):
+        rows.append(_tree_bytes_vs_theory(quick))
+    rows += _tree_vs_ring(quick, want)
     if want("dp_overlap_ratio"):
         rows.append(_dp_overlap(quick))
     return rows
@@ -224,11 +322,15 @@ def main() -> None:
     dp = sub.add_parser("dp-child", help="(run by launch) time bucketed vs single allreduce")
     dp.add_argument("--rounds", type=int, default=9)
     dp.add_argument("--steps", type=int, default=10)
+    tree = sub.add_parser("tree-child", help="(run by launch) time tree vs ring allreduce")
+    tree.add_argument("--reps", type=int, default=21)
     sub.add_parser("figures", help="print the figures as JSON (the default)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.mode == "mpi-child":
         mpi_child(args.sizes_mib, args.reps)
+    elif args.mode == "tree-child":
+        tree_child(args.reps)
     elif args.mode == "dp-child":
         dp_child(args.rounds, args.steps)
     else:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +38,7 @@ from tinyflow.allreduce import (
 )
 
 DTYPES = ["float32", "float64", "int64"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def rank_data(rank: int, size: int, dtype: str) -> np.ndarray:
@@ -183,6 +188,66 @@ def test_a_silent_rank_times_out_naming_it():
     assert info.value.peer == 1
 
 
+def _catching(fn):
+    """fn(comm) on each thread rank; each rank returns its CollectiveError (or None)."""
+    def rank(comm):
+        try:
+            fn(comm)
+        except CollectiveError as err:
+            return err
+        return None
+    return rank
+
+
+@pytest.mark.parametrize("ops", [("sum", "max", "sum"), ("sum", "mean", "sum"),
+                                 ("max", "max", "min")])
+def test_ranks_that_disagree_on_the_op_all_raise(ops):
+    """issue 14.13: sum on one rank and max on another used to finish silently."""
+    errors = run_threads(3, _catching(
+        lambda comm: ring_allreduce(np.ones(6), comm, ops[comm.rank])), timeout=10)
+    assert all(isinstance(e, CollectiveError) for e in errors), errors
+    assert any("disagree" in str(e) for e in errors)
+
+
+def test_ranks_that_disagree_on_the_broadcast_root_all_raise():
+    roots = (0, 1, 0)
+    errors = run_threads(3, _catching(
+        lambda comm: broadcast(np.full(4, float(comm.rank)), comm, roots[comm.rank])),
+        timeout=10)
+    assert all(isinstance(e, CollectiveError) for e in errors), errors
+    assert all("root=1" in str(e) and "root=0" in str(e) for e in errors)
+
+
+def test_a_broadcast_root_outside_the_group_is_a_clear_error():
+    errors = run_threads(3, _catching(lambda comm: broadcast(np.ones(2), comm, root=7)))
+    assert all(isinstance(e, CollectiveError) for e in errors), errors
+    assert "root 7" in str(errors[0]) and "0..2" in str(errors[0])
+
+
+def test_the_rank_that_hangs_is_named_not_its_neighbour():
+    """issue 14.14: rank 1 of 3 never joins. Rank 0 receives from rank 2, which waits
+    for rank 1: rank 0 used to blame rank 2. Both waiting ranks must name rank 1."""
+    release = []
+
+    def rank(comm):
+        if comm.rank == 1:
+            while not release:
+                time.sleep(0.01)
+            return None
+        try:
+            ring_allreduce(np.ones(6), comm)
+        except CollectiveError as err:
+            return err
+        finally:
+            release.append(True)
+
+    errors = run_threads(3, rank, timeout=0.5)
+    for r in (0, 2):
+        assert isinstance(errors[r], CollectiveError), errors
+        assert errors[r].peer == 1, (r, str(errors[r]))
+        assert "rank 1" in str(errors[r])
+
+
 def test_a_failed_thread_rank_is_reported_to_the_others():
     def rank(comm):
         if comm.rank == 0:
@@ -257,6 +322,17 @@ if mode == "check":
     root = broadcast(np.full(3, float(comm.rank)), comm, root=n - 1)
     assert root.tolist() == [n - 1.0] * 3
     report(digests=digests)
+elif mode == "hang":         # rank 1 never joins; the others must name it
+    if comm.rank == 1:
+        time.sleep(60)
+    try:
+        ring_allreduce(np.ones(6), comm)
+        report(error=None)
+    except CollectiveError as err:
+        report(error=str(err), peer=err.peer)
+elif mode == "sleep":        # the ranks connect, say who they are, and wait
+    open(os.path.join(out_dir, "pid%d" % os.getpid()), "w").close()
+    time.sleep(120)
 elif mode == "mismatch":
     try:
         ring_allreduce(np.ones(10 + 2 * comm.rank, np.float32), comm)
@@ -334,6 +410,76 @@ def test_launch_stops_the_others_when_a_rank_fails(child, tmp_path):
     assert not list(tmp_path.glob("survivor*"))   # terminated, never finished
 
 
+def test_a_hung_process_rank_is_named_by_every_waiting_rank(child, tmp_path):
+    procs, addr = spawn_local(3, [sys.executable, str(child), "hang", str(tmp_path), "1.5"])
+    try:
+        for r in (0, 2):
+            procs[r].wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(addr, ignore_errors=True)
+    found = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 2)]
+    assert all(r["peer"] == 1 and "rank 1" in r["error"] for r in found), found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its new parent) counts as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_survivors(pids: list[int]) -> list[int]:
+    """The pids still alive, which are then killed (a failing test leaves no orphans)."""
+    survivors = [p for p in pids if _alive(p)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    return survivors
+
+
+def _launch_then_signal(child, tmp_path, n, sig, use_mpi):
+    """Start `tinyflow launch -n n child sleep`, wait until every rank is up, send
+    `sig` to the launcher; return the ranks' pids and the launcher's temp dir."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)}
+    code = ("import sys; from tinyflow.allreduce import launch; "
+            f"sys.exit(launch({n}, sys.argv[1], sys.argv[2:], use_mpi={use_mpi}))")
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(child), "sleep",
+                                 str(tmp_path), "30"], env=env)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid*"))) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p.name[3:]) for p in tmp_path.glob("pid*")]
+    assert len(pids) == n, "the ranks did not start"
+    os.kill(launcher.pid, sig)
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pids, temp
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_signalled_launcher_takes_its_ranks_and_socket_folder(child, tmp_path, sig):
+    """issue 14.15: the ranks outlived a killed launcher (ppid 1) and the
+    tinyflow-ranks-* socket folder stayed in the temp directory."""
+    pids, temp = _launch_then_signal(child, tmp_path, 2, sig, use_mpi=False)
+    survivors = _kill_survivors(pids)
+    assert not survivors, "ranks outlived their launcher"
+    assert not list(temp.glob("tinyflow-ranks-*"))
+
+
 def test_launch_reports_a_missing_script(tmp_path):
     with pytest.raises(FileNotFoundError):
         launch(2, str(tmp_path / "nope.py"))
@@ -354,6 +500,14 @@ def test_ring_on_mpi(child, tmp_path, n):
 def test_mpi_launch_stops_the_others_when_a_rank_fails(child, tmp_path):
     assert launch(3, str(child), ["fail", str(tmp_path), "30"], use_mpi=True) != 0
     assert not list(tmp_path.glob("survivor*"))
+
+
+@needs_mpi
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_signalled_mpi_launcher_takes_its_ranks(child, tmp_path, sig):
+    pids, _ = _launch_then_signal(child, tmp_path, 2, sig, use_mpi=True)
+    assert not _kill_survivors(pids), "MPI ranks outlived their launcher"
 
 
 @needs_mpi

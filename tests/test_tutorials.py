@@ -24,7 +24,7 @@ import pytest
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 LESSONS = ["01_tensors_and_ops", "02_autodiff", "03_graph_passes", "04_memory_planning",
            "05_executor_and_streams", "06_allreduce", "07_gpu", "08_debugger_tour",
-           "09_eager_and_tracing"]
+           "09_eager_and_tracing", "10_parallelism"]
 TIMEOUT = 300  # seconds; a lesson takes about one, a quick training run up to ~20
 
 
@@ -172,8 +172,17 @@ def check_09(out: str) -> None:
     assert "eager ops; memory view: caching allocator" in out and "why is the first" in out
 
 
+def check_10(out: str) -> None:
+    assert "tree allreduce equals the gathered sum: True" in out
+    assert number(r"ZeRO-3 on 4 ranks vs one rank, largest difference: (\S+)", out) < 1e-9
+    idle = re.findall(r"idle ([\d.]+) \(formula ([\d.]+)\), most stashed inputs (\d+)", out)
+    assert len(idle) == 2 and all(a == b for a, b, _ in idle)
+    assert [int(k) for _, _, k in idle] == [8, 4]            # GPipe m, 1F1B p
+    assert "[tensor_parallel] column-split W1 8x16 -> 8x4" in out
+
+
 CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05,
-          "06": check_06, "07": check_07, "08": check_08, "09": check_09}
+          "06": check_06, "07": check_07, "08": check_08, "09": check_09, "10": check_10}
 
 
 @pytest.mark.parametrize("lesson", LESSONS)

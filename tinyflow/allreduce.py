@@ -26,12 +26,16 @@ gives each copy its transport.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,12 +102,56 @@ def _check_op(op: str, dtype: np.dtype) -> None:
                         "mean of integers is not an integer (reduce with 'sum' instead)")
 
 
-def _tag(operation: str, flat: Any) -> str:
-    return f"{operation} of {flat.size} {flat.dtype.name}"
+def _tag(operation: str, flat: Any, detail: str = "") -> str:
+    """The message tag: the whole collective (name, size, dtype, and the reduction op
+    or root in `detail`), so that ranks calling different collectives fail the
+    transport's header check instead of mixing data."""
+    return f"{operation} of {flat.size} {flat.dtype.name}" + (f" {detail}" if detail else "")
+
+
+TAG_BYTES = 64  # the longest tag `agree` compares (the socket header's tag field)
+
+
+def agree(comm: Transport, tag: str) -> None:
+    """Check that every rank calls the same collective (the same `tag`); raise the
+    same CollectiveError on every rank if not.
+
+    A ring all-gather of the tags, N-1 steps of 64 bytes: every rank sees every
+    rank's tag, so every rank decides alike (a plain header check would stop only
+    the ranks that receive a mismatched message, and a broadcast whose ranks disagree
+    on the root can otherwise finish silently on some of them).
+    """
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return
+    tags = np.zeros((size, TAG_BYTES), dtype=np.uint8)
+    mine = tag.encode()[:TAG_BYTES]
+    tags[rank, :len(mine)] = np.frombuffer(mine, np.uint8)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for step in range(size - 1):  # pass on what arrived last step, as in all-gather
+        comm.sendrecv(tags[(rank - step) % size], right, tags[(rank - step - 1) % size],
+                      left, "agree")
+    said = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in tags]
+    if len(set(said)) > 1:
+        calls = "; ".join(f"rank {r} calls '{t}'" for r, t in enumerate(said))
+        first = next(r for r, t in enumerate(said) if t != said[0])
+        raise CollectiveError(f"{_operation_of(tag)}: the ranks disagree on the "
+                              f"collective: {calls}", peer=first,
+                              operation=_operation_of(tag))
+
+
+def _operation_of(tag: str) -> str:
+    return tag.split(" ", 1)[0]
+
+
+def _check_root(root: int, comm: Transport, operation: str) -> None:
+    if not (isinstance(root, (int, np.integer)) and 0 <= root < comm.size):
+        raise CollectiveError(f"{operation}: root {root!r} is not a rank of this group "
+                              f"(ranks 0..{comm.size - 1})", operation=operation)
 
 
 def ring_allreduce(array: Any, comm: Transport, op: str = "sum", *,
-                   record: list[dict] | None = None) -> Any:
+                   record: list[dict] | None = None, label: str = "") -> Any:
     """Reduce `array` across all ranks of `comm` with the ring; return the result.
 
     The reduction happens in place when `array` is a contiguous writeable array of
@@ -111,7 +159,8 @@ def ring_allreduce(array: Any, comm: Transport, op: str = "sum", *,
     reduced copy is returned. Any length works, also fewer elements than ranks (some
     chunks are then empty); dtypes are whatever the array module can add. `op` is
     "sum", "mean" (float arrays only), "max" or "min". Every rank must call it with
-    the same size, dtype and op (else CollectiveError).
+    the same size, dtype and op (else CollectiveError); `label`, if given, joins
+    the tag (a scheme calling it names itself, e.g. "zero1").
 
     `record` (or `comm.trace` when `record` is None), if a list, gets one entry per
     step this rank takes: {"phase": "reduce-scatter" | "all-gather", "step", "chunk",
@@ -129,7 +178,7 @@ def ring_allreduce(array: Any, comm: Transport, op: str = "sum", *,
     combine = getattr(xp, REDUCTIONS[op])
     scratch = xp.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype)  # largest chunk
     right, left = (rank + 1) % size, (rank - 1) % size
-    tag = _tag("allreduce", flat)
+    tag = _tag("allreduce", flat, f"op={op} ring {label}".strip())
     record = comm.trace if record is None else record
 
     def chunk(i: int) -> Any:
@@ -176,7 +225,7 @@ def naive_allreduce(array: Any, comm: Transport, op: str = "sum") -> Any:
     if size == 1:
         return result
     flat = result.reshape(-1)
-    tag = _tag("allreduce-naive", flat)
+    tag = _tag("allreduce", flat, f"op={op} naive")
     if comm.rank == 0:
         combine = getattr(xp, REDUCTIONS[op])
         incoming = xp.empty_like(flat)
@@ -199,10 +248,14 @@ def broadcast(array: Any, comm: Transport, root: int = 0) -> Any:
     In place on a contiguous writeable array (returned), else into a returned copy.
     Used once at the start of data-parallel training, so the simple linear form is
     enough (a ring or tree broadcast pays off only for repeated, large broadcasts).
+    The ranks first `agree` on the call (root, size, dtype): a rank that named another
+    root would otherwise return its own data without a word.
     """
+    _check_root(root, comm, "broadcast")
     result = _working_array(array, comm.xp)
     flat = result.reshape(-1)
-    tag = _tag("broadcast", flat)
+    tag = _tag("broadcast", flat, f"root={root}")
+    agree(comm, tag)
     if comm.rank == root:
         for dst in range(comm.size):
             if dst != root:
@@ -280,13 +333,17 @@ def _mpiexec_command(mpiexec: str, n: int) -> list[str]:
 
 
 def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = "auto",
-           timeout: float | None = None, env: dict[str, str] | None = None) -> int:
+           timeout: float | None = None, env: dict[str, str] | None = None,
+           trace: str | None = None) -> int:
     """Run `python script args...` as `n` ranks; return 0 when all succeed.
 
     use_mpi  "auto": mpiexec when mpi4py and an mpiexec are installed, else local
              processes; True / False force one or the other.
     timeout  seconds each rank waits on a peer (sets TINYFLOW_TIMEOUT for the ranks)
     env      extra environment variables for the ranks
+    trace    a DebugRecord path: each rank records itself (TINYFLOW_TRACE=
+             trace.rank<r>.json), then the records are merged into one with a lane
+             per rank and stream (rank_trace.merge_files). Local processes only.
 
     With local processes, each rank gets TINYFLOW_RANK / _SIZE / _ADDR (a fresh socket
     directory) and builds its transport with `init_communicator()`. Each rank's BLAS
@@ -308,7 +365,10 @@ def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = 
     if timeout is not None:
         child_env[ENV_TIMEOUT] = str(timeout)
     if use_mpi == "auto":
-        use_mpi = _mpi_available()
+        use_mpi = _mpi_available() and trace is None
+    if use_mpi and trace is not None:
+        raise TinyFlowError("launch(trace=...) records local processes; with MPI, "
+                            "record each rank yourself (tf.debug.record)")
     argv = [sys.executable, script, *map(str, args)]
     if use_mpi:
         mpiexec = find_mpiexec()
@@ -321,24 +381,99 @@ def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = 
         # into MPI_Abort, so mpiexec stops every rank at once (a plain exit would
         # finalize MPI cleanly and leave the others waiting for their timeout).
         argv = [sys.executable, "-m", "mpi4py", script, *map(str, args)]
-        return subprocess.call(_mpiexec_command(mpiexec, n) + argv, env=child_env)
-    return _launch_local(n, argv, child_env)
+        with _terminate_as_exit():
+            process = subprocess.Popen(_mpiexec_command(mpiexec, n) + argv, env=child_env,
+                                       preexec_fn=_die_with_parent())
+            try:
+                return process.wait()
+            finally:
+                _stop([process])  # a SIGTERM to us: mpiexec stops its ranks on SIGTERM
+    if trace is None:
+        return _launch_local(n, argv, child_env)
+    parts = [f"{trace}.rank{r}.json" for r in range(n)]
+    status = _launch_local(n, argv, child_env,
+                           [{"TINYFLOW_TRACE": part} for part in parts])
+    written = [p for p in parts if Path(p).exists()]
+    if len(written) == n:
+        from tinyflow.rank_trace import merge_files  # (it needs trace.py; launch not)
+        merge_files(written, trace, title=f"{Path(script).name} on {n} ranks")
+        for part in written:
+            os.unlink(part)
+    return status
+
+
+# A launcher that dies must take its ranks along. SIGTERM (and Ctrl-C) to the launcher
+# end in its `finally`, which stops the ranks and removes the socket folder; SIGKILL
+# cannot be caught, so each child asks the kernel for a signal when its parent dies
+# (Linux's PR_SET_PDEATHSIG, as torchrun's workers and Kubernetes' tini do). The
+# child gets SIGTERM, so that a rank removes its own socket-folder files on the way
+# out and mpiexec stops its proxies and ranks.
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(sig: int = signal.SIGTERM) -> Any:
+    """A `preexec_fn` for Popen: the child gets `sig` when this process dies (Linux;
+    None elsewhere, where only the SIGTERM path below applies)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # looked up before fork, not in the child
+    parent = os.getpid()
+
+    def in_child() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, int(sig))
+        if os.getppid() != parent:  # the parent died before prctl: go at once
+            os._exit(128 + int(sig))
+    return in_child
+
+
+class _Terminated(SystemExit):
+    """SIGTERM to the launcher, raised as an exception so that `finally` runs."""
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Any:
+    """Within the block, SIGTERM raises _Terminated (exit status 143) instead of
+    killing the process outright (main thread only: Python runs handlers there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def spawn_local(n: int, argv: Sequence[str], env: dict[str, str] | None = None,
-                addr: str | None = None) -> tuple[list[subprocess.Popen], str]:
+                addr: str | None = None, rank_env: Sequence[dict[str, str]] | None = None
+                ) -> tuple[list[subprocess.Popen], str]:
     """Start `argv` as n local ranks wired for `ProcessTransport` (returns the processes
-    and the socket directory, which the caller removes). `launch` is built on it."""
+    and the socket directory, which the caller removes). `launch` is built on it.
+    `rank_env[r]`, if given, is added to rank r's environment."""
     addr = addr or tempfile.mkdtemp(prefix="tinyflow-ranks-")
     base = {**os.environ, **(env or {})}
-    procs = [subprocess.Popen(list(argv), env={**base, ENV_RANK: str(rank), ENV_SIZE: str(n),
-                                               ENV_ADDR: addr})
+    procs = [subprocess.Popen(list(argv), env={**base, **(rank_env[rank] if rank_env else {}),
+                                               ENV_RANK: str(rank), ENV_SIZE: str(n),
+                                               ENV_ADDR: addr},
+                              preexec_fn=_die_with_parent())
              for rank in range(n)]
     return procs, addr
 
 
-def _launch_local(n: int, argv: Sequence[str], env: dict[str, str]) -> int:
-    procs, addr = spawn_local(n, argv, env)
+def _launch_local(n: int, argv: Sequence[str], env: dict[str, str],
+                  rank_env: Sequence[dict[str, str]] | None = None) -> int:
+    with _terminate_as_exit():
+        procs, addr = spawn_local(n, argv, env, rank_env=rank_env)
+        return _watch(procs, addr)
+
+
+def _watch(procs: Sequence[subprocess.Popen], addr: str) -> int:
+    """Wait for the ranks; stop them all at the first failure (or when we are
+    interrupted or terminated) and remove the socket folder."""
     try:
         while True:
             codes = [p.poll() for p in procs]

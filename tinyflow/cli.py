@@ -7,7 +7,8 @@
     tinyflow export FILE --perfetto OUT   the timelines as Perfetto / chrome://tracing JSON
     tinyflow export FILE --onnx OUT.onnx  the recorded forward graph as ONNX (no weights)
     tinyflow debug MODEL.onnx [--batch N] import an ONNX model, run it recorded, open it
-    tinyflow launch -n N SCRIPT [args]    data-parallel: N ranks running SCRIPT
+    tinyflow launch -n N [--trace FILE] SCRIPT [args]
+                                          N ranks running SCRIPT (one merged record)
 
 The debugger and the exporters live in the separate `viz` package (the `viz` extra),
 which reads the DebugRecord files TinyFlow writes; tinyflow never imports it. The
@@ -178,7 +179,10 @@ def _launch(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise CommandError(f"launch needs tinyflow.allreduce, which failed to import: {err}"
                            ) from None
-    status = launch(args.n, args.script, list(args.script_args))
+    if args.trace is not None and not Path(args.trace).resolve().parent.is_dir():
+        raise CommandError(f"--trace: no such folder: {Path(args.trace).parent}")
+    extra = {} if args.trace is None else {"trace": args.trace}
+    status = launch(args.n, args.script, list(args.script_args), **extra)
     return status if isinstance(status, int) else 0
 
 
@@ -234,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
         "launch", help="run SCRIPT on N data-parallel ranks",
         description="Run SCRIPT on N ranks that average gradients with a ring allreduce.")
     launch.add_argument("-n", type=int, required=True, metavar="N", help="number of ranks")
+    launch.add_argument("--trace", metavar="FILE", help="record every rank (local "
+                        "processes) and merge them into one DebugRecord, a timeline lane "
+                        "per rank and stream")
     launch.add_argument("script", metavar="SCRIPT")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
     launch.set_defaults(handler=_launch)

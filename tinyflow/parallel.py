@@ -191,15 +191,27 @@ class DistributedOptimizer:
     bucket_bytes  close a bucket once it holds this many bytes of gradients
     op            "mean" (Horovod's default: the step of the global batch when each
                   rank's loss is a mean over its shard) or "sum"
+    zero          0: plain data parallelism; 1, 2, 3: ZeRO stages (zero.py): shard the
+                  optimizer state, also the gradients, also the parameters. Then
+                  `minimize` builds the ZeRO step (op "mean", one flat bucket) and
+                  `shard`, `remap`, `gather_variables` and `zero_stage` are there too.
     """
 
     def __init__(self, optimizer: Any, comm: Transport,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, op: str = "mean") -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, op: str = "mean",
+                 zero: int = 0) -> None:
         if op not in ("mean", "sum"):
             raise ValueError(f"DistributedOptimizer op must be 'mean' or 'sum', got {op!r}")
         self.optimizer = optimizer
         self.comm = comm
         self.comm_key = register_communicator(comm)
+        self.zero_stage = zero
+        self.zero = None
+        if zero:
+            from tinyflow.zero import ZeroOptimizer  # zero.py builds on this module
+            if op != "mean":
+                raise ValueError("ZeRO averages gradients (op='mean')")
+            self.zero = ZeroOptimizer(optimizer, comm, self.comm_key, zero)
         self.bucket_bytes = int(bucket_bytes)
         self.op = op
         self.allreduce_nodes: list[Node] = []   # in bucket order (last layer first)
@@ -245,7 +257,27 @@ class DistributedOptimizer:
         return api.group(*reduces, self.optimizer.apply_gradients(grads_and_vars))
 
     def minimize(self, loss: Node, var_list: Sequence[Node] | None = None) -> Node:
+        if self.zero is not None:
+            return self.zero.minimize(loss, var_list)
         return self.apply_gradients(self.compute_gradients(loss, var_list))
+
+    # -- ZeRO (zero != 0): see zero.py ------------------------------------------------
+    def shard(self, session: Any) -> None:
+        """ZeRO: after init and broadcast_variables, keep this rank's shard."""
+        self._zero().shard(session)
+
+    def remap(self, node: Node) -> Node:
+        """ZeRO stage 3: `node` over the gathered parameters (other stages: `node`)."""
+        return self._zero().remap(node)
+
+    def gather_variables(self, session: Any) -> list[np.ndarray]:
+        """ZeRO: the full trained parameters, in variable order (all ranks call it)."""
+        return self._zero().gather_variables(session)
+
+    def _zero(self) -> Any:
+        if self.zero is None:
+            raise ValueError("this DistributedOptimizer was built without zero=1|2|3")
+        return self.zero
 
 
 def broadcast_variables(session: Any, comm: Transport, root: int = 0,

@@ -7,6 +7,9 @@ interface, the one MPI's point-to-point layer offers:
     comm.sendrecv(array, dst, out, src, tag)
                                 send `array` to rank `dst` while receiving rank
                                 `src`'s message into `out` (either half may be None)
+    comm.exchange(sends, recvs, tag)
+                                the general form: several (dst, array) sends and
+                                (src, out) receives at once (a tree node's children)
     comm.send(dst, array, tag), comm.recv(src, out, tag)
     comm.bytes_sent             payload bytes this rank has sent so far
     comm.xp                     the array module the transport moves (numpy, cupy)
@@ -22,7 +25,11 @@ float32"). Transports that frame messages compare tag, dtype and byte count with
 the receiver expects, so ranks that disagree (one reduces 10 elements, another 12)
 get a `CollectiveError` that says so, rather than garbage or a hang. Every wait has a
 deadline (`timeout` seconds): a peer that died or stopped answering is named in the
-error instead of hanging the job.
+error instead of hanging the job. The rank named is the one that is actually late:
+while a rank waits it posts "rank r waits for rank s" on a shared `WaitBoard` (a
+dict for threads, small files in the socket folder for processes), and a rank that
+gives up follows that wait-for chain (rank 0 waits for 2, which waits for 1, which
+waits for nobody: rank 1 is late), as deadlock detectors walk a wait-for graph.
 
 Four transports, from the lesson to the real engines:
 
@@ -39,9 +46,11 @@ Four transports, from the lesson to the real engines:
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import select
+import signal
 import socket
 import struct
 import threading
@@ -82,6 +91,81 @@ def _describe(tag: str, dtype: str, nbytes: int) -> str:
     return f"'{tag}' ({nbytes} bytes of {np.dtype(dtype).name})"
 
 
+class WaitBoard:
+    """Who waits for whom: rank -> (peer, tag, state), state "waiting" while the
+    wait lasts and "gave up" after it timed out (kept, so that ranks still waiting
+    on a rank that gave up can follow the chain past it). This base keeps the
+    entries in a dict shared by the thread ranks of one process."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[int, str, str]] = {}
+
+    def post(self, rank: int, peer: int, tag: str, state: str = "waiting") -> None:
+        self.entries[rank] = (peer, tag, state)
+
+    def clear(self, rank: int) -> None:
+        self.entries.pop(rank, None)
+
+    def read(self, rank: int) -> tuple[int, str, str] | None:
+        return self.entries.get(rank)
+
+
+class FileWaitBoard(WaitBoard):
+    """The same board for processes: one small file per waiting rank in a folder
+    the ranks share (the launcher's socket folder). Posts are rare (only waits that
+    last longer than `ProcessTransport.POST_AFTER`), so files cost nothing per step."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__()
+        self.folder = folder
+
+    def _file(self, rank: int) -> str:
+        return os.path.join(self.folder, f"wait{rank}")
+
+    def post(self, rank, peer, tag, state="waiting"):
+        temporary = self._file(rank) + ".new"
+        try:
+            with open(temporary, "w") as f:
+                f.write(f"{peer}\n{state}\n{tag}")
+            os.replace(temporary, self._file(rank))  # readers never see half a file
+        except OSError:
+            pass  # the folder is gone (the launcher is cleaning up): nothing to tell
+
+    def clear(self, rank):
+        try:
+            os.unlink(self._file(rank))
+        except OSError:
+            pass
+
+    def read(self, rank):
+        try:
+            with open(self._file(rank)) as f:
+                peer, state, tag = f.read().split("\n", 2)
+            return int(peer), tag, state
+        except (OSError, ValueError):
+            return None
+
+
+def wait_chain(board: WaitBoard | None, me: int, peer: int) -> list[int]:
+    """[peer, the rank peer waits for, the rank that one waits for, ...], stopping at
+    a rank that waits for nobody (the late one) or at a cycle (ranks waiting for each
+    other, or for `me`: then `peer` itself is the one to name)."""
+    chain = [peer]
+    while board is not None:
+        entry = board.read(chain[-1])
+        if entry is None:
+            break
+        if entry[0] == me or entry[0] in chain:
+            return [peer]
+        chain.append(entry[0])
+    return chain
+
+
+def _through(chain: list[int]) -> str:
+    """", which waits for rank 1" for a chain [2, 1] (empty for a chain of one)."""
+    return "".join(f", which waits for rank {r}" for r in chain[1:])
+
+
 class Transport:
     """The interface every transport implements (see the module docstring).
 
@@ -105,6 +189,9 @@ class Transport:
         # ring turning). None: record nothing.
         self.trace: list[dict] | None = None
         self._broken: str | None = None
+        # Where this rank posts whom it waits for (None: the transport has no shared
+        # place, e.g. MPI; a timeout then names the direct peer).
+        self.board: WaitBoard | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank {self.rank} of {self.size}>"
@@ -116,6 +203,17 @@ class Transport:
         Either half may be None. `out` must be contiguous with the dtype and size of
         the message expected; `tag` names the collective, for checks and errors.
         Raises CollectiveError on a timeout, a dead peer or a mismatch.
+        """
+        self.exchange([] if array is None else [(dst, array)],
+                      [] if out is None else [(src, out)], tag)
+
+    def exchange(self, sends: Sequence[tuple[int, Any]], recvs: Sequence[tuple[int, Any]],
+                 tag: str = "") -> None:
+        """Send each (dst, array) and receive each (src, out), all concurrently; return
+        when all are done. The general form of `sendrecv`, for collectives whose rank
+        talks to several peers at once (a tree node receives from both children).
+        Two messages between the same pair of ranks in one call travel in list order
+        on both sides (as MPI's non-overtaking rule guarantees).
         """
         raise NotImplementedError
 
@@ -155,6 +253,27 @@ class Transport:
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout
 
+    def _timed_out(self, peer: int, tag: str, how: str = "") -> CollectiveError:
+        """The error for a wait on `peer` that reached the deadline. It names the
+        rank at the end of the wait-for chain (the one actually late) and posts that
+        this rank gave up, so ranks waiting on it can follow the chain too."""
+        chain = wait_chain(self.board, self.rank, peer)
+        if self.board is not None:
+            self.board.post(self.rank, peer, tag, "gave up")
+        late = chain[-1]
+        return self._fail(
+            f"{_operation(tag)}: rank {self.rank} waited {self.timeout:g} s for rank "
+            f"{peer}{how}{_through(chain)}: rank {late} is late (it stopped answering or "
+            f"never joined '{tag}')", late, tag)
+
+    def _late_behind(self, peer: int) -> list[int]:
+        """The wait-for chain past `peer` when peer failed because it gave up waiting
+        (then the rank it waited for is the cause), else just [peer]."""
+        entry = self.board.read(peer) if self.board is not None else None
+        if entry is None or entry[2] != "gave up":
+            return [peer]
+        return [peer] + wait_chain(self.board, self.rank, entry[0])
+
 
 def _contiguous(array: Any) -> Any:
     if not array.flags.c_contiguous:
@@ -176,6 +295,7 @@ class ThreadGroup:
         self.size = size
         self.mailboxes = {(s, d): queue.Queue() for s in range(size) for d in range(size)}
         self.failed: dict[int, str] = {}
+        self.board = WaitBoard()
         self.comms = [ThreadTransport(self, rank, timeout) for rank in range(size)]
 
     def fail(self, rank: int, why: str) -> None:
@@ -195,6 +315,12 @@ class ThreadTransport(Transport):
     def __init__(self, group: ThreadGroup, rank: int, timeout: float) -> None:
         super().__init__(rank, group.size, timeout)
         self.group = group
+        self.board = group.board
+
+    def _fail(self, message: str, peer: int | None, tag: str) -> CollectiveError:
+        # A broken rank is a failed rank for its peers: their waits on it end now.
+        self.group.fail(self.rank, message)
+        return super()._fail(message, peer, tag)
 
     @staticmethod
     def group_of(size: int, timeout: float = DEFAULT_TIMEOUT) -> list[ThreadTransport]:
@@ -203,34 +329,42 @@ class ThreadTransport(Transport):
             raise ValueError(f"a group needs at least one rank, got {size}")
         return ThreadGroup(size, timeout).comms
 
-    def sendrecv(self, array, dst, out, src, tag=""):
+    def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
-        if array is not None:
+        for dst, array in sends:  # a send never blocks: the mailbox holds a copy
             array = _contiguous(array)
             message = (tag, array.dtype.str, array.nbytes, array.copy())
             self.group.mailboxes[(self.rank, dst)].put(message)
             self.bytes_sent += array.nbytes
-        if out is not None:
+        for src, out in recvs:
             tag_in, dtype, nbytes, payload = self._take(src, tag)
             self._check_header(src, (tag_in, dtype, nbytes), out, tag)
             out.reshape(-1)[...] = payload.reshape(-1)
 
     def _take(self, src: int, tag: str) -> tuple:
         mailbox = self.group.mailboxes[(src, self.rank)]
+        try:
+            return mailbox.get_nowait()
+        except queue.Empty:
+            pass
         deadline = self._deadline()
+        self.board.post(self.rank, src, tag)
         while True:
             try:
-                return mailbox.get(timeout=self.POLL)
+                message = mailbox.get(timeout=self.POLL)
+                self.board.clear(self.rank)
+                return message
             except queue.Empty:
                 pass
             if src in self.group.failed:
+                chain = self._late_behind(src)
                 raise self._fail(f"{_operation(tag)}: rank {src} failed while rank "
                                  f"{self.rank} waited for its message "
-                                 f"({self.group.failed[src]})", src, tag)
+                                 f"({self.group.failed[src]})"
+                                 + (f"; rank {chain[-1]} is late" if len(chain) > 1 else ""),
+                                 chain[-1], tag)
             if time.monotonic() > deadline:
-                raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
-                                 f"{self.timeout:g} s for rank {src}, which sent nothing "
-                                 f"(it stopped answering or never joined '{tag}')", src, tag)
+                raise self._timed_out(src, tag)
 
 
 def run_threads(ranks: int | Sequence[ThreadTransport], fn: Callable[[ThreadTransport], Any],
@@ -351,11 +485,15 @@ class ProcessTransport(Transport):
     A peer that dies closes its sockets, so the others fail at once, naming it.
     """
 
+    POST_AFTER = 0.05  # seconds a wait lasts before it is posted on the wait board
+
     def __init__(self, rank: int, size: int, addr: str,
                  timeout: float | None = DEFAULT_TIMEOUT) -> None:
         super().__init__(rank, size, timeout)
         self.addr = addr
         self.peers: dict[int, socket.socket] = {}
+        self.board = FileWaitBoard(addr)
+        _clean_up_on_sigterm(self)
         self._connect()
 
     @classmethod
@@ -421,46 +559,105 @@ class ProcessTransport(Transport):
                                      peer, "connect") from None
                 time.sleep(0.01)
 
-    def sendrecv(self, array, dst, out, src, tag=""):
+    def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
-        # (socket, message, peer) for each half; with two ranks both use one socket.
-        jobs = []
-        if array is not None:
-            jobs.append((self.peers[dst], _Outgoing(_pack_header(tag, _contiguous(array)),
-                                                    array), dst))
-        if out is not None:
-            check = lambda got: self._check_header(src, got, out, tag)  # noqa: E731
+        # (socket, message, peer) per message; with two ranks a sendrecv's two halves
+        # share one socket (one direction each).
+        jobs = [(self.peers[dst], _Outgoing(_pack_header(tag, _contiguous(array)), array),
+                 dst) for dst, array in sends]
+        for src, out in recvs:
+            check = functools.partial(self._check_header, src, out=out, tag=tag)
             jobs.append((self.peers[src], _Incoming(_contiguous(out), check), src))
-        deadline = self._deadline()
+        deadline, posted = self._deadline(), False
         while True:
+            active = _first_per_stream(jobs)
             # Move what can move without waiting; small messages finish right here.
-            for sock, message, peer in jobs:
+            for sock, message, peer in active:
                 try:
                     message.progress(sock)
                 except BlockingIOError:
                     pass  # the socket is full (sending) or empty (receiving) for now
                 except OSError as err:
-                    raise self._fail(f"{_operation(tag)}: lost the connection to rank "
-                                     f"{peer} during '{tag}' ({err}); rank {peer} has "
-                                     "probably died", peer, tag) from None
+                    raise self._lost(peer, tag, err) from None
             jobs = [job for job in jobs if not job[1].done]
             if not jobs:
                 break
-            readers = [sock for sock, message, _ in jobs if isinstance(message, _Incoming)]
-            writers = [sock for sock, message, _ in jobs if isinstance(message, _Outgoing)]
-            ready = select.select(readers, writers, [], max(deadline - time.monotonic(), 0))
-            if not any(ready):
-                waiting = sorted({peer for _, _, peer in jobs})
-                raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
-                                 f"{self.timeout:g} s for rank(s) {waiting} in '{tag}' "
-                                 "(stopped answering?)", waiting[0], tag)
-        if array is not None:
-            self.bytes_sent += array.nbytes
+            active = _first_per_stream(jobs)
+            readers = [sock for sock, message, _ in active if isinstance(message, _Incoming)]
+            writers = [sock for sock, message, _ in active if isinstance(message, _Outgoing)]
+            left = max(deadline - time.monotonic(), 0)
+            # Most waits are short; only one that outlasts POST_AFTER is posted on
+            # the board (a file write), so that a late rank can be traced through it.
+            ready = select.select(readers, writers, [], left if posted else
+                                  min(left, self.POST_AFTER))
+            if not any(ready) and not posted and left > self.POST_AFTER:
+                self.board.post(self.rank, _awaited(active), tag)
+                posted = True
+            elif not any(ready):
+                raise self._timed_out(_awaited(active), tag)
+        if posted:
+            self.board.clear(self.rank)
+        self.bytes_sent += sum(array.nbytes for _, array in sends)
+
+    def _lost(self, peer: int, tag: str, err: OSError) -> CollectiveError:
+        chain = self._late_behind(peer)
+        if len(chain) > 1:  # it gave up waiting on someone: name that rank
+            why = (f"rank {peer} gave up waiting{_through(chain)}: rank {chain[-1]} "
+                   "is late")
+        else:
+            why = f"rank {peer} has probably died"
+        return self._fail(f"{_operation(tag)}: lost the connection to rank {peer} during "
+                          f"'{tag}' ({err}); {why}", chain[-1], tag)
 
     def close(self) -> None:
         for sock in self.peers.values():
             sock.close()
         self.peers.clear()
+
+
+def _first_per_stream(jobs: list[tuple]) -> list[tuple]:
+    """The first unfinished message per (socket, direction): messages that share a
+    socket and direction must go one after another, or their bytes would interleave."""
+    seen, first = set(), []
+    for job in jobs:
+        key = (job[0].fileno(), isinstance(job[1], _Incoming))
+        if key not in seen:
+            seen.add(key)
+            first.append(job)
+    return first
+
+
+def _awaited(jobs: list[tuple]) -> int:
+    """The peer to name when waiting on `jobs`: a sender we wait to hear from first
+    (we cannot know whether a slow receiver is late or just busy)."""
+    incoming = [peer for _, message, peer in jobs if isinstance(message, _Incoming)]
+    return (incoming or [jobs[0][2]])[0]
+
+
+def _clean_up_on_sigterm(comm: ProcessTransport) -> None:
+    """When SIGTERM ends this rank (the launcher stops its ranks, or died and the
+    kernel sent PR_SET_PDEATHSIG), first remove this rank's files from the shared
+    socket folder, and the folder once empty, then die of SIGTERM as before. Only
+    when SIGTERM still has its default action and we run on the main thread: a
+    handler the user installed is left alone."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        for name in (f"rank{comm.rank}.sock", f"wait{comm.rank}", f"wait{comm.rank}.new"):
+            try:
+                os.unlink(os.path.join(comm.addr, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(comm.addr)  # the last rank to go removes the folder
+        except OSError:
+            pass
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _recv_exactly(sock: socket.socket, nbytes: int) -> bytes:
@@ -530,18 +727,17 @@ class MPITransport(Transport):
         own_core = _ranks_on_this_machine(self.size) <= _usable_cores()
         self.spin = self.SPIN_OWN_CORE if own_core else self.SPIN_SHARED_CORE
 
-    def sendrecv(self, array, dst, out, src, tag=""):
+    def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
         MPI = self.MPI
         code = _tag_number(tag)
-        requests = []
-        if out is not None:
-            requests.append(self.comm.Irecv([_as_bytes(out), MPI.BYTE], src, MPI.ANY_TAG))
-        if array is not None:
-            requests.append(self.comm.Isend([_as_bytes(array), MPI.BYTE], dst, code))
+        requests = [self.comm.Irecv([_as_bytes(out), MPI.BYTE], src, MPI.ANY_TAG)
+                    for src, out in recvs]
+        requests += [self.comm.Isend([_as_bytes(array), MPI.BYTE], dst, code)
+                     for dst, array in sends]
         statuses = [MPI.Status() for _ in requests]
         deadline = self._deadline()
-        peer = src if out is not None else dst
+        peer = recvs[0][0] if recvs else (sends[0][0] if sends else self.rank)
         try:
             started = time.monotonic()
             while not MPI.Request.Testall(requests, statuses):
@@ -553,15 +749,16 @@ class MPITransport(Transport):
                 if now - started > self.spin:
                     time.sleep(self.NAP)
                 if now > deadline:
-                    raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
-                                     f"{self.timeout:g} s for rank {peer} in '{tag}' "
-                                     "(stopped answering?)", peer, tag)
+                    pending = [i for i, r in enumerate(requests) if not r.Test()]
+                    if pending:
+                        i = pending[0]
+                        peer = recvs[i][0] if i < len(recvs) else sends[i - len(recvs)][0]
+                    raise self._timed_out(peer, tag)
         except MPI.Exception as err:  # e.g. MPI_ERR_TRUNCATE: the message was larger
             raise self._fail(f"{_operation(tag)}: MPI failed receiving '{tag}' from rank "
-                             f"{src} ({err.Get_error_string()}); the ranks probably "
-                             "disagree on the array size", src, tag) from None
-        if out is not None:
-            status = statuses[0]
+                             f"{peer} ({err.Get_error_string()}); the ranks probably "
+                             "disagree on the array size", peer, tag) from None
+        for (src, out), status in zip(recvs, statuses):
             got = status.Get_count(MPI.BYTE)
             if status.Get_tag() != code or got != out.nbytes:
                 raise self._fail(
@@ -569,8 +766,7 @@ class MPITransport(Transport):
                     f"#{status.Get_tag()}, rank {self.rank} expected "
                     f"{_describe(tag, out.dtype.str, out.nbytes)} (tag #{code}): the ranks "
                     "disagree on the operation, the array size or the dtype", src, tag)
-        if array is not None:
-            self.bytes_sent += array.nbytes
+        self.bytes_sent += sum(array.nbytes for _, array in sends)
 
     def native_allreduce(self, array: np.ndarray) -> np.ndarray:
         """MPI's own Allreduce (sum, in place): the reference our ring is measured by."""
@@ -620,23 +816,25 @@ class NCCLTransport(Transport):
             self.comm = nccl.NcclCommunicator(self.size, tuple(uid.view(np.int8).tolist()),
                                               self.rank)
 
-    def sendrecv(self, array, dst, out, src, tag=""):
+    def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
         nccl = self.nccl
         stream = self.xp.cuda.get_current_stream()
         nccl.groupStart()
         try:  # (empty chunks send nothing: both sides agree on the sizes)
-            if array is not None and array.nbytes:
-                self.comm.send(_contiguous(array).data.ptr, array.nbytes, nccl.NCCL_UINT8,
-                               dst, stream.ptr)
-            if out is not None and out.nbytes:
-                self.comm.recv(_contiguous(out).data.ptr, out.nbytes, nccl.NCCL_UINT8, src,
-                               stream.ptr)
+            for dst, array in sends:
+                if array.nbytes:
+                    self.comm.send(_contiguous(array).data.ptr, array.nbytes,
+                                   nccl.NCCL_UINT8, dst, stream.ptr)
+            for src, out in recvs:
+                if out.nbytes:
+                    self.comm.recv(_contiguous(out).data.ptr, out.nbytes, nccl.NCCL_UINT8,
+                                   src, stream.ptr)
         finally:
             nccl.groupEnd()
-        self._wait(stream, src if out is not None else dst, tag)
-        if array is not None:
-            self.bytes_sent += array.nbytes
+        peers = [src for src, _ in recvs] + [dst for dst, _ in sends]
+        self._wait(stream, peers[0] if peers else self.rank, tag)
+        self.bytes_sent += sum(array.nbytes for _, array in sends)
 
     def _wait(self, stream: Any, peer: int, tag: str) -> None:
         done = self.xp.cuda.Event(disable_timing=True)
@@ -645,9 +843,7 @@ class NCCLTransport(Transport):
         while not done.done:
             if time.monotonic() > deadline:
                 self.comm.abort()  # unblocks the GPU; the communicator is gone
-                raise self._fail(f"{_operation(tag)}: rank {self.rank} waited "
-                                 f"{self.timeout:g} s for rank {peer} over NCCL in '{tag}'",
-                                 peer, tag)
+                raise self._timed_out(peer, tag, " over NCCL")
             time.sleep(0)
 
     def native_allreduce(self, array: Any) -> Any:

@@ -1,0 +1,115 @@
+"""Tensor parallelism (tensor_parallel.py): Megatron's column-then-row split as a
+graph rewrite with reasons; same weights as one rank; bytes per step as in theory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tinyflow as tf
+from tinyflow.allreduce import ThreadTransport, run_threads
+from tinyflow.graph import TinyFlowError
+from tinyflow.tensor_parallel import TensorParallel, tp_bytes_theory
+
+BLOCKS = [(8, 16, 8), (8, 16, 4)]  # (in, hidden, out) per MLP block
+BATCH = 6
+
+
+def build(seed: int = 2):
+    rng = np.random.default_rng(seed)
+    x = tf.placeholder(tf.float64, (BATCH, BLOCKS[0][0]))
+    y = tf.placeholder(tf.int64, (BATCH,))
+    h, params, marks = x, [], []
+    for k, (inp, hid, out) in enumerate(BLOCKS):
+        w1 = tf.Variable(rng.standard_normal((inp, hid)) / np.sqrt(inp), dtype=tf.float64,
+                         name=f"tw{k}a")
+        b1 = tf.Variable(rng.standard_normal(hid) * 0.1, dtype=tf.float64, name=f"tb{k}a")
+        w2 = tf.Variable(rng.standard_normal((hid, out)) / np.sqrt(hid), dtype=tf.float64,
+                         name=f"tw{k}b")
+        b2 = tf.Variable(rng.standard_normal(out) * 0.1, dtype=tf.float64, name=f"tb{k}b")
+        h = tf.matmul(tf.nn.relu(tf.matmul(h, w1) + b1), w2) + b2
+        if k < len(BLOCKS) - 1:
+            h = tf.nn.tanh(h)
+        params += [w1, b1, w2, b2]
+        marks.append((w1, b1, w2))
+    loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(h, y)
+    return x, y, loss, params, marks
+
+
+def train(ranks: int, make_opt, steps: int = 4):
+    x, y, loss, params, marks = build()
+    single = make_opt().minimize(loss, params)
+    comms = ThreadTransport.group_of(ranks, timeout=20)
+    tps, trains = [], []
+    for comm in comms:
+        tp = TensorParallel(comm)
+        for w1, b1, w2 in marks:
+            tp.split_column(w1, bias=b1)
+            tp.split_row(w2)
+        local = tp.apply(loss)
+        mine = [tp.shards[id(p)][1] if id(p) in tp.shards else p for p in params]
+        trains.append(make_opt().minimize(local, mine))
+        tps.append(tp)
+    init = tf.global_variables_initializer()
+    rng = np.random.default_rng(9)
+    feeds = [(rng.standard_normal((BATCH, BLOCKS[0][0])), rng.integers(0, 4, BATCH))
+             for _ in range(steps)]
+    sess = tf.Session()
+    sess.run(init)
+    for fx, fy in feeds:
+        sess.run(single, {x: fx, y: fy})
+    expected = sess.run(params)
+
+    def rank(comm):
+        tp = tps[comm.rank]
+        sess = tf.Session()
+        sess.run(init)
+        tp.shard(sess)
+        sent = []
+        for fx, fy in feeds:
+            before = comm.bytes_sent
+            sess.run(trains[comm.rank], {x: fx, y: fy})
+            sent.append(comm.bytes_sent - before)
+        return tp.gather_variables(sess, params), sent
+
+    return expected, run_threads(comms, rank), tps
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_tensor_parallel_matches_one_rank(ranks, opt):
+    make_opt = {"sgd": lambda: tf.train.SGD(0.3),
+                "adam": lambda: tf.train.AdamOptimizer(0.01)}[opt]
+    expected, results, _ = train(ranks, make_opt)
+    for weights, _ in results:
+        for a, b in zip(weights, expected):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_bytes_per_step_match_theory_and_the_rewrites_are_explained():
+    ranks = 4
+    _, results, tps = train(ranks, lambda: tf.train.SGD(0.1), steps=2)
+    theory = tp_bytes_theory(BATCH, [(i, o) for i, _, o in BLOCKS], ranks, 8)
+    for _, sent in results:
+        assert sent == [theory] * 2
+    text = tf.explain(tps[0])
+    assert "column-split tw0a 8x16 -> 8x4" in text
+    assert "row-split tw1b 16x4 -> 4x4" in text
+    assert len(tps[0].ctx.records) == 4
+
+
+def test_a_row_split_needs_a_column_split_input():
+    x, y, loss, params, marks = build()
+    tp = TensorParallel(ThreadTransport.group_of(2)[0])
+    tp.split_row(marks[0][2])
+    with pytest.raises(TinyFlowError, match="must be column-split"):
+        tp.apply(loss)
+
+
+def test_a_split_tensor_into_a_non_elementwise_op_is_refused():
+    x = tf.placeholder(tf.float64, (4, 8))
+    w = tf.Variable(np.ones((8, 8)), dtype=tf.float64)
+    tp = TensorParallel(ThreadTransport.group_of(2)[0])
+    tp.split_column(w)
+    with pytest.raises(TinyFlowError, match="not elementwise"):
+        tp.apply(tf.reduce_sum(tf.matmul(x, w)))

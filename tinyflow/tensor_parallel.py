@@ -1,0 +1,232 @@
+"""Tensor parallelism: Megatron's column-then-row split of an MLP, as a graph rewrite.
+
+An MLP block y = act(x W1 + b1) W2 is split over N ranks without changing its math
+(Shoeybi et al. 2019, "Megatron-LM"):
+
+* **column split** of W1 (in x h): rank r keeps the columns h*r/N .. h*(r+1)/N (and
+  those entries of b1). Its x W1_r + b1_r is rank r's slice of the hidden layer; an
+  elementwise activation needs no communication.
+* **row split** of W2 (h x out): rank r keeps the matching rows. act(.)_r W2_r is a
+  partial sum of x W2; an **allreduce** (sum) adds the partials: every rank has y.
+
+Megatron's two conjugate operators make autodiff produce the backward collectives by
+itself: `tp_copy` (called f in the paper) is the identity forward and an allreduce of
+the gradient backward (each rank's x feeds only its columns); `tp_allreduce` (g) is
+the allreduce forward and the identity backward. Per block and step a rank therefore
+sends one ring allreduce of the (batch x out) activations forward and one of the
+(batch x in) gradients backward: `tp_bytes_vs_theory` checks exactly that.
+
+`TensorParallel(comm)` is the pass: mark weights with `split_column(W, bias=b)` and
+`split_row(W)`, then `apply(loss)` rewrites the forward graph for this rank (before
+`minimize`, so autodiff sees the collectives), making shard Variables W_r, and appends
+one RewriteRecord per rewrite with its reason, so `tf.explain(tp)` prints them.
+After initializing, `tp.shard(session)` fills the shards from the full weights (and
+drops those); `tp.gather_variables(session)` reassembles them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from tinyflow import api, ops
+from tinyflow.allreduce import chunk_bounds, ring_allreduce
+from tinyflow.graph import Graph, Node, TinyFlowError, topological_order
+from tinyflow.ops import REGISTRY, OpDef, make, register
+from tinyflow.passes import PassContext
+from tinyflow.transports import Transport
+
+__all__ = ["TensorParallel", "tp_bytes_theory"]
+
+
+# ----------------------------------------------------------------------------------
+# Megatron's f and g as ops
+# ----------------------------------------------------------------------------------
+
+def _same_infer(shapes, dtypes, attrs):
+    return shapes[0], dtypes[0]
+
+
+def _tp_copy_compute(xp, x, out=None, comm=0):
+    if out is None:
+        return x.copy()
+    out[...] = x
+    return out
+
+
+def _tp_allreduce_compute(xp, x, out=None, comm=0):
+    from tinyflow.parallel import communicator
+    result = out if out is not None else xp.empty_like(x)
+    result[...] = x
+    return ring_allreduce(result, communicator(comm), "sum", label="tp")
+
+
+def _tp_copy_grad(node: Node, grad: Node) -> list:
+    return [make("tp_allreduce", grad, comm=node.attrs["comm"])]
+
+
+def _tp_allreduce_grad(node: Node, grad: Node) -> list:
+    return [make("tp_copy", grad, comm=node.attrs["comm"])]
+
+
+register(OpDef("tp_copy", _tp_copy_compute, _same_infer, _tp_copy_grad, pure=False,
+               doc="tensor parallel f: identity forward, allreduce of the gradient "
+                   "backward (the input of a column-split matmul)"))
+register(OpDef("tp_allreduce", _tp_allreduce_compute, _same_infer, _tp_allreduce_grad,
+               pure=False,
+               doc="tensor parallel g: allreduce (sum) of the partial products of a "
+                   "row-split matmul forward, identity backward"))
+
+
+def tp_bytes_theory(batch: int, blocks: list[tuple[int, int]], size: int,
+                    itemsize: int, first_input_needs_grad: bool = False) -> float:
+    """Bytes a rank sends per training step for column-then-row blocks (in, out):
+    a ring allreduce (2(N-1)/N of the array) of batch x out forward, and one of
+    batch x in backward, except for a first block fed by data (no gradient needed)."""
+    elements = sum(batch * out for _, out in blocks)
+    elements += sum(batch * inp for k, (inp, _) in enumerate(blocks)
+                    if k or first_input_needs_grad)
+    return 2.0 * (size - 1) / size * elements * itemsize
+
+
+# ----------------------------------------------------------------------------------
+# The rewrite
+# ----------------------------------------------------------------------------------
+
+class TensorParallel:
+    """The tensor-parallel rewrite for rank `comm.rank` of `comm.size` (see module)."""
+
+    def __init__(self, comm: Transport) -> None:
+        from tinyflow.parallel import register_communicator
+        self.comm = comm
+        self.key = register_communicator(comm)
+        self.columns: dict[int, Node | None] = {}   # id(W) -> its bias (or None)
+        self.rows: set[int] = set()
+        self.shards: dict[int, tuple[Node, Node, tuple]] = {}  # id(full) -> (full, shard, index)
+        self.ctx = PassContext(current_pass="tensor_parallel")
+
+    def split_column(self, weight: Node, bias: Node | None = None) -> None:
+        """Split `weight` (in x out) and `bias` (out) by output columns."""
+        self.columns[id(weight)] = bias
+
+    def split_row(self, weight: Node) -> None:
+        """Split `weight` (in x out) by input rows; its matmul's result is allreduced."""
+        self.rows.add(id(weight))
+
+    def _shard(self, full: Node, axis: int) -> Node:
+        """This rank's Variable for its slice of `full` along `axis` (made once)."""
+        if id(full) not in self.shards:
+            n = full.shape[axis]
+            if n % self.comm.size:
+                raise TinyFlowError(f"tensor parallel: {full.name} has {n} "
+                                    f"{'columns' if axis else 'rows'}, not divisible by "
+                                    f"{self.comm.size} ranks")
+            lo, hi = chunk_bounds(n, self.comm.size)[self.comm.rank]
+            index = tuple(slice(lo, hi) if a == axis else slice(None)
+                          for a in range(len(full.shape)))
+            shape = tuple(hi - lo if a == axis else d for a, d in enumerate(full.shape))
+            shard = api.Variable(np.zeros(shape, full.dtype), dtype=full.dtype,
+                                 name=f"{full.name}/tp{self.comm.rank}")
+            self.shards[id(full)] = (full, shard, index)
+        return self.shards[id(full)][1]
+
+    def apply(self, output: Node) -> Node:
+        """`output`'s graph rewritten for this rank: marked matmuls split, collectives
+        inserted. Raises TinyFlowError when a split tensor reaches an op that is not
+        elementwise (its math would change) before a row-split matmul joins it."""
+        self.mapped: dict[int, Node] = {}
+        self.split: set[int] = set()  # ids of new nodes holding a column slice
+        began = time.perf_counter()
+        for node in topological_order([output]):
+            self.mapped[id(node)] = self._rewrite(node)
+        result = self.mapped[id(output)]
+        # Snapshots before and after, as the compile pipeline keeps them, so the
+        # debugger and tf.explain step through this rewrite like any pass.
+        self.ctx.snapshots += [("input", Graph([output]), 0.0),
+                               ("tensor_parallel", Graph([result]),
+                                time.perf_counter() - began)]
+        return result
+
+    def _rewrite(self, node: Node) -> Node:
+        inputs = [self.mapped[id(i)] for i in node.inputs]
+        if node.op == "matmul" and id(node.inputs[1]) in self.columns:
+            return self._column(node, inputs)
+        if node.op == "matmul" and id(node.inputs[1]) in self.rows:
+            return self._row(node, inputs)
+        split = [i for i in inputs if id(i) in self.split]
+        if not split:
+            if all(a is b for a, b in zip(inputs, node.inputs)):
+                return node
+            return make(node.op, *inputs, name=None, **node.attrs)
+        if not REGISTRY[node.op].elementwise:
+            raise TinyFlowError(f"tensor parallel: {node.name} ({node.op}, at {node.where}) "
+                                "reads a column-split tensor but is not elementwise; "
+                                "split the next matmul's weight by rows first")
+        inputs = [self._bias_shard(i) for i in inputs]
+        new = make(node.op, *inputs, **node.attrs)
+        self.split.add(id(new))
+        return new
+
+    def _bias_shard(self, node: Node) -> Node:
+        for bias in self.columns.values():
+            if bias is not None and node is bias:
+                return self._shard(bias, 0)
+        return node
+
+    def _column(self, node: Node, inputs: list[Node]) -> Node:
+        weight = node.inputs[1]
+        x = make("tp_copy", inputs[0], comm=self.key)
+        new = ops.matmul(x, self._shard(weight, 1))
+        self.split.add(id(new))
+        self.ctx.record([node], [x, new],
+                        f"column-split {weight.name} {_shape(weight)} -> "
+                        f"{_shape(self._shard(weight, 1))} on rank {self.comm.rank} of "
+                        f"{self.comm.size}; tp_copy (f) before it: its gradient is "
+                        "allreduced in backward")
+        return new
+
+    def _row(self, node: Node, inputs: list[Node]) -> Node:
+        weight, x = node.inputs[1], inputs[0]
+        if id(x) not in self.split:
+            raise TinyFlowError(f"tensor parallel: {weight.name} is split by rows, so its "
+                                f"input must be column-split (mark the previous layer with "
+                                f"split_column); {node.name} at {node.where}")
+        partial = ops.matmul(x, self._shard(weight, 0))
+        total = make("tp_allreduce", partial, comm=self.key)
+        self.ctx.record([node], [partial, total],
+                        f"row-split {weight.name} {_shape(weight)} -> "
+                        f"{_shape(self._shard(weight, 0))}; tp_allreduce (g) sums the "
+                        "ranks' partial products")
+        return total
+
+    # -- around training --------------------------------------------------------------
+    def shard(self, session: Any) -> None:
+        """Fill this rank's shards from the initialized full weights; drop the full."""
+        for full, shard, index in self.shards.values():
+            session.variables[shard] = np.ascontiguousarray(session.variables[full][index])
+            session.variables.pop(full, None)
+
+    def gather_variables(self, session: Any, variables: list[Node]) -> list[np.ndarray]:
+        """The full values of `variables` (the original, unsplit ones): split ones are
+        all-gathered along their split axis (every rank must call it)."""
+        from tinyflow.collectives import all_gather
+        result = []
+        for var in variables:
+            if id(var) not in self.shards:
+                result.append(np.array(session.variables[var]))
+                continue
+            _, shard, index = self.shards[id(var)]
+            axis = next(a for a, s in enumerate(index) if s != slice(None))
+            local = np.moveaxis(np.asarray(session.variables[shard]), axis, 0)
+            whole = all_gather(np.ascontiguousarray(local), self.comm,
+                               total=math.prod(var.shape))
+            moved = (var.shape[axis], *[d for a, d in enumerate(var.shape) if a != axis])
+            result.append(np.moveaxis(whole.reshape(moved), 0, axis))
+        return result
+
+
+def _shape(node: Node) -> str:
+    return "x".join(map(str, node.shape))

@@ -1,0 +1,338 @@
+"""Train the digits MLP with any parallel scheme: one script, nine ways to cut the work.
+
+    python tutorials/train_parallel.py --scheme zero3 --threads 4   # 4 ranks as threads
+    tinyflow launch -n 4 tutorials/train_parallel.py --scheme pp-1f1b   # 4 processes
+    python tutorials/train_parallel.py --scheme tp --check          # and compare to 1 rank
+
+Schemes (each a module of tinyflow; the model and the data are the same for all):
+
+    dp          data parallel: every rank a replica, gradients allreduced (parallel.py)
+    zero1/2/3   ZeRO: optimizer state, + gradients, + parameters sharded (zero.py)
+    tp          Megatron tensor parallel: layers 1-2 and 3-4 split column-then-row
+                (tensor_parallel.py)
+    pp-gpipe    pipeline parallel, one layer group per rank, 4 microbatches, GPipe
+    pp-1f1b     the same with the 1F1B schedule (pipeline.py)
+    ps-sync     parameter server: rank 0 serves, the others push and pull (param_server.py)
+    ps-async    the same, asynchronous with bounded staleness
+
+The model: 64 -> H -> H -> H -> 10 (relu, tanh, relu), float64, momentum SGD. Every
+scheme but ps-async computes what one rank computes on the whole batch; `--check`
+trains that one rank too and prints the largest relative difference of the weights.
+`--trace FILE` (threads) writes a DebugRecord with a timeline lane per rank: the
+pipeline's F and B per microbatch and the collectives' steps; open it with
+`tinyflow debug FILE` to see, e.g., 1F1B's bubbles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+
+import numpy as np
+
+import tinyflow as tf
+from tinyflow.allreduce import ThreadTransport, init_communicator, ring_allreduce, run_threads
+from tinyflow.collectives import all_gather
+from tinyflow.data import load_digits, minibatches
+from tinyflow.param_server import ParameterServer
+from tinyflow.parallel import DistributedOptimizer, broadcast_variables
+from tinyflow.pipeline import Pipeline
+from tinyflow.rank_trace import collective_events, scheme_record
+from tinyflow.saver import Saver
+from tinyflow.tensor_parallel import TensorParallel
+
+SCHEMES = ["dp", "zero1", "zero2", "zero3", "tp", "pp-gpipe", "pp-1f1b", "ps-sync",
+           "ps-async"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Train the digits MLP with a parallel "
+                                     "scheme, on threads (--threads N) or under "
+                                     "`tinyflow launch -n N`.")
+    parser.add_argument("--scheme", choices=SCHEMES, default="zero2")
+    parser.add_argument("--threads", type=int, default=0, metavar="N",
+                        help="N ranks as threads (default: 4, or the launcher's ranks)")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=48)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--check", action="store_true",
+                        help="also train one rank on the whole batch and compare weights")
+    parser.add_argument("--trace", metavar="FILE", help="a DebugRecord, a lane per rank")
+    parser.add_argument("--checkpoint", default="checkpoints/digits_parallel.npz")
+    parser.add_argument("--quick", action="store_true", help="2 epochs, fewer batches")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.epochs = 2
+    return args
+
+
+# ----------------------------------------------------------------------------------
+# The model: four dense layers, as closures over their Variables
+# ----------------------------------------------------------------------------------
+
+def build_model(hidden: int):
+    rng = np.random.default_rng(0)
+    widths = [64, hidden, hidden, hidden, 10]
+    activations = [tf.nn.relu, tf.nn.tanh, tf.nn.relu, None]
+    layers, params = [], []
+    for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        w = tf.Variable(rng.standard_normal((a, b)) * np.sqrt(2.0 / a), dtype=tf.float64,
+                        name=f"w{k}")
+        bias = tf.Variable(np.zeros(b), dtype=tf.float64, name=f"b{k}")
+        act = activations[k]
+        layers.append(lambda h, w=w, bias=bias, act=act:
+                      act(tf.matmul(h, w) + bias) if act else tf.matmul(h, w) + bias)
+        params += [w, bias]
+    x = tf.placeholder(tf.float64, (None, 64), name="images")
+    y = tf.placeholder(tf.int64, (None,), name="labels")
+    logits = x
+    for layer in layers:
+        logits = layer(logits)
+    loss = loss_fn(logits, y)
+    accuracy = tf.reduce_mean(tf.equal(tf.argmax(logits, 1), y))
+    return {"x": x, "y": y, "loss": loss, "accuracy": accuracy, "params": params,
+            "layers": layers}
+
+
+def loss_fn(logits, labels):
+    return tf.nn.mean_sparse_softmax_cross_entropy_with_logits(logits, labels)
+
+
+def optimizer(args):
+    return tf.train.MomentumOptimizer(args.lr, 0.9)
+
+
+# ----------------------------------------------------------------------------------
+# One runner per scheme: init(sess), step(sess, step, xb, yb), weights(sess)
+# ----------------------------------------------------------------------------------
+
+class DataParallel:
+    """dp and zero1-3: rank r trains on rows [r*s, (r+1)*s) of each batch."""
+
+    def __init__(self, model, comm, args, zero):
+        self.model, self.comm = model, comm
+        self.dist = DistributedOptimizer(optimizer(args), comm, zero=zero)
+        self.train = self.dist.minimize(model["loss"], model["params"])
+
+    def init(self, sess):
+        broadcast_variables(sess, self.comm, variables=self.model["params"])
+        if self.dist.zero is not None:
+            self.dist.shard(sess)
+
+    def step(self, sess, step, xb, yb):
+        s = len(xb) // self.comm.size
+        mine = slice(self.comm.rank * s, (self.comm.rank + 1) * s)
+        sess.run(self.train, {self.model["x"]: xb[mine], self.model["y"]: yb[mine]})
+
+    def weights(self, sess):
+        if self.dist.zero is not None:
+            return _flat(self.dist.gather_variables(sess))
+        return _flat(sess.variables[p] for p in self.model["params"])
+
+
+class TensorParallelRunner:
+    """tp: every rank sees the whole batch and holds 1/N of each split layer."""
+
+    def __init__(self, model, comm, args):
+        self.model, self.tp = model, TensorParallel(comm)
+        params = model["params"]
+        for k in (0, 2):  # layers 1 and 3 by columns, 2 and 4 by rows
+            self.tp.split_column(params[2 * k], bias=params[2 * k + 1])
+            self.tp.split_row(params[2 * k + 2])
+        local = self.tp.apply(model["loss"])
+        mine = [self.tp.shards[id(p)][1] if id(p) in self.tp.shards else p for p in params]
+        self.train = optimizer(args).minimize(local, mine)
+
+    def init(self, sess):
+        self.tp.shard(sess)
+
+    def step(self, sess, step, xb, yb):
+        sess.run(self.train, {self.model["x"]: xb, self.model["y"]: yb})
+
+    def weights(self, sess):
+        return _flat(self.tp.gather_variables(sess, self.model["params"]))
+
+
+class PipelineRunner:
+    """pp-*: rank s holds a contiguous group of the four layers."""
+
+    def __init__(self, model, comm, args, schedule, init):
+        layers, n = model["layers"], comm.size
+        groups = [layers[k * len(layers) // n:(k + 1) * len(layers) // n] for k in range(n)]
+        stages = [lambda h, g=g: _chain(g, h) for g in groups]
+        self.comm = comm
+        self.pipe = Pipeline(stages, loss_fn, comm, (64,), args.batch_size,
+                             args.microbatches, optimizer(args), schedule, init=init,
+                             dtype=np.float64)
+
+    def init(self, sess):
+        sess.run(self.pipe.init)
+
+    def step(self, sess, step, xb, yb):
+        self.pipe.train_step(sess, xb, yb)
+
+    def weights(self, sess):
+        """Every stage's weights, on every rank (each stage sends its own around)."""
+        mine = _flat(sess.variables[v] for v in self.pipe.variables)
+        sizes = np.zeros(self.comm.size, np.int64)
+        sizes[self.comm.rank] = mine.size
+        ring_allreduce(sizes, self.comm)
+        width = int(sizes.max())
+        padded = np.zeros(width)
+        padded[:mine.size] = mine
+        everything = all_gather(padded, self.comm).reshape(self.comm.size, width)
+        return np.concatenate([everything[r, :sizes[r]] for r in range(self.comm.size)])
+
+
+class ParameterServerRunner:
+    """ps-*: rank 0 serves the parameters, ranks 1.. are workers."""
+
+    def __init__(self, model, comm, args, mode):
+        self.model, self.comm = model, comm
+        self.ps = ParameterServer(comm, model["params"], 1, mode, args.lr, 0.9)
+        self.grads = tf.gradients(model["loss"], model["params"])
+
+    def init(self, sess):
+        if not self.ps.is_server:
+            self.ps.start(sess)
+
+    def step(self, sess, step, xb, yb):
+        workers = self.comm.size - 1
+        s = len(xb) // workers
+        k = self.comm.rank - 1
+        feed = {self.model["x"]: xb[k * s:(k + 1) * s], self.model["y"]: yb[k * s:(k + 1) * s]}
+        self.ps.step(sess, step, sess.run(self.grads, feed))
+
+    def weights(self, sess):
+        return _flat(sess.variables[p] for p in self.model["params"])
+
+
+def _flat(arrays) -> np.ndarray:
+    return np.concatenate([np.ravel(a) for a in arrays])
+
+
+def _chain(layers, h):
+    for layer in layers:
+        h = layer(h)
+    return h
+
+
+def make_runner(model, comm, args, init):
+    scheme = args.scheme
+    if scheme == "dp" or scheme.startswith("zero"):
+        return DataParallel(model, comm, args, 0 if scheme == "dp" else int(scheme[-1]))
+    if scheme == "tp":
+        return TensorParallelRunner(model, comm, args)
+    if scheme.startswith("pp-"):
+        return PipelineRunner(model, comm, args, scheme[3:], init)
+    return ParameterServerRunner(model, comm, args, scheme[3:])
+
+
+# ----------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------
+
+def batches(data, args, epoch):
+    x_train, y_train = data[0], data[1]
+    if args.quick:
+        x_train, y_train = x_train[:480], y_train[:480]
+    return minibatches(x_train, y_train, args.batch_size, seed=epoch, drop_last=True)
+
+
+def train(runner, comm, sess, data, args):
+    """One rank's training; returns (all weights flat, timeline events, seconds)."""
+    runner.init(sess)
+    events, step, started = [], 0, time.perf_counter()
+    if isinstance(runner, ParameterServerRunner) and runner.ps.is_server:
+        # A server answers every worker step: as many as there are batches.
+        runner.ps.serve(sum(1 for epoch in range(args.epochs)
+                            for _ in batches(data, args, epoch)))
+        return None, collective_events(comm.trace or [], comm.rank), 0.0
+    for epoch in range(args.epochs):
+        for xb, yb in batches(data, args, epoch):
+            runner.step(sess, step, xb, yb)
+            step += 1
+            if isinstance(runner, PipelineRunner):
+                events = list(runner.pipe.events)  # the last step's F's and B's
+    seconds = time.perf_counter() - started
+    events += collective_events(comm.trace or [], comm.rank)
+    return runner.weights(sess), events, seconds
+
+
+def one_rank_weights(model, init, data, args):
+    """The reference: plain momentum SGD on the whole batch, one rank."""
+    train_op = optimizer(args).minimize(model["loss"], model["params"])
+    sess = tf.Session()
+    sess.run(init)                                 # the model's initial weights
+    sess.run(tf.global_variables_initializer())    # the optimizer's slots
+    for epoch in range(args.epochs):
+        for xb, yb in batches(data, args, epoch):
+            sess.run(train_op, {model["x"]: xb, model["y"]: yb})
+    return _flat(sess.variables[p] for p in model["params"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    comms = [] if args.threads else [init_communicator(args.timeout)]
+    launched = bool(comms) and comms[0].size > 1
+    if not launched:  # not under `tinyflow launch`: ranks as threads
+        comms = ThreadTransport.group_of(args.threads or 4, args.timeout)
+    data = load_digits()
+    model = build_model(args.hidden)
+    init = tf.global_variables_initializer()
+    runners = {c.rank: make_runner(model, c, args, init) for c in comms}
+    init_rest = tf.global_variables_initializer()  # optimizer slots made by the runners
+    sessions = {}
+    for c in comms:
+        sessions[c.rank] = tf.Session()
+        sessions[c.rank].run(init)
+        sessions[c.rank].run(init_rest)
+        c.trace = [] if args.trace else None
+    run = lambda c: train(runners[c.rank], c, sessions[c.rank], data, args)  # noqa: E731
+    results = [run(comms[0])] if launched else run_threads(comms, run)
+    report_rank = comms[0].size - 1 if args.scheme.startswith("ps-") else 0  # a worker
+    mine = next((r for c, r in zip(comms, results) if c.rank == report_rank), None)
+    if mine is None:
+        return 0
+    flat, events, seconds = mine
+    report(model, flat, data, args, seconds, comms[0].size)
+    if args.trace and not launched:
+        record = scheme_record([e for r in results for e in r[1]],
+                               f"{args.scheme} on {comms[0].size} ranks")
+        tf.trace.save(record, args.trace)
+        print(f"trace={args.trace}")
+    if args.check:
+        reference = one_rank_weights(model, init, data, args)
+        diff = np.max(np.abs(flat - reference) / (np.abs(reference) + 1e-12))
+        print(f"max_rel_diff_vs_one_rank={diff:.3e}")
+    return 0
+
+
+def report(model, flat, data, args, seconds, ranks):
+    eval_sess = tf.Session()
+    offset = 0
+    for p in model["params"]:
+        count = int(np.prod(p.shape))
+        eval_sess.variables[p] = flat[offset:offset + count].reshape(p.shape).copy()
+        offset += count
+    x_train, y_train, x_test, y_test = data
+    feed = {model["x"]: x_test, model["y"]: y_test}
+    accuracy, loss = eval_sess.run([model["accuracy"], model["loss"]], feed)
+    print(f"{args.scheme} on {ranks} ranks: test accuracy {accuracy:.3f}, {seconds:.2f} s")
+    print(f"test_accuracy={accuracy:.4f}")
+    print(f"test_loss={loss:.4f}")
+    if args.checkpoint:
+        Saver(model["params"]).save(eval_sess, args.checkpoint)
+        print(f"checkpoint={args.checkpoint}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
