@@ -480,6 +480,29 @@ def test_signalled_launcher_takes_its_ranks_and_socket_folder(child, tmp_path, s
     assert not list(temp.glob("tinyflow-ranks-*"))
 
 
+def test_process_ranks_connect_under_a_long_temp_folder(tmp_path):
+    """CI's temp folders are deep: `addr/rank0.sock` was longer than a Unix socket
+    address holds and every rank died with a bare `OSError: AF_UNIX path too long`."""
+    from tinyflow.transports import ProcessTransport
+    addr = tmp_path / ("a-long-folder-name-" * 8)
+    addr.mkdir()
+    assert len(str(addr / "rank0.sock")) > 108
+
+    def rank(r):
+        comm = ProcessTransport(r, 2, str(addr), timeout=20)
+        try:
+            return ring_allreduce(np.full(5, r + 1.0), comm, "sum")
+        finally:
+            comm.close()
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(rank, [0, 1]))
+    for got in results:
+        np.testing.assert_array_equal(got, np.full(5, 3.0))
+    assert not list(addr.glob("rank*.sock"))
+
+
 def test_launch_reports_a_missing_script(tmp_path):
     with pytest.raises(FileNotFoundError):
         launch(2, str(tmp_path / "nope.py"))

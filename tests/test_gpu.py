@@ -733,6 +733,11 @@ def test_device_cuda_without_a_gpu_raises_a_clear_error(monkeypatch, cupy_module
 
 def _load_gpu_bench():
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_bench.py"
+    # gpu_bench imports core_bench as a sibling script: its folder goes on sys.path,
+    # as when it is run directly (without this the test passed only in a worker where
+    # test_benchmarks had already put it there).
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location("benchmarks.gpu_bench", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

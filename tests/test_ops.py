@@ -366,6 +366,9 @@ GRAD_CASES: dict[str, Callable[[np.random.Generator], list[GradCase]]] = {
 GRAD_CHECKED_ELSEWHERE = {
     # A new random mask every run: the check runs forward and backward in one run.
     "dropout_mask": "test_dropout_gradient_uses_the_forward_mask",
+    # Collectives across ranks: the gradient of one rank's graph is another collective.
+    "tp_copy": "test_tensor_parallel_f_and_g_gradients_are_the_backward_collectives",
+    "tp_allreduce": "test_tensor_parallel_f_and_g_gradients_are_the_backward_collectives",
 }
 
 
@@ -460,6 +463,41 @@ def test_dropout_gradient_uses_the_forward_mask():
     assert set(np.unique(np.round(mask, 12))) == {0.0, round(1 / 0.75, 12)}
     assert 0.15 < np.mean(mask == 0) < 0.35
     assert tf.nn.dropout(x, 0.25, training=False) is x
+
+
+def test_tensor_parallel_f_and_g_gradients_are_the_backward_collectives():
+    """Megatron's f (tp_copy) and g (tp_allreduce) on two thread ranks. The global
+    loss is the sum of the ranks' losses for f (each rank uses the shared x with its
+    own weights w_r): dL/dx = w_0 + w_1, which f's backward allreduce gives every
+    rank. For g the loss is replicated (computed from the sum of the ranks' parts):
+    z = x_0 + x_1 and dL/dx_r = u, g's identity backward."""
+    from tinyflow.allreduce import ThreadTransport, run_threads
+    from tinyflow.parallel import register_communicator
+    rng = np.random.default_rng(5)
+    comms = ThreadTransport.group_of(2, timeout=20)
+    x_value = rng.standard_normal((3, 4))
+    parts = [rng.standard_normal((3, 4)) for _ in comms]
+    weights = [rng.standard_normal((3, 4)) for _ in comms]
+    u = rng.standard_normal((3, 4))
+    graphs = []
+    for comm, w in zip(comms, weights):
+        key = register_communicator(comm)
+        x = tf.placeholder(F64, (3, 4))
+        f_loss = tf.reduce_sum(make("tp_copy", x, comm=key) * tf.constant(w))
+        part = tf.placeholder(F64, (3, 4))
+        z = make("tp_allreduce", part, comm=key)
+        g_loss = tf.reduce_sum(z * tf.constant(u))
+        fetches = [tf.gradients(f_loss, [x])[0], z, tf.gradients(g_loss, [part])[0]]
+        graphs.append((x, part, fetches))
+
+    def rank(comm):
+        x, part, fetches = graphs[comm.rank]
+        return tf.Session().run(fetches, {x: x_value, part: parts[comm.rank]})
+
+    for f_grad, z, g_grad in run_threads(comms, rank):
+        np.testing.assert_allclose(f_grad, weights[0] + weights[1], rtol=1e-12)
+        np.testing.assert_allclose(z, parts[0] + parts[1], rtol=1e-12)
+        np.testing.assert_array_equal(g_grad, u)
 
 
 # ----------------------------------------------------------------------------------
@@ -910,6 +948,9 @@ FORWARD_CHECKED_ELSEWHERE = {
     "random_normal": "test_random_sources_are_seeded_and_distributed",
     "random_uniform": "test_random_sources_are_seeded_and_distributed",
     "dropout_mask": "test_dropout_gradient_uses_the_forward_mask",
+    # Collectives across ranks: the gradient of one rank's graph is another collective.
+    "tp_copy": "test_tensor_parallel_f_and_g_gradients_are_the_backward_collectives",
+    "tp_allreduce": "test_tensor_parallel_f_and_g_gradients_are_the_backward_collectives",
 }
 
 

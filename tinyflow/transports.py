@@ -410,6 +410,10 @@ def run_threads(ranks: int | Sequence[ThreadTransport], fn: Callable[[ThreadTran
 HEADER = struct.Struct("!64s8sQ")
 HELLO = struct.Struct("!I")  # the first bytes on a new connection: the caller's rank
 SOCKET_BUFFER = 4 << 20      # bigger kernel buffers: fewer wake-ups per megabyte
+# A Unix socket's address holds 108 bytes on Linux and 104 on macOS (sun_path), so a
+# long TMPDIR makes `addr/rank<r>.sock` too long to bind. On Linux the folder can be
+# named through a descriptor (/proc/self/fd/N/rank<r>.sock), short whatever its path.
+SUN_PATH_MAX = 104
 
 
 def _pack_header(tag: str, array: Any) -> bytes:
@@ -492,6 +496,7 @@ class ProcessTransport(Transport):
         super().__init__(rank, size, timeout)
         self.addr = addr
         self.peers: dict[int, socket.socket] = {}
+        self._folder_fd: int | None = None  # open only while connecting (long paths)
         self.board = FileWaitBoard(addr)
         _clean_up_on_sigterm(self)
         self._connect()
@@ -512,10 +517,33 @@ class ProcessTransport(Transport):
     def _path(self, rank: int) -> str:
         return os.path.join(self.addr, f"rank{rank}.sock")
 
+    def _address(self, rank: int) -> str:
+        """The address to bind or connect for `rank`'s socket: its path, or the same
+        file named through a descriptor of the folder when the path is too long."""
+        path = self._path(rank)
+        if len(os.fsencode(path)) < SUN_PATH_MAX:
+            return path
+        if self._folder_fd is None:
+            if not os.path.isdir("/proc/self/fd"):
+                raise TinyFlowError(
+                    f"ProcessTransport: the socket path {path} is longer than the "
+                    f"{SUN_PATH_MAX} bytes a Unix socket address holds; set TMPDIR "
+                    "to a shorter folder")
+            self._folder_fd = os.open(self.addr, os.O_RDONLY)
+        return f"/proc/self/fd/{self._folder_fd}/rank{rank}.sock"
+
     def _connect(self) -> None:
+        try:
+            self._connect_all()
+        finally:
+            if self._folder_fd is not None:
+                os.close(self._folder_fd)
+                self._folder_fd = None
+
+    def _connect_all(self) -> None:
         deadline = self._deadline()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self._path(self.rank))
+        listener.bind(self._address(self.rank))
         listener.listen(self.size)
         try:
             # Connecting needs no accept on the other side (the listen backlog holds
@@ -549,7 +577,7 @@ class ProcessTransport(Transport):
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                sock.connect(self._path(peer))
+                sock.connect(self._address(peer))
                 return sock
             except (FileNotFoundError, ConnectionRefusedError):
                 sock.close()
