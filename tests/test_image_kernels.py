@@ -132,9 +132,13 @@ def _train_small_cnn(steps: int = 20) -> list[float]:
 
 
 def test_training_curve_unchanged_by_the_kernel_rewrite():
-    # float32 sums in another order differ in the last bits; relative 1e-5 is the
-    # issue's bound, and a wrong gradient anywhere moves the curve far more.
-    np.testing.assert_allclose(_train_small_cnn(), RECORDED_LOSSES, rtol=1e-5, atol=0)
+    # float32 sums in another order differ in the last bits, and the steep early
+    # steps (the loss jumps to 9.7 at step 2) amplify that: under numpy 2.4.6 steps 3
+    # and 7 differ from the recording by 1.2e-5 relative (the others by < 1e-5) on
+    # some machines with the same code and numpy (OpenBLAS picks its sgemm kernel by
+    # CPU, DYNAMIC_ARCH, and CI's machines vary). A wrong
+    # gradient anywhere moves the curve by more than 1e-2, so 1e-4 still catches it.
+    np.testing.assert_allclose(_train_small_cnn(), RECORDED_LOSSES, rtol=1e-4, atol=0)
 
 
 @pytest.mark.parametrize("memory", [None, "auto"])
