@@ -113,3 +113,106 @@ def test_a_split_tensor_into_a_non_elementwise_op_is_refused():
     tp.split_column(w)
     with pytest.raises(TinyFlowError, match="not elementwise"):
         tp.apply(tf.reduce_sum(tf.matmul(x, w)))
+
+
+# ----------------------------------------------------------------------------------
+# Attention heads (the char transformer's block): Q, K, V by columns, output by rows
+# ----------------------------------------------------------------------------------
+
+SEQ, HEADS, DIM = 3, 4, 8
+
+
+def build_attention(seed: int = 4):
+    """x + attention(x), then an MLP block and a linear readout (float64): causal
+    attention written as train_charlm.py writes it."""
+    rng = np.random.default_rng(seed)
+
+    def var(shape, name, scale=0.3):
+        return tf.Variable(rng.standard_normal(shape) * scale, dtype=tf.float64, name=name)
+
+    x = tf.placeholder(tf.float64, (None, DIM))
+    y = tf.placeholder(tf.int64, (None,))
+    wq, wk, wv, wo = (var((DIM, DIM), f"a_{n}") for n in "qkvo")
+    w1, b1, w2 = var((DIM, 16), "a_w1"), var((16,), "a_b1", 0.1), var((16, DIM), "a_w2")
+    readout = var((DIM, 5), "a_readout")
+
+    def heads(t):  # (B*T, D) -> (B, H, T, D/H)
+        return tf.transpose(tf.reshape(t, (-1, SEQ, HEADS, DIM // HEADS)), (0, 2, 1, 3))
+
+    q, k, v = heads(tf.matmul(x, wq)), heads(tf.matmul(x, wk)), heads(tf.matmul(x, wv))
+    mask = tf.constant(np.tril(np.ones((SEQ, SEQ), bool)))
+    scores = tf.where(mask, tf.matmul(q, k, transpose_b=True) * (1 / np.sqrt(DIM // HEADS)),
+                      tf.constant(-1e9))
+    merged = tf.reshape(tf.transpose(tf.matmul(tf.nn.softmax(scores), v), (0, 2, 1, 3)),
+                        (-1, DIM))
+    h = x + tf.matmul(merged, wo)
+    h = h + tf.matmul(tf.nn.relu(tf.matmul(h, w1) + b1), w2)
+    loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(tf.matmul(h, readout), y)
+    params = [wq, wk, wv, wo, w1, b1, w2, readout]
+
+    def mark(tp):
+        for w in (wq, wk, wv):
+            tp.split_column(w)
+        tp.split_row(wo)
+        tp.split_column(w1, bias=b1)
+        tp.split_row(w2)
+
+    return x, y, loss, params, mark
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_attention_heads_split_over_ranks_match_one_rank(ranks):
+    x, y, loss, params, mark = build_attention()
+    steps, batch = 3, 2
+    single = tf.train.AdamOptimizer(0.05).minimize(loss, params)
+    comms = ThreadTransport.group_of(ranks, timeout=20)
+    tps, trains = [], []
+    for comm in comms:
+        tp = TensorParallel(comm)
+        mark(tp)
+        local = tp.apply(loss)
+        mine = [tp.shards[id(p)][1] if id(p) in tp.shards else p for p in params]
+        trains.append(tf.train.AdamOptimizer(0.05).minimize(local, mine))
+        tps.append(tp)
+    init = tf.global_variables_initializer()
+    rng = np.random.default_rng(3)
+    feeds = [(rng.standard_normal((batch * SEQ, DIM)), rng.integers(0, 5, batch * SEQ))
+             for _ in range(steps)]
+    sess = tf.Session()
+    sess.run(init)
+    for fx, fy in feeds:
+        sess.run(single, {x: fx, y: fy})
+    expected = sess.run(params)
+
+    def rank(comm):
+        sess = tf.Session()
+        sess.run(init)
+        tps[comm.rank].shard(sess)
+        sent = []
+        for fx, fy in feeds:
+            before = comm.bytes_sent
+            sess.run(trains[comm.rank], {x: fx, y: fy})
+            sent.append(comm.bytes_sent - before)
+        return tps[comm.rank].gather_variables(sess, params), sent
+
+    for weights, sent in run_threads(comms, rank):
+        for got, want, p in zip(weights, expected, params):
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=p.name)
+        # Attention and MLP are both (D -> D) column-then-row blocks: one allreduce of
+        # (B*T) x D forward each; backward one for the MLP's input (the residual
+        # stream), none for attention's (x is data), Q, K and V sharing one f.
+        theory = tp_bytes_theory(batch * SEQ, [(DIM, DIM), (DIM, DIM)], ranks, 8)
+        assert sent == [theory] * steps
+    text = tf.explain(tps[0])
+    assert "column-split a_q" in text and "row-split a_o" in text
+
+
+def test_a_reshape_that_mixes_the_split_axis_is_refused():
+    comms = ThreadTransport.group_of(2, timeout=5)
+    x = tf.placeholder(tf.float64, (6, DIM))
+    w = tf.Variable(np.ones((DIM, DIM)), dtype=tf.float64, name="mix_w")
+    out = tf.reduce_sum(tf.reshape(tf.matmul(x, w), (DIM, 6)))  # columns mixed with rows
+    tp = TensorParallel(comms[0])
+    tp.split_column(w)
+    with pytest.raises(TinyFlowError, match=r"reshape 6x8 -> 8x6 mixes the split axis 1"):
+        tp.apply(out)

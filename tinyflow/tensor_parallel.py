@@ -9,6 +9,13 @@ An MLP block y = act(x W1 + b1) W2 is split over N ranks without changing its ma
 * **row split** of W2 (h x out): rank r keeps the matching rows. act(.)_r W2_r is a
   partial sum of x W2; an **allreduce** (sum) adds the partials: every rank has y.
 
+Attention splits the same way, by heads: Q, K and V projections column-split (rank r
+keeps heads H*r/N .. H*(r+1)/N, which are contiguous columns), each head's attention is
+local, and the output projection is row-split. Between the two, a split tensor may go
+through ops that keep the heads apart: elementwise ops, the reshape into (B, T, H, D/H)
+and back, transposes, batched matmuls of two tensors split on the same batch axis, and
+softmax over another axis. `SPLIT_RULES` says, per op, where the rank's slice goes.
+
 Megatron's two conjugate operators make autodiff produce the backward collectives by
 itself: `tp_copy` (called f in the paper) is the identity forward and an allreduce of
 the gradient backward (each rank's x feeds only its columns); `tp_allreduce` (g) is
@@ -138,7 +145,9 @@ class TensorParallel:
         inserted. Raises TinyFlowError when a split tensor reaches an op that is not
         elementwise (its math would change) before a row-split matmul joins it."""
         self.mapped: dict[int, Node] = {}
-        self.split: set[int] = set()  # ids of new nodes holding a column slice
+        # id(new node) -> the axis along which it holds only this rank's slice
+        self.split: dict[int, int] = {}
+        self.copies: dict[int, Node] = {}  # id(input) -> its tp_copy (one f per input)
         began = time.perf_counter()
         for node in topological_order([output]):
             self.mapped[id(node)] = self._rewrite(node)
@@ -156,31 +165,58 @@ class TensorParallel:
             return self._column(node, inputs)
         if node.op == "matmul" and id(node.inputs[1]) in self.rows:
             return self._row(node, inputs)
-        split = [i for i in inputs if id(i) in self.split]
-        if not split:
+        if not any(id(i) in self.split for i in inputs):
             if all(a is b for a, b in zip(inputs, node.inputs)):
                 return node
             return make(node.op, *inputs, name=None, **node.attrs)
-        if not REGISTRY[node.op].elementwise:
-            raise TinyFlowError(f"tensor parallel: {node.name} ({node.op}, at {node.where}) "
-                                "reads a column-split tensor but is not elementwise; "
-                                "split the next matmul's weight by rows first")
-        inputs = [self._bias_shard(i) for i in inputs]
-        new = make(node.op, *inputs, **node.attrs)
-        self.split.add(id(new))
+        if REGISTRY[node.op].elementwise:
+            new, axis = self._elementwise(node, inputs)
+        elif node.op in SPLIT_RULES:
+            new, axis = SPLIT_RULES[node.op](self, node, inputs)
+        else:
+            raise self._refuse(node, "is not elementwise and does not keep the ranks' "
+                                     "slices apart; split the next matmul's weight by rows "
+                                     "first")
+        self.split[id(new)] = axis
         return new
 
-    def _bias_shard(self, node: Node) -> Node:
-        for bias in self.columns.values():
-            if bias is not None and node is bias:
-                return self._shard(bias, 0)
-        return node
+    def _refuse(self, node: Node, why: str) -> TinyFlowError:
+        return TinyFlowError(f"tensor parallel: {node.name} ({node.op}, at {node.where}) "
+                             f"reads a column-split tensor but {why}")
+
+    def _elementwise(self, node: Node, inputs: list[Node]) -> tuple[Node, int]:
+        """An elementwise op on split inputs: every split input holds its slice on the
+        same output axis; an unsplit input must be a marked bias (it is sharded) or
+        have size 1 there (it broadcasts over the slice unchanged)."""
+        ndim = len(node.shape)
+        axes = {self.split[id(i)] + ndim - len(i.shape) for i in inputs if id(i) in self.split}
+        if len(axes) != 1:
+            raise self._refuse(node, f"its inputs are split along different axes {axes}")
+        (axis,) = axes
+        sharded = []
+        for i in inputs:
+            own = axis - (ndim - len(i.shape))  # the same axis, counted in i's dims
+            if id(i) in self.split or own < 0 or i.shape[own] == 1:
+                sharded.append(i)
+            elif self._is_bias(i):
+                sharded.append(self._shard(i, 0))
+            else:
+                raise self._refuse(node, f"also reads {i.name} {_shape(i)} whole along "
+                                         f"the split axis {axis}")
+        return make(node.op, *sharded, **node.attrs), axis
+
+    def _is_bias(self, node: Node) -> bool:
+        return any(bias is node for bias in self.columns.values())
 
     def _column(self, node: Node, inputs: list[Node]) -> Node:
         weight = node.inputs[1]
-        x = make("tp_copy", inputs[0], comm=self.key)
+        # One f per input: Q, K and V read the same x, so their gradients meet in one
+        # tp_copy and backward allreduces their sum once (as Megatron's f does).
+        if id(inputs[0]) not in self.copies:
+            self.copies[id(inputs[0])] = make("tp_copy", inputs[0], comm=self.key)
+        x = self.copies[id(inputs[0])]
         new = ops.matmul(x, self._shard(weight, 1))
-        self.split.add(id(new))
+        self.split[id(new)] = len(new.shape) - 1
         self.ctx.record([node], [x, new],
                         f"column-split {weight.name} {_shape(weight)} -> "
                         f"{_shape(self._shard(weight, 1))} on rank {self.comm.rank} of "
@@ -190,7 +226,7 @@ class TensorParallel:
 
     def _row(self, node: Node, inputs: list[Node]) -> Node:
         weight, x = node.inputs[1], inputs[0]
-        if id(x) not in self.split:
+        if self.split.get(id(x)) != len(x.shape) - 1:
             raise TinyFlowError(f"tensor parallel: {weight.name} is split by rows, so its "
                                 f"input must be column-split (mark the previous layer with "
                                 f"split_column); {node.name} at {node.where}")
@@ -230,3 +266,67 @@ class TensorParallel:
 
 def _shape(node: Node) -> str:
     return "x".join(map(str, node.shape))
+
+
+# ----------------------------------------------------------------------------------
+# Where a rank's slice goes through ops that are not elementwise
+# ----------------------------------------------------------------------------------
+# Each rule gets the pass, the original node and its rewritten inputs, and returns the
+# new node and the output axis that holds the slice (or raises, naming the node).
+
+def _split_reshape(tp: TensorParallel, node: Node, inputs: list[Node]) -> tuple[Node, int]:
+    """A slice along axis a of x is, for each index of the axes before a, one
+    contiguous run of x[a:] (size prod(x.shape[a:]) / N). After the reshape the same
+    run is a slice along the output axis j whose trailing size prod(out[j:]) equals
+    prod(x.shape[a:]), if out[j] divides by N: (B*T, D) -> (B, T, H, D/H) puts the
+    slice of D on H; (B, T, H, D/H) -> (B*T, D) puts the slice of H on D."""
+    (x,) = inputs
+    axis = tp.split[id(x)]
+    full_in, out = node.inputs[0].shape, node.shape
+    trailing = math.prod(full_in[axis:])
+    for j in range(len(out)):
+        if out[j] is not None and all(d is not None for d in out[j:]) \
+                and math.prod(out[j:]) == trailing and out[j] % tp.comm.size == 0:
+            shape = list(node.attrs["shape"])
+            shape[j] = out[j] // tp.comm.size
+            return make("reshape", x, shape=tuple(shape)), j
+    raise tp._refuse(node, f"its reshape {_shape(node.inputs[0])} -> {_shape(node)} mixes "
+                           f"the split axis {axis} with others")
+
+
+def _split_transpose(tp: TensorParallel, node: Node, inputs: list[Node]) -> tuple[Node, int]:
+    """The slice moves with its axis."""
+    (x,) = inputs
+    return make("transpose", x, **node.attrs), list(node.attrs["axes"]).index(tp.split[id(x)])
+
+
+def _split_batched_matmul(tp: TensorParallel, node: Node, inputs: list[Node]
+                          ) -> tuple[Node, int]:
+    """A batched matmul of two tensors split on the same batch axis (each head's
+    Q K^T, or weights x V): every batch entry is computed from its own slices."""
+    axes = {tp.split.get(id(i)) for i in inputs}
+    batch_axes = len(node.shape) - 2
+    if len(axes) != 1 or None in axes or axes.pop() >= batch_axes \
+            or any(len(i.shape) != len(node.shape) for i in inputs):
+        raise tp._refuse(node, "its operands are not both split on the same batch axis")
+    axis = tp.split[id(inputs[0])]
+    return make("matmul", *inputs, **node.attrs), axis
+
+
+def _split_last_axis_reduction(tp: TensorParallel, node: Node, inputs: list[Node]
+                               ) -> tuple[Node, int]:
+    """softmax normalizes over the last axis: a slice along any other axis is whole."""
+    (x,) = inputs
+    axis = tp.split[id(x)]
+    if axis == len(x.shape) - 1:
+        raise tp._refuse(node, "normalizes over the split axis")
+    return make(node.op, x, **node.attrs), axis
+
+
+SPLIT_RULES = {
+    "reshape": _split_reshape,
+    "transpose": _split_transpose,
+    "matmul": _split_batched_matmul,   # the marked 2-D ones were handled before
+    "softmax": _split_last_axis_reduction,
+    "log_softmax": _split_last_axis_reduction,
+}
