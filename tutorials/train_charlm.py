@@ -91,20 +91,23 @@ class CharTransformer:
     """The Variables of a decoder-only transformer, and the graph that applies them."""
 
     def __init__(self, vocab_size: int, context: int, dim: int, heads: int, layers: int,
-                 seed: int) -> None:
-        self.dim, self.heads, self.context = dim, heads, context
+                 seed: int, dtype: type = np.float32) -> None:
+        # dtype: float32 to train; float64 where a test compares schemes exactly
+        # (tutorials/train_parallel.py --model charlm --check).
+        self.dim, self.heads, self.context, self.dtype = dim, heads, context, dtype
         seeds = iter(range(seed * 1000, seed * 1000 + 1000))
 
         def weight(shape: tuple[int, ...], name: str, std: float = 0.02) -> tf.Node:
             # GPT-2's initializer: N(0, 0.02); projections into the residual stream
             # are scaled down by sqrt(2 * layers) so the stream's variance stays ~1.
-            return tf.Variable(tf.random_normal(shape, stddev=std, seed=next(seeds)), name=name)
+            return tf.Variable(tf.random_normal(shape, stddev=std, dtype=dtype,
+                                                seed=next(seeds)), name=name)
 
         def zeros(size: int, name: str) -> tf.Node:
-            return tf.Variable(tf.zeros((size,)), name=name)
+            return tf.Variable(tf.zeros((size,), dtype), name=name)
 
         def ones(size: int, name: str) -> tf.Node:
-            return tf.Variable(tf.ones((size,)), name=name)
+            return tf.Variable(tf.ones((size,), dtype), name=name)
 
         residual_std = 0.02 / math.sqrt(2 * layers)
         self.token_embedding = weight((vocab_size, dim), "token_embedding")
@@ -138,11 +141,11 @@ class CharTransformer:
         q = self.split_heads(tf.matmul(x, block["wq"]))
         k = self.split_heads(tf.matmul(x, block["wk"]))
         v = self.split_heads(tf.matmul(x, block["wv"]))
-        scale = np.float32(1.0 / math.sqrt(self.dim // self.heads))
+        scale = self.dtype(1.0 / math.sqrt(self.dim // self.heads))
         scores = tf.matmul(q, k, transpose_b=True) * scale            # (B, H, T, T)
         # Position t may only look at positions <= t: the rest get -1e9 before the
         # softmax, so their weights are exactly 0.
-        scores = tf.where(causal_mask, scores, tf.constant(np.float32(-1e9)))
+        scores = tf.where(causal_mask, scores, tf.constant(self.dtype(-1e9)))
         weights = tf.nn.softmax(scores)
         heads = tf.matmul(weights, v)                                 # (B, H, T, D/H)
         merged = tf.reshape(tf.transpose(heads, (0, 2, 1, 3)), (-1, self.dim))

@@ -3,6 +3,7 @@
     python tutorials/train_parallel.py --scheme zero3 --threads 4   # 4 ranks as threads
     tinyflow launch -n 4 tutorials/train_parallel.py --scheme pp-1f1b   # 4 processes
     python tutorials/train_parallel.py --scheme tp --check          # and compare to 1 rank
+    python tutorials/train_parallel.py --model charlm --scheme tp   # attention heads split
 
 Schemes (each a module of tinyflow; the model and the data are the same for all):
 
@@ -15,7 +16,11 @@ Schemes (each a module of tinyflow; the model and the data are the same for all)
     ps-sync     parameter server: rank 0 serves, the others push and pull (param_server.py)
     ps-async    the same, asynchronous with bounded staleness
 
-The model: 64 -> H -> H -> H -> 10 (relu, tanh, relu), float64, momentum SGD. Every
+The model: 64 -> H -> H -> H -> 10 (relu, tanh, relu), float64, momentum SGD; or, with
+`--model charlm`, train_charlm.py's transformer (float64, 4 heads, next-character
+prediction on 32-character windows) for dp, zero1-3, tp (Q, K, V and the MLP's first
+layer by columns, the output projections by rows: each rank computes its heads) and
+ps-*; the pipeline schemes cut the MLP's layer list. Every
 scheme but ps-async computes what one rank computes on the whole batch; `--check`
 trains that one rank too and prints the largest relative difference of the weights.
 `--trace FILE` (threads) writes a DebugRecord with a timeline lane per rank: the
@@ -55,6 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      "scheme, on threads (--threads N) or under "
                                      "`tinyflow launch -n N`.")
     parser.add_argument("--scheme", choices=SCHEMES, default="zero2")
+    parser.add_argument("--model", choices=["mlp", "charlm"], default="mlp")
     parser.add_argument("--threads", type=int, default=0, metavar="N",
                         help="N ranks as threads (default: 4, or the launcher's ranks)")
     parser.add_argument("--epochs", type=int, default=10)
@@ -71,6 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs = 2
+    if args.model == "charlm" and args.scheme.startswith("pp-"):
+        parser.error("--model charlm runs dp, zero1-3, tp and ps-*; the pipeline schemes "
+                     "cut the MLP's layer list")
     return args
 
 
@@ -100,6 +109,48 @@ def build_model(hidden: int):
     accuracy = tf.reduce_mean(tf.equal(tf.argmax(logits, 1), y))
     return {"x": x, "y": y, "loss": loss, "accuracy": accuracy, "params": params,
             "layers": layers}
+
+
+CHARLM = {"context": 32, "dim": 32, "heads": 4, "layers": 1, "corpus_chars": 40_000}
+
+
+def build_charlm_model():
+    """train_charlm.py's transformer in float64, on windows of the docstring corpus:
+    x = (B, T) character ids, y = the next characters. Returns the MLP's keys plus
+    `mark` (the tensor-parallel split of each block) and `data`."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from train_charlm import CharTransformer
+
+    from tinyflow.data import CharVocab, char_corpus
+    text = char_corpus(CHARLM["corpus_chars"])
+    vocab, context = CharVocab(text), CHARLM["context"]
+    ids = vocab.encode(text)
+    windows = (len(ids) - 1) // context
+    xs = ids[:windows * context].reshape(windows, context)
+    ys = ids[1:windows * context + 1].reshape(windows, context)
+    split = int(0.9 * windows)
+    data = (xs[:split], ys[:split], xs[split:], ys[split:])
+    net = CharTransformer(len(vocab), context, CHARLM["dim"], CHARLM["heads"],
+                          CHARLM["layers"], seed=0, dtype=np.float64)
+    x = tf.placeholder(tf.int64, (None, context), name="ids")
+    y = tf.placeholder(tf.int64, (None, context), name="next_ids")
+    logits = net(x, tf.constant(np.arange(context, dtype=np.int64)))
+    labels = tf.reshape(y, (-1,))
+    params = [net.token_embedding, net.position_embedding]
+    params += [v for block in net.blocks for v in block.values()]
+    params += [net.final_gamma, net.final_beta, net.unembedding]
+
+    def mark(tp):
+        for block in net.blocks:
+            for name in ("wq", "wk", "wv"):
+                tp.split_column(block[name])
+            tp.split_row(block["wo"])
+            tp.split_column(block["w1"], bias=block["b1"])
+            tp.split_row(block["w2"])
+
+    return {"x": x, "y": y, "loss": loss_fn(logits, labels), "params": params,
+            "accuracy": tf.reduce_mean(tf.equal(tf.argmax(logits, 1), labels)),
+            "layers": None, "mark": mark, "data": data}
 
 
 def loss_fn(logits, labels):
@@ -144,9 +195,12 @@ class TensorParallelRunner:
     def __init__(self, model, comm, args):
         self.model, self.tp = model, TensorParallel(comm)
         params = model["params"]
-        for k in (0, 2):  # layers 1 and 3 by columns, 2 and 4 by rows
-            self.tp.split_column(params[2 * k], bias=params[2 * k + 1])
-            self.tp.split_row(params[2 * k + 2])
+        if "mark" in model:
+            model["mark"](self.tp)
+        else:
+            for k in (0, 2):  # layers 1 and 3 by columns, 2 and 4 by rows
+                self.tp.split_column(params[2 * k], bias=params[2 * k + 1])
+                self.tp.split_row(params[2 * k + 2])
         local = self.tp.apply(model["loss"])
         mine = [self.tp.shards[id(p)][1] if id(p) in self.tp.shards else p for p in params]
         self.train = optimizer(args).minimize(local, mine)
@@ -285,8 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     launched = bool(comms) and comms[0].size > 1
     if not launched:  # not under `tinyflow launch`: ranks as threads
         comms = ThreadTransport.group_of(args.threads or 4, args.timeout)
-    data = load_digits()
-    model = build_model(args.hidden)
+    if args.model == "charlm":
+        model = build_charlm_model()
+        data = model["data"]
+    else:
+        data, model = load_digits(), build_model(args.hidden)
     init = tf.global_variables_initializer()
     runners = {c.rank: make_runner(model, c, args, init) for c in comms}
     init_rest = tf.global_variables_initializer()  # optimizer slots made by the runners
