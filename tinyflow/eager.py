@@ -136,18 +136,19 @@ class CachingAllocator:
         small = size <= SMALL_REQUEST
         pool = self.free_small if small else self.free_large
         index = bisect.bisect_left(pool, (size, -1, -1))
-        if index < len(pool):
-            block = pool.pop(index)[3]
-            reason = f"best fit: free block #{block.id} ({block.size} B at offset " \
-                     f"{block.offset} of segment {block.segment})"
-        else:
-            block = self._new_segment(size, small)
-            reason = f"new segment {block.segment} of {block.size} B (no free block fits)"
+        reused = index < len(pool)
+        block = pool.pop(index)[3] if reused else self._new_segment(size, small)
+        found_size = block.size
         self._split(block, size, small)
         block.allocated, block.requested = True, nbytes
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
-        self._event("alloc", block, reason)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+        if self.record:  # the reason is text: made only when someone keeps it
+            reason = (f"best fit: free block #{block.id} ({found_size} B at offset "
+                      f"{block.offset} of segment {block.segment})" if reused else
+                      f"new segment {block.segment} of {found_size} B (no free block fits)")
+            self._event("alloc", block, reason)
         return block
 
     def free(self, block: Block) -> None:
@@ -158,7 +159,8 @@ class CachingAllocator:
         self.allocated -= block.size
         if self.poison:
             self.view(block, block.size, np.uint8).fill(POISON_BYTE)
-        self._event("free", block, "its Tensor was released")
+        if self.record:
+            self._event("free", block, "its Tensor was released")
         small = self.segments[block.segment].small
         for neighbour in (block.prev, block.next):
             if neighbour is not None and not neighbour.allocated:
@@ -558,20 +560,23 @@ def _new_array(shape: tuple, dtype: Any) -> tuple[np.ndarray, Block | None, Any]
 # Running one op at once
 # ----------------------------------------------------------------------------------
 
-_literals: dict[tuple, np.ndarray] = {}
+_literals: dict[tuple, Tensor] = {}
 
 
-def _literal(op: str, value: Any, like: Any) -> np.ndarray:
+def _literal(op: str, value: Any, like: Any) -> Tensor:
     """A Python number or array mixed with Tensors, typed as the graph's `make` types
-    it (`ops.literal_dtype`: `x * 2` stays float32, `int32 + 1.5` is a float)."""
+    it (`ops.literal_dtype`: `x * 2` stays float32, `int32 + 1.5` is a float), as a
+    Tensor outside the allocator. Numbers are remembered: a loop asks for the same
+    `x * 0.5` every step."""
     hashable = isinstance(value, (int, float, bool, np.generic))
     key = (type(value), value, like) if hashable else None
     if key is not None and key in _literals:
         return _literals[key]
     array = ops._literal(op, value, like, user_source_line()).attrs["value"].array
+    tensor = Tensor._wrap(array, None)   # read-only (ConstValue's copy)
     if key is not None and len(_literals) < 4096:
-        _literals[key] = array   # read-only (ConstValue's copy)
-    return array
+        _literals[key] = tensor
+    return tensor
 
 
 _inferred: dict[tuple, tuple] = {}
@@ -651,7 +656,7 @@ def _constant_tensor(op: str, value: Any, like: Any) -> Tensor:
                              f"graph node {value.name} ({value.op}); eager ops take "
                              "Tensors, arrays, numbers and tf.constant values")
         return Tensor._wrap(value.attrs["value"].array, None)
-    return Tensor._wrap(_literal(op, value, like), None)
+    return _literal(op, value, like)
 
 
 ops.set_eager_dispatch(apply, Tensor)
