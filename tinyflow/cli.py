@@ -12,8 +12,8 @@
 
 The debugger and the exporters live in the separate `viz` package (the `viz` extra),
 which reads the DebugRecord files TinyFlow writes; tinyflow never imports it. The
-commands here run `python -m viz ...` in a child process, so the core library keeps
-numpy as its only dependency.
+commands here run `python -m viz ...` in a child process, so the core library needs
+no terminal-UI packages.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a tiny run for tests: a small model, 40 steps")
     parser.add_argument("--trace", metavar="FILE",
                         help="record a DebugRecord of the training step (tinyflow debug FILE)")
-    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/charlm.npz",
+    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/charlm.safetensors",
                         help="where to save the trained Variables ('' to skip)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights, the batches and the sampling")

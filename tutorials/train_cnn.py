@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a tiny run for tests (3 epochs, 16 and 32 filters)")
     parser.add_argument("--trace", metavar="FILE",
                         help="record a DebugRecord of the training step (tinyflow debug FILE)")
-    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/cnn.npz",
+    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/cnn.safetensors",
                         help="where to save the trained Variables ('' to skip)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights and the minibatch order "

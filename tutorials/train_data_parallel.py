@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="gradient bucket size for the allreduce, in KiB")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds a rank waits for a peer before giving up")
-    parser.add_argument("--checkpoint", default="checkpoints/digits_data_parallel.npz")
+    parser.add_argument("--checkpoint", default="checkpoints/digits_data_parallel.safetensors")
     parser.add_argument("--trace", metavar="FILE",
                         help="write rank 0's DebugRecord (tinyflow debug FILE)")
     parser.add_argument("--quick", action="store_true", help="2 epochs, small model")

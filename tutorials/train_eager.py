@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace", metavar="FILE",
                         help="record the first epoch's eager ops (tinyflow debug FILE)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the minibatch order")
-    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/eager_mlp.npz",
+    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/eager_mlp.safetensors",
                         help="where to save the trained parameters ('' to skip)")
     args = parser.parse_args(argv)
     for name in ("epochs", "batch_size", "hidden"):

@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a tiny run for tests (5 epochs); still ~95%% accurate")
     parser.add_argument("--trace", metavar="FILE",
                         help="record a DebugRecord of the training step (tinyflow debug FILE)")
-    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/mlp.npz",
+    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/mlp.safetensors",
                         help="where to save the trained Variables ('' to skip)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the minibatch order (the train/test split is fixed)")

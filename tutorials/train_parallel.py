@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--check", action="store_true",
                         help="also train one rank on the whole batch and compare weights")
     parser.add_argument("--trace", metavar="FILE", help="a DebugRecord, a lane per rank")
-    parser.add_argument("--checkpoint", default="checkpoints/digits_parallel.npz")
+    parser.add_argument("--checkpoint", default="checkpoints/digits_parallel.safetensors")
     parser.add_argument("--quick", action="store_true", help="2 epochs, fewer batches")
     args = parser.parse_args(argv)
     if args.quick:
