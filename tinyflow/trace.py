@@ -410,9 +410,14 @@ def save(record: dict, path: str | os.PathLike) -> None:
     text = dumps(record).encode("utf-8")
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(gzip.compress(text, compresslevel=6) if path.endswith(".gz") else text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(gzip.compress(text, compresslevel=6) if path.endswith(".gz") else text)
+        os.replace(tmp, path)
+    except OSError as err:
+        if os.path.isfile(tmp):
+            os.unlink(tmp)
+        raise RecordError(f"cannot write {path}: {err.strerror or err}") from None
 
 
 # A record larger than this (after gzip) is refused rather than read: a small gzip
