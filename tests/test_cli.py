@@ -138,12 +138,15 @@ def test_debug_run_records_a_trace_and_opens_it(monkeypatch, tmp_path):
     """))
     opened = []
     monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name, *a: object())
-    monkeypatch.setattr(cli, "_viz", lambda arguments: opened.append(arguments) or 0)
+    # The fake debugger reads the record while it is open, as the real one does.
+    monkeypatch.setattr(cli, "_viz", lambda arguments: opened.append(
+        (arguments[0], trace.load(arguments[0]))) or 0)
     assert cli.main(["debug", "--run", str(script), "2.0"]) == 0
-    (path,) = opened[0]
-    record = trace.load(path)
+    ((path, record),) = opened
     assert record["timelines"], "the script's runs were not recorded"
     assert {n["op"] for n in record["graphs"][0]["nodes"]} >= {"matmul", "placeholder"}
+    # Issue 14 item 29: the temporary folder goes when the debugger closes.
+    assert not Path(path).parent.exists()
 
 
 def test_launch_calls_allreduce_launch(monkeypatch, tmp_path):

@@ -24,6 +24,7 @@ import argparse
 import importlib.util
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -178,14 +179,20 @@ def _debug(args: argparse.Namespace) -> int:
     script, script_args = Path(args.run[0]), args.run[1:]
     if not script.is_file():
         raise CommandError(f"no such script: {script}")
-    trace = Path(tempfile.mkdtemp(prefix="tinyflow-debug-")) / f"{script.stem}.trace.json"
-    env = dict(os.environ, TINYFLOW_TRACE=str(trace))
-    status = subprocess.call([sys.executable, str(script), *script_args], env=env)
-    if not trace.is_file():
-        raise CommandError(f"{script} wrote no trace to {trace} (exit status {status}); "
-                           "did it run a tf.Session?")
-    print(f"tinyflow: trace of {script} written to {trace}", file=sys.stderr)
-    return _viz([str(trace)])
+    # The record lives in a temporary folder for as long as the debugger has it open.
+    folder = Path(tempfile.mkdtemp(prefix="tinyflow-debug-"))
+    try:
+        trace = folder / f"{script.stem}.trace.json"
+        env = dict(os.environ, TINYFLOW_TRACE=str(trace))
+        status = subprocess.call([sys.executable, str(script), *script_args], env=env)
+        if not trace.is_file():
+            raise CommandError(f"{script} wrote no trace (exit status {status}); did it run "
+                               "a tf.Session?")
+        print(f"tinyflow: trace of {script} in {trace} (removed when the debugger closes; "
+              "to keep one, set TINYFLOW_TRACE=FILE and run the script)", file=sys.stderr)
+        return _viz([str(trace)])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _onnx_io() -> Any:
