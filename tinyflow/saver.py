@@ -134,8 +134,8 @@ class Saver:
                     "no value in this session; run tf.global_variables_initializer() first")
             # np.array, not np.ascontiguousarray: the latter turns 0-d values into (1,).
             tensors[name] = np.array(_to_numpy(value), order="C", copy=True)
-        data = _encode(path, tensors, global_step)
-        _write_atomically(path, data)
+        metadata = _metadata(path, tensors, global_step)
+        _write_atomically(path, tensors, metadata)
         return str(path)
 
     # -- restore ---------------------------------------------------------------------
@@ -198,10 +198,10 @@ def _assign_host(session: Any, var: Node, value: np.ndarray) -> None:
         session.variables[var] = value.copy()
 
 
-def _encode(path: Path, tensors: dict[str, np.ndarray], global_step: int | None) -> bytes:
-    """The safetensors bytes of `tensors`, with TinyFlow's metadata in the header."""
-    import safetensors.numpy
-
+def _metadata(path: Path, tensors: dict[str, np.ndarray],
+              global_step: int | None) -> dict[str, str]:
+    """The header's ``__metadata__`` for `tensors`, after checking safetensors can hold
+    them."""
     from tinyflow import __version__
     metadata = {"format": FORMAT, "version": str(VERSION), "tinyflow_version": __version__,
                 "sha256": _digest(tensors)}
@@ -214,10 +214,7 @@ def _encode(path: Path, tensors: dict[str, np.ndarray], global_step: int | None)
         if array.dtype.hasobject or array.dtype.kind not in "biuf":
             raise CheckpointError(f"cannot save {path}: Variable {name!r} has dtype "
                                   f"{array.dtype}, which safetensors cannot hold")
-    try:
-        return safetensors.numpy.save(tensors, metadata=metadata)
-    except Exception as err:  # SafetensorError and friends: name the file
-        raise CheckpointError(f"cannot save {path}: {err}") from None
+    return metadata
 
 
 def _digest(tensors: Mapping[str, np.ndarray]) -> str:
@@ -234,13 +231,18 @@ def _digest(tensors: Mapping[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it over `path`.
+def _write_atomically(path: Path, tensors: dict[str, np.ndarray],
+                      metadata: dict[str, str]) -> None:
+    """Write the safetensors file to a temporary file beside `path`, flush it to disk,
+    then rename it over `path`.
 
     The temporary name carries the writer's process id (``.NAME.PID.XXXX.tmp``), so
     the next save can tell the leftovers of a writer that was killed from those of a
     writer still running, and remove them.
     """
+    import safetensors
+    import safetensors.numpy
+
     directory = path.parent if str(path.parent) else Path(".")
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -250,20 +252,22 @@ def _write_atomically(path: Path, data: bytes) -> None:
     except OSError as err:
         raise CheckpointError(f"cannot save {path}: {err.strerror or err}") from None
     try:
-        # mkstemp makes the file private (0600); give it the mode a plain open()
+        os.close(handle)
+        # The library writes the file itself (no copy of the whole file in memory).
+        safetensors.numpy.save_file(tensors, tmp_name, metadata=metadata)
+        # mkstemp made the file private (0600); give it the mode a plain open()
         # would have (0666 less the umask), as users expect of a saved model.
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_name, 0o666 & ~umask)
-        with os.fdopen(handle, "wb") as tmp:
-            tmp.write(data)
-            tmp.flush()
+        with open(tmp_name, "rb+") as tmp:
             os.fsync(tmp.fileno())
         os.replace(tmp_name, path)
     except BaseException as err:
         Path(tmp_name).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise CheckpointError(f"cannot save {path}: {err.strerror or err}") from None
+        if isinstance(err, (OSError, safetensors.SafetensorError)):
+            reason = getattr(err, "strerror", None) or err
+            raise CheckpointError(f"cannot save {path}: {reason}") from None
         raise
 
 
