@@ -1,8 +1,15 @@
-"""Checkpoints (tinyflow/saver.py): round trips, refusals, no pickle, atomic writes."""
+"""Checkpoints (tinyflow/saver.py): round trips, refusals, no pickle, atomic writes.
 
+The file format is safetensors; version-1 `.npz` checkpoints are still read.
+"""
+
+import io
 import json
 import os
 import pickle
+import signal
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -10,7 +17,7 @@ import numpy as np
 import pytest
 
 import tinyflow as tf
-from tinyflow.saver import CheckpointError, Saver, read_checkpoint
+from tinyflow.saver import CheckpointError, Saver, read_checkpoint, read_metadata
 
 
 def _model():
@@ -23,13 +30,26 @@ def _model():
     return sess, [w, b, step]
 
 
+def _write_v1_npz(path, names_arrays):
+    """A checkpoint as TinyFlow 0.1 wrote it: np.savez of v0.. plus a JSON manifest."""
+    names = [n for n, _ in names_arrays]
+    arrays = [a for _, a in names_arrays]
+    manifest = {"format": "tinyflow.checkpoint", "version": 1, "names": names,
+                "shapes": [list(a.shape) for a in arrays],
+                "dtypes": [a.dtype.name for a in arrays]}
+    entries = {f"v{i}": a for i, a in enumerate(arrays)}
+    entries["__manifest__"] = np.frombuffer(json.dumps(manifest).encode(), np.uint8)
+    np.savez(path, **entries)
+    return manifest
+
+
 def test_round_trip_restores_values_shapes_and_dtypes(tmp_path):
     sess, variables = _model()
     w, b, step = variables
     sess.run(tf.assign(step, step + 3.0))
     saver = Saver(variables)
-    path = saver.save(sess, tmp_path / "model.npz")
-    assert Path(path) == tmp_path / "model.npz"
+    path = saver.save(sess, tmp_path / "model.safetensors")
+    assert Path(path) == tmp_path / "model.safetensors"
 
     fresh = tf.Session()
     saver.restore(fresh, path)
@@ -45,7 +65,7 @@ def test_round_trip_restores_values_shapes_and_dtypes(tmp_path):
 def test_restore_writes_into_the_existing_buffers(tmp_path):
     sess, variables = _model()
     saver = Saver(variables)
-    path = saver.save(sess, tmp_path / "m.npz")
+    path = saver.save(sess, tmp_path / "m.safetensors")
     held = sess.variables[variables[0]]
     held[...] = -7.0
     saver.restore(sess, path)
@@ -58,26 +78,81 @@ def test_default_var_list_and_dict_names(tmp_path):
     everything = Saver()
     assert set(variables) <= set(everything.variables.values())
     renamed = Saver({"weights": variables[0]})
-    path = renamed.save(sess, tmp_path / "renamed.npz")
+    path = renamed.save(sess, tmp_path / "renamed.safetensors")
     assert list(read_checkpoint(path)) == ["weights"]
 
 
-def test_file_is_plain_npz_with_a_json_manifest_and_no_pickle(tmp_path, monkeypatch):
+def test_file_is_safetensors_with_tinyflow_metadata_and_no_pickle(tmp_path, monkeypatch):
+    import safetensors.numpy
     sess, variables = _model()
-    path = Saver(variables).save(sess, tmp_path / "m.npz")
-    with np.load(path, allow_pickle=False) as archive:  # loads without pickle
-        manifest = json.loads(archive["__manifest__"].tobytes())
-        assert all(not archive[k].dtype.hasobject for k in archive.files)
-    assert manifest["format"] == "tinyflow.checkpoint" and manifest["version"] == 1
-    assert manifest["names"] == ["ck_w", "ck_b", "ck_step"]
-    assert manifest["shapes"] == [[2, 3], [2], []]
-    assert manifest["dtypes"] == ["float32", "float64", "float32"]
+    path = Saver(variables).save(sess, tmp_path / "m.safetensors", global_step=12)
+    tensors = safetensors.numpy.load_file(path)  # the library's own reader opens it
+    assert sorted(tensors) == ["ck_b", "ck_step", "ck_w"]
+    assert tensors["ck_w"].dtype == np.float32 and tensors["ck_w"].shape == (2, 3)
+    assert tensors["ck_b"].dtype == np.float64 and tensors["ck_step"].shape == ()
+    meta = read_metadata(path)
+    assert meta["format"] == "tinyflow.checkpoint" and meta["version"] == "2"
+    assert meta["tinyflow_version"] == tf.__version__ and meta["step"] == "12"
+    assert len(meta["sha256"]) == 64
 
     def refuse(*args, **kwargs):
         raise AssertionError("pickle was used")
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "loads", refuse)
     Saver(variables).restore(tf.Session(), path)
+
+
+def test_version_1_npz_checkpoints_still_restore(tmp_path):
+    sess, variables = _model()
+    old = tmp_path / "old.npz"
+    _write_v1_npz(old, [(v.name, sess.variables[v] + 1) for v in variables])
+    fresh = tf.Session()
+    Saver(variables).restore(fresh, old)
+    for var in variables:
+        np.testing.assert_array_equal(fresh.variables[var], sess.variables[var] + 1)
+    assert read_metadata(old) == {}
+
+
+@pytest.mark.parametrize("damage", ["shape_1e11", "manifest_types", "manifest_nested",
+                                    "header_flip", "compressed"])
+def test_crafted_npz_checkpoints_give_a_checkpoint_error(tmp_path, damage):
+    """Issue 14 item 18: these escaped as MemoryError, TypeError, RecursionError and
+    NotImplementedError from the old zip reader."""
+    sess, variables = _model()
+    path = tmp_path / "crafted.npz"
+    arrays = [(v.name, sess.variables[v]) for v in variables]
+    _write_v1_npz(path, arrays)
+    data = bytearray(path.read_bytes())
+    if damage == "shape_1e11":
+        # A member whose .npy header says (100000000000,) but that holds 24 bytes.
+        npy = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            npy, {"descr": "<f4", "fortran_order": False, "shape": (10**11,)})
+        with zipfile.ZipFile(path) as archive:
+            members = {name: archive.read(name) for name in archive.namelist()}
+        members["v0.npy"] = npy.getvalue() + b"\0" * 24
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, member in members.items():
+                archive.writestr(name, member)
+        data = bytearray(path.read_bytes())
+    elif damage in ("manifest_types", "manifest_nested"):
+        manifest = ({"format": "tinyflow.checkpoint", "version": 1, "names": [1, 2, 3],
+                     "shapes": "abc", "dtypes": None} if damage == "manifest_types"
+                    else "[" * 100_000)
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        np.savez(path, __manifest__=np.frombuffer(text.encode(), np.uint8),
+                 v0=np.zeros((2, 3), np.float32))
+        data = bytearray(path.read_bytes())
+    elif damage == "header_flip":
+        central = data.index(b"PK\x01\x02")  # the first member's central directory entry
+        data[central + 10] ^= 0xFF  # its compression method
+    else:
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("v0.npy", b"\0" * 10_000_000)
+        data = bytearray(path.read_bytes())
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="crafted.npz"):
+        Saver(variables).restore(sess, path)
 
 
 def test_a_pickle_file_is_refused_without_running_it(tmp_path):
@@ -90,7 +165,7 @@ def test_a_pickle_file_is_refused_without_running_it(tmp_path):
     evil = tmp_path / "evil.npz"
     evil.write_bytes(pickle.dumps(Payload()))
     sess, variables = _model()
-    with pytest.raises(CheckpointError, match="not a TinyFlow checkpoint"):
+    with pytest.raises(CheckpointError, match="evil.npz is not a readable checkpoint"):
         Saver(variables).restore(sess, evil)
     assert not marker.exists()
 
@@ -100,42 +175,100 @@ def test_an_object_array_inside_an_npz_is_refused(tmp_path):
     path = tmp_path / "objects.npz"
     np.savez(path, __manifest__=np.frombuffer(b"{}", np.uint8),
              v0=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(CheckpointError, match="objects.npz"):
+    with pytest.raises(CheckpointError, match="objects.npz.*object"):
         Saver(variables).restore(sess, path)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_bytes", "empty", "garbage"])
-def test_corrupt_or_truncated_files_give_a_checkpoint_error(tmp_path, damage):
+def _saved(tmp_path, name="m.safetensors"):
     sess, variables = _model()
-    path = Path(Saver(variables).save(sess, tmp_path / "m.npz"))
-    data = bytearray(path.read_bytes())
-    if damage == "truncate":
-        data = data[:len(data) // 2]
-    elif damage == "flip_bytes":
-        # Damage the first stored array's bytes (after its local header): the zip's
-        # CRC check catches it when the member is read.
-        with zipfile.ZipFile(path) as archive:
-            info = archive.getinfo("v0.npy")
-        start = info.header_offset + 30 + len(info.filename) + 140
-        for i in range(start, start + 8):
-            data[i] ^= 0xFF
-    elif damage == "empty":
-        data = bytearray()
-    else:
-        data = bytearray(b"not a checkpoint at all" * 10)
-    path.write_bytes(bytes(data))
+    path = Path(Saver(variables).save(sess, tmp_path / name))
+    return sess, variables, path
+
+
+def _refused_without_change(sess, variables, path, match):
     before = {v: sess.variables[v].copy() for v in variables}
-    with pytest.raises(CheckpointError, match="m.npz"):
+    with pytest.raises(CheckpointError, match=match):
         Saver(variables).restore(sess, path)
     for var in variables:  # nothing was changed
         np.testing.assert_array_equal(sess.variables[var], before[var])
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.003, 0.25, 0.6, 0.99])
+def test_a_truncated_checkpoint_gives_a_checkpoint_error(tmp_path, fraction):
+    sess, variables, path = _saved(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * fraction)])
+    _refused_without_change(sess, variables, path, "m.safetensors")
+
+
+def test_a_flipped_byte_anywhere_gives_a_checkpoint_error(tmp_path):
+    sess, variables, path = _saved(tmp_path)
+    good = path.read_bytes()
+    for offset in range(len(good)):
+        data = bytearray(good)
+        data[offset] ^= 0xFF
+        path.write_bytes(bytes(data))
+        try:
+            read_checkpoint(path)
+        except CheckpointError as err:
+            assert "m.safetensors" in str(err)
+        else:
+            raise AssertionError(f"a flipped byte at offset {offset} of {len(good)} was "
+                                 "read without complaint")
+    path.write_bytes(good)
+    _refused_without_change(sess, variables, tmp_path / "empty", "does not exist")
+
+
+def _header_file(path, header, data=b""):
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+
+@pytest.mark.parametrize("header", [
+    {"w": {"dtype": "F32", "shape": [100_000_000_000], "data_offsets": [0, 24]}},
+    {"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 400_000_000_000]}},
+    {"__metadata__": {"format": 7, "version": [2]}, "w": {"dtype": "F32", "shape": [1],
+                                                          "data_offsets": [0, 4]}},
+    {"__metadata__": {"format": {"nested": {"deeper": 1}}}},
+    {"w": {"dtype": "OBJECT", "shape": [1], "data_offsets": [0, 4]}},
+    {"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}},
+    {"w": "not a tensor"},
+    [1, 2, 3],
+], ids=["1e11_elements", "offsets_past_end", "metadata_not_strings", "metadata_nested",
+        "unknown_dtype", "negative_dim", "entry_not_object", "header_a_list"])
+def test_crafted_safetensors_headers_give_a_checkpoint_error(tmp_path, header):
+    sess, variables = _model()
+    path = tmp_path / "crafted.safetensors"
+    _header_file(path, header, b"\0" * 24)
+    _refused_without_change(sess, variables, path, "crafted.safetensors")
+
+
+def test_header_length_larger_than_the_file_and_other_formats(tmp_path):
+    sess, variables = _model()
+    path = tmp_path / "liar.safetensors"
+    path.write_bytes((10**12).to_bytes(8, "little") + b"{}")
+    _refused_without_change(sess, variables, path, "header claims")
+    path.write_bytes(b"not a checkpoint at all" * 10)
+    _refused_without_change(sess, variables, path, "liar.safetensors")
+    path.write_bytes(b"")
+    _refused_without_change(sess, variables, path, "too short")
+    _refused_without_change(sess, variables, tmp_path, "is a directory")
+
+
+def test_a_newer_tinyflow_checkpoint_version_is_refused(tmp_path):
+    import safetensors.numpy
+    path = tmp_path / "future.safetensors"
+    safetensors.numpy.save_file({"ck_w": np.zeros((2, 3), np.float32)}, path,
+                                metadata={"format": "tinyflow.checkpoint", "version": "9"})
+    with pytest.raises(CheckpointError, match="version '9' is not supported"):
+        read_checkpoint(path)
 
 
 def test_missing_file_and_missing_manifest(tmp_path):
     sess, variables = _model()
     with pytest.raises(CheckpointError, match="does not exist"):
         Saver(variables).restore(sess, tmp_path / "nothing.npz")
-    plain = tmp_path / "plain.npz"
+    plain = tmp_path / "plain.npz"  # an .npz that TinyFlow did not write
     np.savez(plain, ck_w=np.zeros((2, 3), np.float32))
     with pytest.raises(CheckpointError, match="no __manifest__"):
         Saver(variables).restore(sess, plain)
@@ -143,7 +276,7 @@ def test_missing_file_and_missing_manifest(tmp_path):
 
 def test_missing_variable_is_named(tmp_path):
     sess, variables = _model()
-    path = Saver(variables[:1]).save(sess, tmp_path / "partial.npz")
+    path = Saver(variables[:1]).save(sess, tmp_path / "partial.safetensors")
     with pytest.raises(CheckpointError, match=r"'ck_b'.*missing"):
         Saver(variables).restore(sess, path)
     Saver(variables[:1]).restore(sess, path)  # the subset it holds restores fine
@@ -151,7 +284,7 @@ def test_missing_variable_is_named(tmp_path):
 
 def test_shape_mismatch_names_variable_and_both_shapes_and_changes_nothing(tmp_path):
     sess, variables = _model()
-    path = Saver(variables).save(sess, tmp_path / "m.npz")
+    path = Saver(variables).save(sess, tmp_path / "m.safetensors")
     other_w = tf.Variable(np.zeros((3, 2), np.float32), name="ck_w")
     other_b = tf.Variable(np.zeros(2), name="ck_b", dtype=np.float64)
     other = tf.Session()
@@ -166,7 +299,7 @@ def test_shape_mismatch_names_variable_and_both_shapes_and_changes_nothing(tmp_p
 
 def test_dtype_mismatch_is_refused(tmp_path):
     sess, variables = _model()
-    path = Saver(variables).save(sess, tmp_path / "m.npz")
+    path = Saver(variables).save(sess, tmp_path / "m.safetensors")
     as_float32 = tf.Variable(np.zeros(2, np.float32), name="ck_b")
     with pytest.raises(CheckpointError, match=r"'ck_b'.*float64.*float32"):
         Saver([as_float32]).restore(tf.Session(), path)
@@ -178,29 +311,97 @@ def test_saver_refuses_duplicate_names_and_uninitialized_variables(tmp_path):
     with pytest.raises(CheckpointError, match="both named 'same'"):
         Saver([a, b])
     with pytest.raises(CheckpointError, match="no value"):
-        Saver([a]).save(tf.Session(), tmp_path / "x.npz")
+        Saver([a]).save(tf.Session(), tmp_path / "x.safetensors")
 
 
 def test_save_is_atomic(tmp_path, monkeypatch):
     sess, variables = _model()
     saver = Saver(variables)
-    path = Path(saver.save(sess, tmp_path / "m.npz"))
+    path = Path(saver.save(sess, tmp_path / "m.safetensors"))
     good = path.read_bytes()
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt("killed mid-save")
-    monkeypatch.setattr(np, "savez", crash)
+    monkeypatch.setattr(os, "fsync", crash)
     with pytest.raises(KeyboardInterrupt):
         saver.save(sess, path)
     assert path.read_bytes() == good          # the old checkpoint is whole
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz"]  # no temp file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]  # no temp file left
 
 
 def test_saved_file_has_ordinary_permissions(tmp_path):
     sess, variables = _model()
     umask = os.umask(0o022)
     try:
-        path = Saver(variables).save(sess, tmp_path / "m.npz")
+        path = Saver(variables).save(sess, tmp_path / "m.safetensors")
     finally:
         os.umask(umask)
     assert os.stat(path).st_mode & 0o777 == 0o644  # not mkstemp's private 0600
+
+
+def test_saving_to_a_directory_or_an_unwritable_place_is_a_checkpoint_error(tmp_path):
+    """Issue 14 item 18: these were raw IsADirectoryError / FileNotFoundError."""
+    sess, variables = _model()
+    saver = Saver(variables)
+    with pytest.raises(CheckpointError, match="is a directory"):
+        saver.save(sess, tmp_path)
+    with pytest.raises(CheckpointError, match="is a directory"):
+        saver.save(sess, "")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(CheckpointError, match="a_file"):
+        saver.save(sess, blocker / "model.safetensors")
+
+
+_KILLED_SAVE = """
+import os, signal, sys
+import numpy as np
+import tinyflow as tf
+from tinyflow.saver import Saver
+w = tf.Variable(np.full((4, 4), float(sys.argv[2]), np.float32), name="w")
+sess = tf.Session()
+sess.run(tf.global_variables_initializer())
+if sys.argv[3] == "kill":  # die the hard way once the new bytes are written
+    os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
+Saver([w]).save(sess, sys.argv[1])
+"""
+
+
+def test_sigkill_mid_save_keeps_the_old_checkpoint_and_the_next_save_cleans_up(tmp_path):
+    """Issue 14 item 18: a killed writer left `.NAME.*.tmp` files forever."""
+    target = tmp_path / "w.safetensors"
+    env = dict(os.environ, PYTHONPATH=str(Path(tf.__file__).parents[1]))
+
+    def save(value, mode):
+        return subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(target), str(value),
+                               mode], env=env, capture_output=True, timeout=120)
+
+    assert save(1.0, "ok").returncode == 0
+    killed = save(2.0, "kill")
+    assert killed.returncode == -signal.SIGKILL
+    np.testing.assert_array_equal(read_checkpoint(target)["w"], np.ones((4, 4)))
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".w.safetensors.")
+    assert save(3.0, "ok").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+    np.testing.assert_array_equal(read_checkpoint(target)["w"], np.full((4, 4), 3.0))
+
+
+def test_pytorch_reads_a_tinyflow_checkpoint_and_tinyflow_reads_pytorchs(tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+    sess, variables = _model()
+    path = Saver(variables).save(sess, tmp_path / "tf.safetensors")
+    loaded = load_file(path)
+    for var in variables:
+        np.testing.assert_array_equal(loaded[var.name].numpy(), sess.variables[var])
+    assert loaded["ck_b"].dtype == torch.float64
+
+    theirs = tmp_path / "torch.safetensors"
+    save_file({"ck_w": torch.arange(6, dtype=torch.float32).reshape(2, 3) * 10,
+               "ck_b": torch.tensor([3.0, 4.0], dtype=torch.float64),
+               "ck_step": torch.tensor(5.0)}, str(theirs))
+    Saver(variables).restore(sess, theirs)
+    np.testing.assert_array_equal(sess.variables[variables[0]],
+                                  np.arange(6).reshape(2, 3) * 10)
+    assert float(sess.run(variables[2])) == 5.0

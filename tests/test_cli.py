@@ -138,12 +138,15 @@ def test_debug_run_records_a_trace_and_opens_it(monkeypatch, tmp_path):
     """))
     opened = []
     monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name, *a: object())
-    monkeypatch.setattr(cli, "_viz", lambda arguments: opened.append(arguments) or 0)
+    # The fake debugger reads the record while it is open, as the real one does.
+    monkeypatch.setattr(cli, "_viz", lambda arguments: opened.append(
+        (arguments[0], trace.load(arguments[0]))) or 0)
     assert cli.main(["debug", "--run", str(script), "2.0"]) == 0
-    (path,) = opened[0]
-    record = trace.load(path)
+    ((path, record),) = opened
     assert record["timelines"], "the script's runs were not recorded"
     assert {n["op"] for n in record["graphs"][0]["nodes"]} >= {"matmul", "placeholder"}
+    # Issue 14 item 29: the temporary folder goes when the debugger closes.
+    assert not Path(path).parent.exists()
 
 
 def test_launch_calls_allreduce_launch(monkeypatch, tmp_path):
@@ -157,3 +160,134 @@ def test_launch_calls_allreduce_launch(monkeypatch, tmp_path):
     assert calls == [(4, str(script), ["--epochs", "2"])]
     with pytest.raises(SystemExit):
         cli.main(["launch", "-n", "0", str(script)])
+
+
+# -- debug --check and export --tensorboard (issue 22) -------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_debug_check_accepts_a_valid_record(capsys):
+    assert cli.main(["debug", "--check", str(FIXTURES / "mlp.record.json")]) == 0
+    assert "a valid DebugRecord" in capsys.readouterr().out
+
+
+def test_debug_check_prints_every_problem_with_its_json_path(tmp_path, capsys):
+    import json
+    record = json.loads((FIXTURES / "mlp.record.json").read_text())
+    record["graphs"][1]["nodes"][0]["bytes"] = "many"
+    record["streams"][0]["id"] = -3
+    del record["meta"]["title"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(record))
+    assert cli.main(["debug", "--check", str(path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f'{path}: graphs[1].nodes[0].bytes: "many" is not of type "integer"',
+        f'{path}: meta: missing key "title"',
+        f"{path}: streams[0].id: -3 is less than the minimum of 0"]
+    path.write_text("[1, 2,, 3]")
+    assert cli.main(["debug", "--check", str(path)]) == 1
+    assert "invalid JSON" in capsys.readouterr().out
+
+
+def test_export_tensorboard_writes_the_scalars_tensorboard_reads_back(tmp_path, capsys):
+    import json
+    pytest.importorskip("tensorboardX")
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator")
+    record = json.loads((FIXTURES / "mlp.record.json").read_text())
+    record["scalars"]["accuracy"] = [[0, 0.5], [3, 0.75], [4, None]]
+    path = tmp_path / "run.json"
+    trace.save(record, path)
+    logdir = tmp_path / "runs"
+    assert cli.main(["export", str(path), "--tensorboard", str(logdir)]) == 0
+    assert "tensorboard --logdir" in capsys.readouterr().err
+    events = accumulator.EventAccumulator(str(logdir))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == set(record["scalars"])
+    for tag, points in record["scalars"].items():
+        read = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert [s for s, _ in read] == [s for s, _ in points]
+        for (_, got), (_, want) in zip(read, points):
+            if want is None:
+                assert got != got  # NaN: the gap TensorBoard draws
+            else:
+                assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_export_tensorboard_errors(tmp_path, capsys):
+    import json
+    record = json.loads((FIXTURES / "mlp.record.json").read_text())
+    record["scalars"] = {}
+    empty = tmp_path / "empty.json"
+    trace.save(record, empty)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["export", str(empty), "--tensorboard", str(tmp_path / "runs")])
+    assert stop.value.code == 2
+    assert "no scalar series" in capsys.readouterr().err
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(SystemExit):
+        cli.main(["export", str(FIXTURES / "mlp.record.json"), "--tensorboard", str(a_file)])
+    assert "is a file" in capsys.readouterr().err
+
+
+# -- issue 14 item 29: bad arguments are one-line errors before any work --------------------
+
+TUTORIALS = Path(__file__).parents[1] / "tutorials"
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (["--epochs", "-1"], "argument --epochs: must be at least 1, got -1"),
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+    (["--hidden", "0"], "argument --hidden: must be at least 1, got 0"),
+    (["--epochs", "two"], "argument --epochs: expected a whole number, got 'two'"),
+    (["--trace", "/missing/dir/x.json"], "argument --trace: no such folder: /missing/dir"),
+])
+def test_train_refuses_bad_arguments_before_training(arguments, message, capsys):
+    assert cli.main(["train", "mlp", *arguments]) == 2  # the script's argparse exit
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_train_without_a_name_lists_the_scripts(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["train"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "train needs the NAME of a script" in err and "mlp" in err
+
+
+def test_every_training_script_checks_its_sizes(capsys):
+    for name in cli.training_scripts():
+        assert cli.main(["train", name, "--batch-size", "0"]) == 2, name
+        assert "must be at least 1" in capsys.readouterr().err, name
+
+
+def test_charlm_quick_keeps_explicit_model_sizes():
+    import runpy
+    parse_args = runpy.run_path(str(TUTORIALS / "train_charlm.py"))["parse_args"]
+    args = parse_args(["--quick", "--dim", "64", "--heads", "4", "--layers", "3"])
+    assert (args.dim, args.heads, args.layers) == (64, 4, 3)
+    quick = parse_args(["--quick"])
+    assert (quick.dim, quick.heads, quick.layers) == (32, 2, 1)
+    full = parse_args([])
+    assert (full.dim, full.heads, full.layers) == (96, 4, 2)
+
+
+# -- issue 14 item 19: TINYFLOW_TRACE in a missing folder -----------------------------------
+
+def test_tinyflow_trace_in_a_missing_folder_is_refused_up_front(tmp_path):
+    import os
+    script = tmp_path / "script.py"
+    script.write_text("import tinyflow as tf\nprint('ran', tf.Session().run(tf.constant(1.0)))\n")
+    env = dict(os.environ, TINYFLOW_TRACE=str(tmp_path / "missing" / "x.json"),
+               PYTHONPATH=str(Path(cli.__file__).parents[1]))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode != 0
+    assert "ran" not in done.stdout  # refused before the work, not after it
+    assert f"TINYFLOW_TRACE={tmp_path / 'missing' / 'x.json'}: no such folder" in done.stderr
+    assert "Exception ignored" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["script.py"]  # no temp file

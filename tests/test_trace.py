@@ -123,28 +123,28 @@ def _set(path):
 
 CASES = [
     (("graphs", 2, "nodes", 5, "shape"), "x",
-     "graphs[2].nodes[5].shape: expected a list or null, got 'x'"),
+     "graphs[2].nodes[5].shape: \"x\" is not of types \"null\", \"array\""),
     (("graphs", 0, "nodes", 2, "shape"), [3, -1],
-     "graphs[0].nodes[2].shape[1]: expected a non-negative integer, got -1"),
+     "graphs[0].nodes[2].shape[1]: -1 is less than the minimum of 0"),
     (("graphs", 1, "nodes", 4, "inputs"), ["nowhere"],
      "graphs[1].nodes[4].inputs[0]: input 'nowhere' is not a node listed before"),
     (("graphs", 0, "nodes", 3, "phase"), "sideways",
-     "graphs[0].nodes[3].phase: expected 'forward' or 'backward', got 'sideways'"),
+     "graphs[0].nodes[3].phase: \"sideways\" is not one of \"forward\" or \"backward\""),
     (("graphs", 0, "outputs"), ["ghost"],
      "graphs[0].outputs[0]: output 'ghost' is not a node of this graph"),
-    (("graphs", 0, "changed"), 1, "graphs[0].changed: expected true or false, got 1"),
+    (("graphs", 0, "changed"), 1, "graphs[0].changed: 1 is not of type \"boolean\""),
     (("schedule", 4, "node"), "ghost",
      "schedule[4].node: node 'ghost' is not a node of the last graph"),
     (("memory_plan", "tensors", 2, "inplace_of"), "ghost",
      "memory_plan.tensors[2].inplace_of: node 'ghost' is not a node of the last graph"),
     (("memory_plan", "tensors", 2, "kind"), "heap",
-     "memory_plan.tensors[2].kind: expected 'intermediate' or 'feed'"),
+     "memory_plan.tensors[2].kind: \"heap\" is not one of \"intermediate\", \"feed\""),
     (("timelines", 0, "events", 7, "start"), float("nan"),
-     "timelines[0].events[7].start: expected a finite number, got nan"),
+     "timelines[0].events[7].start: null is not of type \"number\""),
     (("timelines", 1, "events", 0, "end"), -1.0,
      "timelines[1].events[0].end: ends (-1.0) before it starts"),
-    (("scalars", "loss", 2), [2], "scalars['loss'][2]: expected a pair [step, value], got [2]"),
-    (("meta", "title"), None, "meta.title: expected a string, got None"),
+    (("scalars", "loss", 2), [2], "scalars.loss[2]: [2] has less than 2 items"),
+    (("meta", "title"), None, "meta.title: null is not of type \"string\""),
     (("check",), {"node": "ghost", "where": "", "message": ""},
      "check.node: node 'ghost' is not a node of the last graph"),
     (("format",), "something.else", "format: expected 'tinyflow.debugrecord'"),
@@ -174,7 +174,7 @@ def test_validate_cross_references_of_waits_and_streams(record):
         trace.validate(broken)
     broken = copy.deepcopy(record)
     del broken["memory_plan"]
-    with pytest.raises(trace.RecordError, match="record: missing key 'memory_plan'"):
+    with pytest.raises(trace.RecordError, match='record: missing key "memory_plan"'):
         trace.validate(broken)
 
 
@@ -207,7 +207,7 @@ def test_load_errors_are_plain_messages(tmp_path, record):
     broken["graphs"][1]["nodes"][0]["bytes"] = "many"
     (tmp_path / "bad.json").write_text(json.dumps(broken))
     with pytest.raises(trace.RecordError, match=r"malformed record: graphs\[1\]\.nodes\[0\]"
-                                                r"\.bytes: expected an integer"):
+                                                r"\.bytes: \"many\" is not of type \"integer\""):
         trace.load(tmp_path / "bad.json")
 
 
@@ -276,3 +276,150 @@ def test_perfetto_needs_a_timeline(record):
         trace.to_perfetto(bare)
     with pytest.raises(trace.RecordError, match="no run index 5"):
         trace.to_perfetto(record, run=5)
+
+
+# -- the JSON Schema (record.schema.json) -------------------------------------------------
+
+
+def test_the_schema_file_is_a_valid_draft_2020_12_schema():
+    import jsonschema
+    import jsonschema_rs
+    schema = trace.schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    jsonschema.Draft202012Validator.check_schema(schema)  # the metaschema check
+    jsonschema_rs.meta.validate(schema)
+    # Every property documents itself.
+    def undocumented(node, path):
+        for key, sub in node.get("properties", {}).items():
+            if "description" not in sub and "$ref" not in sub:
+                yield f"{path}.{key}"
+            yield from undocumented(sub, f"{path}.{key}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                yield from undocumented(node[key], path + "[]")
+    found = list(undocumented(schema, "record"))
+    for name, sub in schema["$defs"].items():
+        found += undocumented(sub, name)
+    assert found == []
+
+
+def _records_tinyflow_writes(tmp_path) -> dict:
+    """One record of every kind TinyFlow writes today."""
+    from tinyflow import eager as E
+    from tinyflow.rank_trace import merge_records, scheme_record
+    records = {name: json.load(open(os.path.join(FIXTURES, name)))
+               for name in ("mlp.record.json", "mlp_nan.record.json")}
+    records["make_record.mlp_record"] = json.loads(trace.dumps(make_record.mlp_record()))
+    records["merged two ranks"] = merge_records([make_record.mlp_record(),
+                                                 make_record.mlp_record()])
+    records["pipeline and collectives"] = scheme_record(
+        [{"node": "F0", "stream": "rank0/compute", "start": 1.0, "end": 1.5, "op": "F"},
+         {"node": "send", "stream": "rank1/comm", "start": 1.2, "end": 1.3,
+          "bytes": 64, "args": {"rank": 1, "dst": 0}}], "scheme")
+    model = E.to_eager(tf.nn.MLP([4, 3]))
+    path = tmp_path / "eager.json"
+    with tf.debug.record(path) as rec:
+        loss = E.tensor(np.ones((2, 4), np.float32))
+        out = model(loss).sum()
+        out.backward()
+        rec.scalar("loss", 0, out.item())
+    records["eager"] = json.loads(path.read_text())
+    script = os.path.join(os.path.dirname(FIXTURES), "..", "tutorials", "train_mlp.py")
+    out = tmp_path / "train.json"
+    import subprocess
+    done = subprocess.run([sys.executable, script, "--quick", "--epochs", "1", "--trace",
+                           str(out), "--checkpoint", str(tmp_path / "m.safetensors")],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.path.dirname(
+                              os.path.dirname(tf.__file__))))
+    assert done.returncode == 0, done.stderr[-2000:]
+    records["tinyflow train mlp --trace"] = json.loads(out.read_text())
+    return records
+
+
+def test_every_record_tinyflow_writes_matches_the_schema(tmp_path):
+    import jsonschema
+    validator = jsonschema.Draft202012Validator(trace.schema())
+    records = _records_tinyflow_writes(tmp_path)
+    assert records["eager"]["memory_plan"]["strategy"] == "caching allocator"
+    assert records["eager"]["graphs"][0]["pass"] == "eager"
+    assert any(s["name"].startswith("rank1/") for s in records["merged two ranks"]["streams"])
+    for name, record in records.items():
+        errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(record)]
+        assert errors == [], name
+        assert trace.problems(record) == [], name
+
+
+def test_free_form_extensions_validate(record):
+    """Tools add keys (another scalar series, a section of their own): still valid."""
+    extended = copy.deepcopy(record)
+    extended["live"] = {"format": "jsonl", "appended": 3}
+    extended["scalars"]["throughput/images_per_s"] = [[0, 812.5], [1, None]]
+    extended["timelines"][0]["events"][0]["args"] = {"anything": [1, {"x": 2}]}
+    extended["meta"]["host"] = "box"
+    trace.validate(extended)
+
+
+def test_problems_lists_every_problem_with_its_path(record):
+    broken = copy.deepcopy(record)
+    broken["graphs"][0]["nodes"][1]["op"] = 3
+    broken["streams"][0]["name"] = None
+    del broken["meta"]["created"]
+    found = trace.problems(broken)
+    assert 'graphs[0].nodes[1].op: 3 is not of type "string"' in found
+    assert 'streams[0].name: null is not of type "string"' in found
+    assert 'meta: missing key "created"' in found
+    with pytest.raises(trace.RecordError, match=r"\(and 2 more problems\)"):
+        trace.validate(broken)
+
+
+# -- issue 14 item 17: records that hung or escaped as other exceptions ----------------
+
+
+def test_a_huge_schedule_step_is_refused_so_readers_cannot_loop(record):
+    """Before: validate passed, then live_bytes_per_step looped over range(10**12)."""
+    broken = copy.deepcopy(record)
+    last = broken["schedule"][-1]["step"]
+    broken["schedule"][-1]["step"] = 10**12
+    for timeline in broken["timelines"]:  # keep every other reference consistent
+        for event in timeline["events"]:
+            if event["step"] == last:
+                event["step"] = 10**12
+    with pytest.raises(trace.RecordError, match=r"schedule\[\d+\]\.step: step 1000000000000 "
+                                                r"is not below the number of steps"):
+        trace.validate(broken)
+    broken = copy.deepcopy(record)
+    broken["memory_plan"]["tensors"][0]["last_step"] = 2**60
+    with pytest.raises(trace.RecordError, match="is greater than the maximum"):
+        trace.validate(broken)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"format": "tinyflow.debugrecord", "version": 1, "x": ' + "9" * 5000 + "}",
+     "not a DebugRecord"),
+    ('{"format": "tinyflow.debugrecord", "version": 1, "x": NaN}', "not a DebugRecord"),
+], ids=["deep_nesting", "5000_digit_int", "nan_literal"])
+def test_hostile_json_is_a_record_error(tmp_path, text, message):
+    path = tmp_path / "hostile.json"
+    path.write_text(text)
+    with pytest.raises(trace.RecordError, match=message):
+        trace.load(path)
+
+
+def test_a_401_digit_number_in_a_record_is_a_record_error(tmp_path, record):
+    text = json.dumps(record).replace('"start":', '"start":' + "1" * 401 + ",\"s\":", 1)
+    path = tmp_path / "big.json"
+    path.write_text(text)
+    with pytest.raises(trace.RecordError, match=r"start: 1{20,}.* is greater than the maximum"):
+        trace.load(path)
+
+
+def test_a_gzip_bomb_is_refused_without_inflating_it_all(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace, "MAX_RECORD_BYTES", 1 << 20)
+    path = tmp_path / "bomb.json.gz"
+    path.write_bytes(gzip.compress(b'{"format": "tinyflow.debugrecord", "x": "'
+                                   + b" " * (8 << 20) + b'"}'))
+    assert path.stat().st_size < 100_000
+    with pytest.raises(trace.RecordError, match="inflates to more than 1 MiB"):
+        trace.load(path)

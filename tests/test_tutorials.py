@@ -261,7 +261,7 @@ def test_training_script_quick_run(name, tmp_path):
     if not script.exists():
         pytest.skip(f"tutorials/train_{name}.py is not written yet")
     extra, least_accuracy = TRAINING.get(name, ([], None))
-    checkpoint = tmp_path / f"{name}.npz"
+    checkpoint = tmp_path / f"{name}.safetensors"
     out = run_python(script, ["--quick", "--checkpoint", str(checkpoint), *extra], tmp_path)
     found = results(out)
     assert found, f"train_{name}.py printed no results:\n{out[-2000:]}"

@@ -6,14 +6,16 @@
     tinyflow export FILE --dot OUT        the graph as Graphviz DOT (--after PASS)
     tinyflow export FILE --perfetto OUT   the timelines as Perfetto / chrome://tracing JSON
     tinyflow export FILE --onnx OUT.onnx  the recorded forward graph as ONNX (no weights)
+    tinyflow export FILE --tensorboard DIR  the scalar series as TensorBoard event files
+    tinyflow debug --check FILE           list every problem of a DebugRecord, by JSON path
     tinyflow debug MODEL.onnx [--batch N] import an ONNX model, run it recorded, open it
     tinyflow launch -n N [--trace FILE] SCRIPT [args]
                                           N ranks running SCRIPT (one merged record)
 
 The debugger and the exporters live in the separate `viz` package (the `viz` extra),
 which reads the DebugRecord files TinyFlow writes; tinyflow never imports it. The
-commands here run `python -m viz ...` in a child process, so the core library keeps
-numpy as its only dependency.
+commands here run `python -m viz ...` in a child process, so the core library needs
+no terminal-UI packages.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import importlib.util
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +34,8 @@ from pathlib import Path
 
 import tinyflow
 
-__all__ = ["main", "tutorials_dir", "training_scripts"]
+__all__ = ["main", "tutorials_dir", "training_scripts", "positive_int", "positive_float",
+           "writable_file"]
 
 _VIZ_MISSING = ("the debugger and exporters are in the viz extra, which is not installed: "
                 "pip install 'tinyflow[viz]'")
@@ -55,11 +59,59 @@ class CommandError(Exception):
 
 
 # ----------------------------------------------------------------------------------
+# Argument types (also used by tutorials/train_*.py): a bad value is argparse's
+# one-line usage error before any work starts, never a traceback an hour in.
+# ----------------------------------------------------------------------------------
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (epochs, batch size, layer widths, ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (a learning rate, a timeout, epochs)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def writable_file(text: str) -> str:
+    """argparse type: a file we can create or overwrite; its folder must exist now.
+
+    Checked up front so a run's result cannot be lost at the end to a typo in the
+    folder name.
+    """
+    path = Path(text)
+    folder = path.resolve().parent
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file name")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"no such folder: {folder}")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists()
+                                                    and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    return text
+
+
+# ----------------------------------------------------------------------------------
 # Commands
 # ----------------------------------------------------------------------------------
 
 def _train(args: argparse.Namespace) -> int:
     scripts = training_scripts()
+    if args.name is None:
+        raise CommandError("train needs the NAME of a script: tinyflow train NAME [args]; "
+                           f"available: {', '.join(scripts) or 'none found'}")
     if args.name not in scripts:
         if not scripts:
             raise CommandError(f"no training scripts: {tutorials_dir()} is missing (the "
@@ -91,7 +143,22 @@ def _viz(arguments: Sequence[str]) -> int:
     return subprocess.call([sys.executable, "-m", "viz", *arguments])
 
 
+def _check(path: str) -> int:
+    """`debug --check FILE`: every problem of the record, each with its JSON path."""
+    from tinyflow import trace
+    found = trace.check_file(path)
+    for problem in found:
+        print(problem if problem.startswith(path) else f"{path}: {problem}")
+    if not found:
+        print(f"{path}: a valid DebugRecord (schema {trace.SCHEMA_PATH})")
+    return 1 if found else 0
+
+
 def _debug(args: argparse.Namespace) -> int:
+    if args.check:
+        if args.file is None or args.run is not None:
+            raise CommandError("debug --check needs one record FILE")
+        return _check(args.file)
     if args.run is None:
         if args.file is None:
             raise CommandError("debug needs a DebugRecord FILE, or --run SCRIPT [args]")
@@ -112,14 +179,20 @@ def _debug(args: argparse.Namespace) -> int:
     script, script_args = Path(args.run[0]), args.run[1:]
     if not script.is_file():
         raise CommandError(f"no such script: {script}")
-    trace = Path(tempfile.mkdtemp(prefix="tinyflow-debug-")) / f"{script.stem}.trace.json"
-    env = dict(os.environ, TINYFLOW_TRACE=str(trace))
-    status = subprocess.call([sys.executable, str(script), *script_args], env=env)
-    if not trace.is_file():
-        raise CommandError(f"{script} wrote no trace to {trace} (exit status {status}); "
-                           "did it run a tf.Session?")
-    print(f"tinyflow: trace of {script} written to {trace}", file=sys.stderr)
-    return _viz([str(trace)])
+    # The record lives in a temporary folder for as long as the debugger has it open.
+    folder = Path(tempfile.mkdtemp(prefix="tinyflow-debug-"))
+    try:
+        trace = folder / f"{script.stem}.trace.json"
+        env = dict(os.environ, TINYFLOW_TRACE=str(trace))
+        status = subprocess.call([sys.executable, str(script), *script_args], env=env)
+        if not trace.is_file():
+            raise CommandError(f"{script} wrote no trace (exit status {status}); did it run "
+                               "a tf.Session?")
+        print(f"tinyflow: trace of {script} in {trace} (removed when the debugger closes; "
+              "to keep one, set TINYFLOW_TRACE=FILE and run the script)", file=sys.stderr)
+        return _viz([str(trace)])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _onnx_io() -> Any:
@@ -150,6 +223,8 @@ def _debug_onnx(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     if not Path(args.file).is_file():
         raise CommandError(f"no such file: {args.file}")
+    if args.tensorboard is not None:
+        return _export_tensorboard(args.file, args.tensorboard)
     if args.onnx is not None:
         onnx_io = _onnx_io()
         try:
@@ -167,6 +242,18 @@ def _export(args: argparse.Namespace) -> int:
     if args.after is not None:
         command += ["--after", args.after]
     return _viz(command)
+
+
+def _export_tensorboard(path: str, logdir: str) -> int:
+    from tinyflow import tensorboard_export, trace
+    try:
+        written = tensorboard_export.write_scalars(trace.load(path), logdir)
+    except trace.RecordError as err:
+        raise CommandError(str(err)) from None
+    series = ", ".join(f"{tag} ({n} points)" for tag, n in written.items())
+    print(f"tinyflow: wrote {series} to {logdir} (view: tensorboard --logdir {logdir})",
+          file=sys.stderr)
+    return 0
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -203,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train", help="run a training script from tutorials/",
         description=f"Run tutorials/train_NAME.py; the remaining arguments go to the "
         f"script (`tinyflow train mlp --help` shows them). Available: {names}.")
-    train.add_argument("name", metavar="NAME")
+    train.add_argument("name", metavar="NAME", nargs="?")
     train.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS")
     train.set_defaults(handler=_train)
 
@@ -218,10 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="FILE.onnx: the size of the model's unknown (batch) dims")
     debug.add_argument("--save", metavar="RECORD",
                        help="FILE.onnx: write the record here instead of opening it")
+    debug.add_argument("--check", action="store_true", help="check FILE against the "
+                       "DebugRecord schema and print every problem (exit 1 if any)")
     debug.set_defaults(handler=_debug)
 
     export = commands.add_parser(
-        "export", help="export a DebugRecord as Graphviz DOT or Perfetto JSON")
+        "export", help="export a DebugRecord as Graphviz DOT, Perfetto JSON, ONNX or TensorBoard")
     export.add_argument("file", metavar="FILE")
     target = export.add_mutually_exclusive_group(required=True)
     target.add_argument("--dot", metavar="OUT", help="write the graph as DOT")
@@ -229,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "Perfetto (chrome://tracing) JSON")
     target.add_argument("--onnx", metavar="OUT", help="write the forward graph as ONNX "
                         "(Variables as inputs: a record keeps no weights)")
+    target.add_argument("--tensorboard", metavar="DIR", help="write the scalar series "
+                        "(loss, ...) as TensorBoard event files in DIR")
     export.add_argument("--opset", type=int, default=20, help="ONNX opset (--onnx)")
     export.add_argument("--after", metavar="PASS", help="the graph after this pass "
                         "(default: the last)")

@@ -135,9 +135,24 @@ def start_from_environment() -> None:
     path = os.environ.get("TINYFLOW_TRACE")
     if not path or _global_recorder:
         return
+    # Checked now, not at exit: a whole run must not be lost to a typo in the folder.
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder):
+        raise trace.RecordError(
+            f"TINYFLOW_TRACE={path}: " + ("is a folder, not a file name" if os.path.isdir(path)
+                                          else f"no such folder {folder}")
+            + "; set it to a file in an existing folder")
     recorder = Recorder(path, trace_values=os.environ.get("TINYFLOW_TRACE_VALUES") == "1")
     _global_recorder.append(recorder)
-    atexit.register(recorder.save)
+    atexit.register(_save_at_exit, recorder)
+
+
+def _save_at_exit(recorder: Recorder) -> None:
+    try:
+        recorder.save()
+    except (trace.RecordError, OSError) as err:  # say so plainly, not "Exception ignored"
+        print(f"tinyflow: could not write TINYFLOW_TRACE={recorder.path}: {err}",
+              file=sys.stderr)
 
 
 def attach(program: Any, path: str) -> None:

@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
+from tinyflow.cli import positive_float, positive_int, writable_file
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import CharVocab, char_corpus
@@ -47,25 +48,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train a character-level transformer on the standard library's "
                     "docstrings with TinyFlow, then sample from it.")
-    parser.add_argument("--steps", type=int, default=1500, help="training steps")
-    parser.add_argument("--epochs", type=float, default=None,
+    parser.add_argument("--steps", type=positive_int, default=1500, help="training steps")
+    parser.add_argument("--epochs", type=positive_float, default=None,
                         help="train for this many passes over the corpus instead of --steps")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--context", type=int, default=64, help="characters per window (T)")
-    parser.add_argument("--dim", type=int, default=96, help="model width (D)")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--context", type=positive_int, default=64,
+                        help="characters per window (T)")
+    # Model sizes default to None: --quick picks small ones only where not given.
+    parser.add_argument("--dim", type=positive_int, help="model width (D; default 96)")
+    parser.add_argument("--heads", type=positive_int, help="attention heads (default 4)")
+    parser.add_argument("--layers", type=positive_int, help="blocks (default 2)")
     parser.add_argument("--lr", type=float, default=3e-3,
                         help="peak Adam learning rate (warmup, then cosine decay)")
-    parser.add_argument("--corpus-chars", type=int, default=400_000,
+    parser.add_argument("--corpus-chars", type=positive_int, default=400_000,
                         help="characters of docstrings to read")
-    parser.add_argument("--sample-chars", type=int, default=300)
+    parser.add_argument("--sample-chars", type=positive_int, default=300)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--quick", action="store_true",
                         help="a tiny run for tests: a small model, 40 steps")
-    parser.add_argument("--trace", metavar="FILE",
+    parser.add_argument("--trace", metavar="FILE", type=writable_file,
                         help="record a DebugRecord of the training step (tinyflow debug FILE)")
-    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/charlm.npz",
+    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/charlm.safetensors",
                         help="where to save the trained Variables ('' to skip)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights, the batches and the sampling")
@@ -76,8 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.steps, args.epochs = min(args.steps, 40), None
         args.batch_size, args.context = min(args.batch_size, 16), min(args.context, 32)
-        args.dim, args.heads, args.layers = 32, 2, 1
+        args.dim, args.heads, args.layers = args.dim or 32, args.heads or 2, args.layers or 1
         args.corpus_chars, args.sample_chars = min(args.corpus_chars, 50_000), 80
+    args.dim, args.heads, args.layers = args.dim or 96, args.heads or 4, args.layers or 2
     if args.dim % args.heads:
         parser.error(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
     return args

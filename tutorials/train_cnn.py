@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
+from tinyflow.cli import positive_int, writable_file
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import load_digits, minibatches
@@ -41,21 +42,21 @@ from tinyflow.saver import Saver
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train a CNN (tf.nn.conv2d / max_pool) on scikit-learn's 8x8 digits.")
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=positive_int, default=20)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3,
                         help="peak Adam learning rate (cosine decay to 0)")
     parser.add_argument("--weight-decay", type=float, default=0.03,
                         help="decoupled (AdamW) weight decay")
-    parser.add_argument("--channels", type=int, nargs=2, default=(32, 64),
+    parser.add_argument("--channels", type=positive_int, nargs=2, default=(32, 64),
                         metavar=("C1", "C2"), help="filters of the two conv layers")
     parser.add_argument("--label-smoothing", type=float, default=0.1,
                         help="weight of the uniform target (0 for plain cross entropy)")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny run for tests (3 epochs, 16 and 32 filters)")
-    parser.add_argument("--trace", metavar="FILE",
+    parser.add_argument("--trace", metavar="FILE", type=writable_file,
                         help="record a DebugRecord of the training step (tinyflow debug FILE)")
-    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/cnn.npz",
+    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/cnn.safetensors",
                         help="where to save the trained Variables ('' to skip)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights and the minibatch order "

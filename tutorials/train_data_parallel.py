@@ -43,6 +43,7 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np
 
 import tinyflow as tf
+from tinyflow.cli import positive_float, positive_int, writable_file
 from tinyflow.allreduce import ThreadTransport, init_communicator, ring_allreduce, run_threads
 from tinyflow.data import load_digits, minibatches
 from tinyflow.parallel import DistributedOptimizer, broadcast_variables
@@ -55,17 +56,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "`tinyflow launch -n N`, or threads with --threads N).")
     parser.add_argument("--threads", type=int, default=0, metavar="N",
                         help="run N ranks as threads of this process")
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=64,
+    parser.add_argument("--epochs", type=positive_int, default=20)
+    parser.add_argument("--batch-size", type=positive_int, default=64,
                         help="global batch size, split evenly across the ranks")
-    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--hidden", type=positive_int, default=128)
     parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--bucket-kb", type=int, default=16,
+    parser.add_argument("--bucket-kb", type=positive_int, default=16,
                         help="gradient bucket size for the allreduce, in KiB")
-    parser.add_argument("--timeout", type=float, default=60.0,
+    parser.add_argument("--timeout", type=positive_float, default=60.0,
                         help="seconds a rank waits for a peer before giving up")
-    parser.add_argument("--checkpoint", default="checkpoints/digits_data_parallel.npz")
-    parser.add_argument("--trace", metavar="FILE",
+    parser.add_argument("--checkpoint", default="checkpoints/digits_data_parallel.safetensors")
+    parser.add_argument("--trace", metavar="FILE", type=writable_file,
                         help="write rank 0's DebugRecord (tinyflow debug FILE)")
     parser.add_argument("--quick", action="store_true", help="2 epochs, small model")
     args = parser.parse_args(argv)

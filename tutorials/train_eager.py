@@ -24,23 +24,24 @@ import time
 import numpy as np
 
 import tinyflow as tf
+from tinyflow.cli import positive_int, writable_file
 from tinyflow import eager
 from tinyflow.data import load_digits, minibatches
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train the digits MLP with eager Tensors.")
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=positive_int, default=20)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
-    parser.add_argument("--hidden", type=int, default=128, help="units per hidden layer")
+    parser.add_argument("--hidden", type=positive_int, default=128, help="units per hidden layer")
     parser.add_argument("--traced", action="store_true",
                         help="compile the training step with @tf.function")
     parser.add_argument("--quick", action="store_true", help="a short run for tests")
-    parser.add_argument("--trace", metavar="FILE",
+    parser.add_argument("--trace", metavar="FILE", type=writable_file,
                         help="record the first epoch's eager ops (tinyflow debug FILE)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the minibatch order")
-    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/eager_mlp.npz",
+    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/eager_mlp.safetensors",
                         help="where to save the trained parameters ('' to skip)")
     args = parser.parse_args(argv)
     for name in ("epochs", "batch_size", "hidden"):

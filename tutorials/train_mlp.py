@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
+from tinyflow.cli import positive_int, writable_file
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import load_digits, minibatches
@@ -39,18 +40,18 @@ from tinyflow.saver import Saver
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train an MLP on scikit-learn's 8x8 digits with TinyFlow.")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=positive_int, default=30)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3,
                         help="peak Adam learning rate (cosine decay to 0)")
-    parser.add_argument("--hidden", type=int, default=256, help="units per hidden layer")
+    parser.add_argument("--hidden", type=positive_int, default=256, help="units per hidden layer")
     parser.add_argument("--label-smoothing", type=float, default=0.1,
                         help="weight of the uniform target (0 for plain cross entropy)")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny run for tests (5 epochs); still ~95%% accurate")
-    parser.add_argument("--trace", metavar="FILE",
+    parser.add_argument("--trace", metavar="FILE", type=writable_file,
                         help="record a DebugRecord of the training step (tinyflow debug FILE)")
-    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/mlp.npz",
+    parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/mlp.safetensors",
                         help="where to save the trained Variables ('' to skip)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the minibatch order (the train/test split is fixed)")

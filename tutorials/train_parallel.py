@@ -41,6 +41,7 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np
 
 import tinyflow as tf
+from tinyflow.cli import positive_float, positive_int, writable_file
 from tinyflow.allreduce import ThreadTransport, init_communicator, ring_allreduce, run_threads
 from tinyflow.collectives import all_gather
 from tinyflow.data import load_digits, minibatches
@@ -63,16 +64,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", choices=["mlp", "charlm"], default="mlp")
     parser.add_argument("--threads", type=int, default=0, metavar="N",
                         help="N ranks as threads (default: 4, or the launcher's ranks)")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=48)
-    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--epochs", type=positive_int, default=10)
+    parser.add_argument("--batch-size", type=positive_int, default=48)
+    parser.add_argument("--hidden", type=positive_int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--microbatches", type=positive_int, default=4)
+    parser.add_argument("--timeout", type=positive_float, default=60.0)
     parser.add_argument("--check", action="store_true",
                         help="also train one rank on the whole batch and compare weights")
-    parser.add_argument("--trace", metavar="FILE", help="a DebugRecord, a lane per rank")
-    parser.add_argument("--checkpoint", default="checkpoints/digits_parallel.npz")
+    parser.add_argument("--trace", metavar="FILE", type=writable_file,
+                        help="a DebugRecord, a lane per rank")
+    parser.add_argument("--checkpoint", default="checkpoints/digits_parallel.safetensors")
     parser.add_argument("--quick", action="store_true", help="2 epochs, fewer batches")
     args = parser.parse_args(argv)
     if args.quick:
