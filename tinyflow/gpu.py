@@ -27,8 +27,15 @@ that ends in a reduction (``sum``, ``mean`` or ``max`` over axes) becomes a
 Types follow numpy, so the kernel computes what the CPU path computes: every
 register has the dtype its op's own rule gives it (the registry is the one source
 of truth), operands are converted to that type as numpy's ufunc loops convert them,
-float16 is computed in float and rounded at every store (as numpy does), and
-maximum, minimum and relu pass NaN through as numpy's do (C's fmaxf would drop it).
+float16 is computed in float and rounded at every store, and inside composite ops
+(sigmoid, gelu) at every step, constants included, as numpy's op-by-op float16
+computes them; maximum, minimum and relu pass NaN through as numpy's do (C's fmaxf
+would drop it), and sign(-0.0) is +0.0 as in numpy.
+
+Precision on the device: kernels are compiled with ``--fmad=false`` (NVRTC would
+otherwise contract ``a * b + c`` into one FMA, one rounding where numpy has two).
+CuPy adds ``-ftz=true`` to every compile, so float32 subnormals flush to zero on
+the GPU; CUDA's transcendental functions are within a few ulps of numpy's.
 Where a template would not compute what numpy does (``pow`` of two ints is an
 integer power in numpy, ``add`` of two bools a logical or), no kernel is generated:
 `KernelGenerationError`, and the node runs op by op.
@@ -38,7 +45,8 @@ Two layers:
 * source generation, `kernel_source(program, dtypes)`: a pure function from the
   program and its input dtypes to plain strings (`ElementwiseSource`,
   `ReductionSource`). It needs no GPU: tests/test_gpu.py interprets the generated C
-  with numpy and compares the values with the fused op's numpy compute;
+  with numpy, tests/test_gpu_hostc.py compiles it with the system C compiler, and
+  `gpu_compile.py` has CuPy and NVRTC compile it for sm_80 and sm_90;
 * `fused_compute(xp, *arrays, out=None, program=())`: the fused op's compute on
   CuPy: the kernel for this program and these input dtypes, generated and compiled
   once and cached by that signature, launched into the planned `out`.
