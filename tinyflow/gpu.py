@@ -326,8 +326,9 @@ def _op_text(k: int, op: str, operands: Sequence[str], attrs: Sequence) -> str:
 def _result_dtype(k: int, op: str, operands: Sequence[str], attrs: Sequence,
                   have: Sequence[np.dtype], template: Template) -> np.dtype:
     """The dtype of instruction k by its op's own rule; a malformed instruction
-    (wrong operand count, missing attribute, types the rule rejects) is a
-    KernelGenerationError naming it, never the rule's internal error."""
+    (wrong operand count, missing attribute, types the rule rejects) or a type the
+    template cannot compute in is a KernelGenerationError naming it, never the
+    rule's internal error."""
     wanted = len(inspect.signature(template.emit).parameters) - 1  # less the emitter
     where = f"instruction {_op_text(k, op, operands, attrs)}"
     if len(operands) != wanted:
@@ -335,10 +336,34 @@ def _result_dtype(k: int, op: str, operands: Sequence[str], attrs: Sequence,
                                     f"got {len(operands)}")
     try:
         _, result = REGISTRY[op].infer([()] * len(have), list(have), dict(attrs))
-        return np.dtype(result)
+        result = np.dtype(result)
     except (TinyFlowError, _Mismatch, LookupError, TypeError, ValueError) as err:
         raise KernelGenerationError(f"{where} on {', '.join(d.name for d in have)}: "
                                     f"{type(err).__name__}: {err}") from None
+    c_type(result)
+    where = f"{op} of {', '.join(d.name for d in have)} (instruction t{k})"
+    if template.floating and result.kind != "f":
+        raise KernelGenerationError(
+            f"{where}: its C template computes in floating point, but numpy's "
+            f"result is {result.name}; no kernel is generated (it runs op by op)")
+    if template.operands == "result" and result.kind not in "fiu":
+        raise KernelGenerationError(f"{where}: no arithmetic on {result.name}")
+    return result
+
+
+def _operand_types(template: Template, result: np.dtype, have: Sequence[np.dtype]
+                   ) -> tuple[list[np.dtype], np.dtype]:
+    """(the type each operand is converted to, the type the expression computes in),
+    by the template's `operands` rule (see Template)."""
+    if template.operands == "result":
+        return [compute_dtype(result)] * len(have), compute_dtype(result)
+    if template.operands == "common":
+        return [compute_dtype(np.result_type(*have))] * len(have), np.dtype(np.bool_)
+    if template.operands == "where":
+        return [np.dtype(np.bool_)] + [compute_dtype(result)] * 2, compute_dtype(result)
+    if template.operands == "own":
+        return [compute_dtype(d) for d in have], result
+    return list(have), compute_dtype(result)  # "none": only the result's type matters
 
 
 def _statements(program: Sequence, dtypes: Sequence[Any], output: str | None
@@ -363,29 +388,7 @@ def _statements(program: Sequence, dtypes: Sequence[Any], output: str | None
         regs = [_register(r, len(reg_dtypes), num_inputs) for r in operands]
         have = [reg_dtypes[r] for r in regs]
         result = _result_dtype(k, op, operands, attrs, have, template)
-        c_type(result)
-        where = f"{op} of {', '.join(d.name for d in have)} (instruction t{k})"
-        if template.floating and result.kind != "f":
-            raise KernelGenerationError(
-                f"{where}: its C template computes in floating point, but numpy's "
-                f"result is {result.name}; no kernel is generated (it runs op by op)")
-        if template.operands == "result" and result.kind not in "fiu":
-            raise KernelGenerationError(f"{where}: no arithmetic on {result.name}")
-        if template.operands == "result":
-            want = [compute_dtype(result)] * len(regs)
-            expr_dtype = compute_dtype(result)
-        elif template.operands == "common":
-            want = [compute_dtype(np.result_type(*have))] * len(regs)
-            expr_dtype = np.dtype(np.bool_)
-        elif template.operands == "where":
-            want = [np.dtype(np.bool_)] + [compute_dtype(result)] * 2
-            expr_dtype = compute_dtype(result)
-        elif template.operands == "own":
-            want = [compute_dtype(d) for d in have]
-            expr_dtype = result
-        else:  # "none": only the result's type matters
-            want = list(have)
-            expr_dtype = compute_dtype(result)
+        want, expr_dtype = _operand_types(template, result, have)
         args = [_convert(name, d, w) for name, d, w in zip(operands, have, want)]
         emitter = _Emitter(expr_dtype, k, result)
         expr = template.emit(emitter, *args)

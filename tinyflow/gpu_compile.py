@@ -421,45 +421,49 @@ def _batches(sources: Sequence[CudaSource]) -> list[list[CudaSource]]:
     return groups
 
 
+def _compile_batch(group: Sequence[CudaSource], arch: str, header: str
+                   ) -> list[Compiled] | None:
+    """Compile elementwise sources sharing CuPy's header as one translation unit;
+    None when NVRTC refuses it (the caller then compiles them one by one)."""
+    code = header + "".join(s.code[len(header):] for s in group)
+    try:
+        ptx, cubin, log = _run_nvrtc(code, nvrtc_options(group[0], arch),
+                                     f"batch of {len(group)}")
+    except GpuCompileError:
+        return None
+    registers = _registers(log)
+    done = []
+    for source in group:
+        result = Compiled(source.name, arch, ptx, cubin, registers.get(source.name),
+                          len(group))
+        _cache[_key(source, arch)] = result
+        stats["compiled"] += 1
+        done.append(result)
+    return done
+
+
 def compile_all(sources: Sequence[CudaSource], arch: str
                 ) -> tuple[list[Compiled], list[tuple[CudaSource, GpuCompileError]]]:
     """Compile every source for `arch`: (what compiled, (source, error) for each
     failure). Elementwise sources with CuPy's header and the same options go in
     batches; a failed batch is retried source by source to name the culprits."""
-    done: list[Compiled] = []
-    failed: list[tuple[CudaSource, GpuCompileError]] = []
     header = _header()
-    todo, alone = [], []
-    for source in {_key(s, arch): s for s in sources}.values():
-        if _key(source, arch) in _cache:
-            done.append(compile_one(source, arch))
-        elif source.path == "elementwise" and source.code.startswith(header):
-            todo.append(source)
-        else:
-            alone.append(source)
-    for options in sorted({s.options for s in todo}):
-        same = [s for s in todo if s.options == options]
-        for group in _batches(same):
-            if len(group) == 1:
-                alone.extend(group)
-                continue
-            code = header + "".join(s.code[len(header):] for s in group)
-            try:
-                ptx, cubin, log = _run_nvrtc(code, nvrtc_options(group[0], arch),
-                                             f"batch of {len(group)}")
-            except GpuCompileError:
-                alone.extend(group)  # find which ones fail, each with its own log
-                continue
-            registers = _registers(log)
-            for source in group:
-                result = Compiled(source.name, arch, ptx, cubin,
-                                  registers.get(source.name), len(group))
-                _cache[_key(source, arch)] = result
-                stats["compiled"] += 1
-                done.append(result)
+    unique = {_key(s, arch): s for s in sources}
+    batchable = [s for key, s in unique.items() if key not in _cache
+                 and s.path == "elementwise" and s.code.startswith(header)]
+    alone = [s for s in unique.values() if s not in batchable]
+    done: list[Compiled] = []
+    for options in sorted({s.options for s in batchable}):
+        for group in _batches([s for s in batchable if s.options == options]):
+            compiled = _compile_batch(group, arch, header) if len(group) > 1 else None
+            if compiled is None:
+                alone.extend(group)  # compiled one by one: each failure with its log
+            else:
+                done.extend(compiled)
+    failed: list[tuple[CudaSource, GpuCompileError]] = []
     for source in alone:
         try:
-            done.append(compile_one(source, arch))
+            done.append(compile_one(source, arch))   # a cached one is counted there
         except GpuCompileError as err:
             failed.append((source, err))
     return done, failed
