@@ -1,7 +1,9 @@
 """Shared test setup: one BLAS thread per test process, a deterministic hypothesis
-profile, and isolated TF1 globals."""
+profile, isolated TF1 globals, and the GPU tier's counts printed after the run."""
 
+import json
 import os
+from collections import Counter
 
 # `pytest -n 2` runs two test processes on two cores; a multi-threaded BLAS in each
 # would put four spinning threads on two cores, and a small matmul can then take
@@ -35,3 +37,42 @@ def _isolated_variable_lists():
     for target, value in zip((api.deferred_shapes, api.deferred_fills), saved[4:]):
         target.clear()
         target.update(value)
+
+
+# ----------------------------------------------------------------------------------
+# The GPU tier's counts (tests/gpu_tier.py), summed over xdist workers and printed
+# at the end of the run
+# ----------------------------------------------------------------------------------
+
+_GPU_TIER_KEY = "tinyflow_gpu_tier"
+_gpu_tier_totals: Counter = Counter()
+
+
+class _GatherWorkerCounts:
+    """On the xdist controller: add each finished worker's counts."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        _gpu_tier_totals.update(json.loads(node.workeroutput.get(_GPU_TIER_KEY, "{}")))
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_GatherWorkerCounts(), "tinyflow-gpu-tier")
+
+
+def pytest_sessionfinish(session):
+    import gpu_tier
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: report home
+        session.config.workeroutput[_GPU_TIER_KEY] = json.dumps(dict(gpu_tier.counts))
+    else:
+        _gpu_tier_totals.update(gpu_tier.counts)
+
+
+def pytest_terminal_summary(terminalreporter):
+    import gpu_tier
+    lines = gpu_tier.summary(_gpu_tier_totals)
+    if lines:
+        terminalreporter.section("GPU path, checked without a GPU")
+        for line in lines:
+            terminalreporter.write_line(line)

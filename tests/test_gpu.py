@@ -382,7 +382,8 @@ def test_source_of_mul_add_relu():
 
 def test_source_converts_types_as_numpy_does():
     """float32 < float64 compares in double; where picks float32; a float16 result
-    is computed in float and rounded when stored; sigmoid's locals are declared."""
+    is computed in float and rounded when stored, each step of a float16 sigmoid
+    rounded as numpy rounds it; sigmoid's locals are declared."""
     program = (("less", ("x0", "x1"), ()), ("where", ("t0", "x0", "x2"), ()),
                ("cast", ("t1",), (("dtype", "float16"),)), ("sigmoid", ("t2",), ()))
     source = gpu.kernel_source(program, [F32, F64, F32])
@@ -391,9 +392,10 @@ def test_source_converts_types_as_numpy_does():
         "bool t0 = (double)x0 < x1;  /* t0 = less(x0, x1) */\n"
         "float t1 = t0 ? x0 : x2;  /* t1 = where(t0, x0, x2) */\n"
         "float16 t2 = (float16)t1;  /* t2 = cast(t1, dtype=float16) */\n"
-        "float e3 = expf(-fabsf((float)t2));\n"
-        "float p3 = 1.0f / (1.0f + e3);\n"
-        "y = (float16)((float)t2 >= 0.0f ? p3 : e3 * p3);  /* t3 = sigmoid(t2) */")
+        "float e3 = ((float)(float16)(expf(-fabsf((float)t2))));\n"
+        "float p3 = ((float)(float16)(1.0f / ((float)(float16)(1.0f + e3))));\n"
+        "y = (float16)((float)t2 >= 0.0f ? p3 : ((float)(float16)(e3 * p3)));"
+        "  /* t3 = sigmoid(t2) */")
 
 
 def test_source_of_a_chain_ending_in_a_mean():
@@ -587,7 +589,8 @@ class FakeCupy:
     def __getattr__(self, name):
         return getattr(np, name)
 
-    def ElementwiseKernel(self, in_params, out_params, operation, name):  # noqa: N802
+    def ElementwiseKernel(self, in_params, out_params, operation, name,  # noqa: N802
+                          options=()):
         self.built.append(name)
         nin = len(in_params.split(","))
 
@@ -600,7 +603,8 @@ class FakeCupy:
         return launch
 
     def ReductionKernel(self, in_params, out_params, map_expr, reduce_expr,  # noqa: N802
-                        post_map_expr, identity, name, reduce_type=None, preamble=""):
+                        post_map_expr, identity, name, reduce_type=None, preamble="",
+                        options=()):
         self.built.append(name)
 
         def launch(*arrays, out=None, axis=None, keepdims=False):

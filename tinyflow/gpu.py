@@ -27,8 +27,15 @@ that ends in a reduction (``sum``, ``mean`` or ``max`` over axes) becomes a
 Types follow numpy, so the kernel computes what the CPU path computes: every
 register has the dtype its op's own rule gives it (the registry is the one source
 of truth), operands are converted to that type as numpy's ufunc loops convert them,
-float16 is computed in float and rounded at every store (as numpy does), and
-maximum, minimum and relu pass NaN through as numpy's do (C's fmaxf would drop it).
+float16 is computed in float and rounded at every store, and inside composite ops
+(sigmoid, gelu) at every step, constants included, as numpy's op-by-op float16
+computes them; maximum, minimum and relu pass NaN through as numpy's do (C's fmaxf
+would drop it), and sign(-0.0) is +0.0 as in numpy.
+
+Precision on the device: kernels are compiled with ``--fmad=false`` (NVRTC would
+otherwise contract ``a * b + c`` into one FMA, one rounding where numpy has two).
+CuPy adds ``-ftz=true`` to every compile, so float32 subnormals flush to zero on
+the GPU; CUDA's transcendental functions are within a few ulps of numpy's.
 Where a template would not compute what numpy does (``pow`` of two ints is an
 integer power in numpy, ``add`` of two bools a logical or), no kernel is generated:
 `KernelGenerationError`, and the node runs op by op.
@@ -38,7 +45,8 @@ Two layers:
 * source generation, `kernel_source(program, dtypes)`: a pure function from the
   program and its input dtypes to plain strings (`ElementwiseSource`,
   `ReductionSource`). It needs no GPU: tests/test_gpu.py interprets the generated C
-  with numpy and compares the values with the fused op's numpy compute;
+  with numpy, tests/test_gpu_hostc.py compiles it with the system C compiler, and
+  `gpu_compile.py` has CuPy and NVRTC compile it for sm_80 and sm_90;
 * `fused_compute(xp, *arrays, out=None, program=())`: the fused op's compute on
   CuPy: the kernel for this program and these input dtypes, generated and compiled
   once and cached by that signature, launched into the planned `out`.
@@ -49,6 +57,7 @@ executor passes (the cupy module itself), or with a lazy ``import cupy``.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import zlib
 from collections.abc import Callable, Sequence
@@ -58,7 +67,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow.graph import TinyFlowError
-from tinyflow.ops import _GELU_A, _GELU_C, REGISTRY
+from tinyflow.ops import _GELU_A, _GELU_C, REGISTRY, _Mismatch
 
 Program = tuple  # ((op, (operand, ...), ((attr, value), ...)), ...), as fusion.py
 
@@ -120,12 +129,26 @@ class _Emitter:
     """What a template needs to write one instruction: literals and math functions
     of the instruction's compute type, and local variables for values it reuses."""
 
-    def __init__(self, dtype: np.dtype, index: int) -> None:
+    def __init__(self, dtype: np.dtype, index: int, stored: np.dtype | None = None) -> None:
         self.dtype = dtype            # the type the expression computes in
         self.index = index            # the instruction's number, for unique locals
+        self.stored = dtype if stored is None else stored  # the type the result is kept in
         self.lines: list[str] = []    # declarations that must come before it
 
+    def step(self, expr: str) -> str:
+        """`expr` rounded as numpy rounds one step of a composite op (sigmoid, gelu):
+        numpy computes those op by op on float16 arrays, so every step is rounded to
+        float16; computing them in float and rounding once can differ in the last
+        bit. Other types need no rounding. Parenthesized either way, so steps nest."""
+        if self.stored == np.float16:
+            return f"((float)(float16)({expr}))"
+        return f"({expr})"
+
     def lit(self, value: float) -> str:
+        # A constant meets a float16 array as a float16 in numpy (a Python float
+        # takes the array's type), so it is rounded to float16 first.
+        if self.stored == np.float16:
+            value = float(np.float16(value))
         return literal(value, self.dtype)
 
     def fn(self, name: str) -> str:
@@ -150,16 +173,24 @@ class _Emitter:
 
 
 def _sigmoid(e: _Emitter, a: str) -> str:
-    # As ops._sigmoid_compute: exp(-|x|) <= 1 never overflows.
-    ex = e.local("e", f"{e.fn('exp')}(-{e.fn('fabs')}({a}))")
-    pos = e.local("p", f"{e.lit(1)} / ({e.lit(1)} + {ex})")
-    return f"{a} >= {e.lit(0)} ? {pos} : {ex} * {pos}"
+    # As ops._sigmoid_compute, step by step: exp(-|x|) <= 1 never overflows.
+    one = e.lit(1)
+    ex = e.local("e", e.step(f"{e.fn('exp')}(-{e.fn('fabs')}({a}))"))
+    denominator = e.step(f"{one} + {ex}")
+    pos = e.local("p", e.step(f"{one} / {denominator}"))
+    return f"{a} >= {e.lit(0)} ? {pos} : {e.step(f'{ex} * {pos}')}"
 
 
 def _gelu(e: _Emitter, a: str) -> str:
-    # As ops._gelu_compute, in the same order of operations.
-    inner = f"{e.lit(_GELU_C)} * ({a} + {e.lit(_GELU_A)} * {a} * {a} * {a})"
-    return f"{e.lit(0.5)} * {a} * ({e.lit(1)} + {e.fn('tanh')}({inner}))"
+    # As ops._gelu_compute, in the same order of operations, each step rounded as
+    # numpy rounds it (`e.step`: a no-op but for float16).
+    r = e.step
+    ax = r(f"{e.lit(_GELU_A)} * {a}")
+    cube = r(f"{r(f'{ax} * {a}')} * {a}")
+    inner = r(f"{e.lit(_GELU_C)} * {r(f'{a} + {cube}')}")
+    tanh = r(f"{e.fn('tanh')}({inner})")
+    half = r(f"{e.lit(0.5)} * {a}")
+    return f"{half} * {r(f'{e.lit(1)} + {tanh}')}"
 
 
 def _abs(e: _Emitter, a: str) -> str:
@@ -210,8 +241,10 @@ TEMPLATES: dict[str, Template] = {
     "gelu": Template("result", _gelu, floating=True),
     "relu": Template("result", lambda e, a: e.maximum(a, e.lit(0))),
     "abs": Template("result", _abs),
+    # numpy's sign(-0.0) is +0.0 (and 1 / sign(-0.0) is +inf); NaN stays NaN.
     "sign": Template("result", lambda e, a: f"{a} > {e.lit(0)} ? {e.lit(1)} : "
-                                            f"({a} < {e.lit(0)} ? {e.lit(-1)} : {a})"),
+                                            f"({a} < {e.lit(0)} ? {e.lit(-1)} : "
+                                            f"({a} == {e.lit(0)} ? {e.lit(0)} : {a}))"),
     "less": _compare("<"),
     "less_equal": _compare("<="),
     "greater": _compare(">"),
@@ -290,6 +323,49 @@ def _op_text(k: int, op: str, operands: Sequence[str], attrs: Sequence) -> str:
     return f"t{k} = {op}({', '.join(args)})"
 
 
+def _result_dtype(k: int, op: str, operands: Sequence[str], attrs: Sequence,
+                  have: Sequence[np.dtype], template: Template) -> np.dtype:
+    """The dtype of instruction k by its op's own rule; a malformed instruction
+    (wrong operand count, missing attribute, types the rule rejects) or a type the
+    template cannot compute in is a KernelGenerationError naming it, never the
+    rule's internal error."""
+    wanted = len(inspect.signature(template.emit).parameters) - 1  # less the emitter
+    where = f"instruction {_op_text(k, op, operands, attrs)}"
+    if len(operands) != wanted:
+        raise KernelGenerationError(f"{where}: {op} takes {wanted} operand(s), "
+                                    f"got {len(operands)}")
+    try:
+        _, result = REGISTRY[op].infer([()] * len(have), list(have), dict(attrs))
+        result = np.dtype(result)
+    except (TinyFlowError, _Mismatch, LookupError, TypeError, ValueError) as err:
+        raise KernelGenerationError(f"{where} on {', '.join(d.name for d in have)}: "
+                                    f"{type(err).__name__}: {err}") from None
+    c_type(result)
+    where = f"{op} of {', '.join(d.name for d in have)} (instruction t{k})"
+    if template.floating and result.kind != "f":
+        raise KernelGenerationError(
+            f"{where}: its C template computes in floating point, but numpy's "
+            f"result is {result.name}; no kernel is generated (it runs op by op)")
+    if template.operands == "result" and result.kind not in "fiu":
+        raise KernelGenerationError(f"{where}: no arithmetic on {result.name}")
+    return result
+
+
+def _operand_types(template: Template, result: np.dtype, have: Sequence[np.dtype]
+                   ) -> tuple[list[np.dtype], np.dtype]:
+    """(the type each operand is converted to, the type the expression computes in),
+    by the template's `operands` rule (see Template)."""
+    if template.operands == "result":
+        return [compute_dtype(result)] * len(have), compute_dtype(result)
+    if template.operands == "common":
+        return [compute_dtype(np.result_type(*have))] * len(have), np.dtype(np.bool_)
+    if template.operands == "where":
+        return [np.dtype(np.bool_)] + [compute_dtype(result)] * 2, compute_dtype(result)
+    if template.operands == "own":
+        return [compute_dtype(d) for d in have], result
+    return list(have), compute_dtype(result)  # "none": only the result's type matters
+
+
 def _statements(program: Sequence, dtypes: Sequence[Any], output: str | None
                 ) -> tuple[list[str], list[np.dtype]]:
     """C statements computing every instruction, and the dtype of every register.
@@ -311,33 +387,10 @@ def _statements(program: Sequence, dtypes: Sequence[Any], output: str | None
                                         f"{_op_text(k, op, operands, attrs)})")
         regs = [_register(r, len(reg_dtypes), num_inputs) for r in operands]
         have = [reg_dtypes[r] for r in regs]
-        _, result = REGISTRY[op].infer([()] * len(regs), have, dict(attrs))
-        result = np.dtype(result)
-        c_type(result)
-        where = f"{op} of {', '.join(d.name for d in have)} (instruction t{k})"
-        if template.floating and result.kind != "f":
-            raise KernelGenerationError(
-                f"{where}: its C template computes in floating point, but numpy's "
-                f"result is {result.name}; no kernel is generated (it runs op by op)")
-        if template.operands == "result" and result.kind not in "fiu":
-            raise KernelGenerationError(f"{where}: no arithmetic on {result.name}")
-        if template.operands == "result":
-            want = [compute_dtype(result)] * len(regs)
-            expr_dtype = compute_dtype(result)
-        elif template.operands == "common":
-            want = [compute_dtype(np.result_type(*have))] * len(regs)
-            expr_dtype = np.dtype(np.bool_)
-        elif template.operands == "where":
-            want = [np.dtype(np.bool_)] + [compute_dtype(result)] * 2
-            expr_dtype = compute_dtype(result)
-        elif template.operands == "own":
-            want = [compute_dtype(d) for d in have]
-            expr_dtype = result
-        else:  # "none": only the result's type matters
-            want = list(have)
-            expr_dtype = compute_dtype(result)
+        result = _result_dtype(k, op, operands, attrs, have, template)
+        want, expr_dtype = _operand_types(template, result, have)
         args = [_convert(name, d, w) for name, d, w in zip(operands, have, want)]
-        emitter = _Emitter(expr_dtype, k)
+        emitter = _Emitter(expr_dtype, k, result)
         expr = template.emit(emitter, *args)
         if c_type(expr_dtype) != c_type(result):
             expr = f"({c_type(result)})({expr})"  # round to the stored type (float16)
@@ -351,11 +404,15 @@ def _statements(program: Sequence, dtypes: Sequence[Any], output: str | None
 
 def kernel_name(program: Sequence) -> str:
     """``tinyflow_mul_add_relu``: the ops, so a profiler's kernel list reads as the
-    graph; long programs are named by their length and a checksum instead."""
+    graph; long programs are named by their length and a checksum instead, plus the
+    final reduction when there is one: CuPy's CUB path rewrites a mean's
+    ``_in_ind.size()`` only when the kernel's name says "mean"."""
     name = "tinyflow_" + "_".join(op for op, _, _ in program)
     if len(name) <= 48:
         return name
-    return f"tinyflow_fused{len(program)}_{zlib.crc32(repr(tuple(program)).encode()):08x}"
+    short = f"tinyflow_fused{len(program)}_{zlib.crc32(repr(tuple(program)).encode()):08x}"
+    last = program[-1][0]
+    return f"{short}_{last}" if last in REDUCTIONS else short
 
 
 def _in_params(dtypes: Sequence[Any]) -> str:
@@ -449,6 +506,15 @@ def kernel_source(program: Sequence, dtypes: Sequence[Any]
 # Building, caching and launching kernels (CuPy)
 # ----------------------------------------------------------------------------------
 
+# What every generated kernel is compiled with, besides CuPy's own options.
+# NVRTC contracts ``a * b + c`` into one fused multiply-add by default: one rounding
+# where numpy rounds twice, so results would differ from the CPU's in the last bit.
+# ``--fmad=false`` keeps the two roundings (at a small cost in speed). CuPy itself
+# always adds ``-ftz=true``: float32 subnormals flush to zero on the GPU, where numpy
+# keeps them (float64 is not affected).
+COMPILE_OPTIONS = ("--fmad=false",)
+
+
 def build_kernel(source: ElementwiseSource | ReductionSource, cupy: Any = None) -> Any:
     """The CuPy kernel object for `source` (CuPy compiles it at its first launch, for
     each set of argument dtypes and ranks, and keeps the binary on disk)."""
@@ -456,11 +522,12 @@ def build_kernel(source: ElementwiseSource | ReductionSource, cupy: Any = None) 
         import cupy
     if isinstance(source, ElementwiseSource):
         return cupy.ElementwiseKernel(source.in_params, source.out_params,
-                                      source.operation, source.name)
+                                      source.operation, source.name,
+                                      options=COMPILE_OPTIONS)
     return cupy.ReductionKernel(source.in_params, source.out_params, source.map_expr,
                                 source.reduce_expr, source.post_map_expr, source.identity,
                                 source.name, reduce_type=source.reduce_type,
-                                preamble=source.preamble)
+                                preamble=source.preamble, options=COMPILE_OPTIONS)
 
 
 @dataclass

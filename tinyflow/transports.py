@@ -806,6 +806,52 @@ class MPITransport(Transport):
 # NCCL (CuPy): GPUs
 # ----------------------------------------------------------------------------------
 
+def _cupy_nccl() -> tuple[Any, Any]:
+    """CuPy and its NCCL binding, or a CollectiveError saying which is missing.
+    (CuPy's ``cupy.cuda.nccl`` imports without libnccl; its ``available`` says
+    whether the library loaded, and without it every NCCL call is missing.)"""
+    try:
+        import cupy
+        from cupy.cuda import nccl
+    except ImportError as err:
+        raise CollectiveError(f"NCCLTransport needs CuPy ({err}): pip install "
+                             "'tinyflow[gpu]' on a machine with NVIDIA GPUs") from None
+    if not getattr(nccl, "available", False):
+        raise CollectiveError("NCCLTransport: CuPy cannot load the NCCL library "
+                             "(libnccl.so.2); pip install 'nvidia-nccl-cu12>=2.16.5,<3'")
+    return cupy, nccl
+
+
+def nccl_id_bytes(unique_id: Any) -> np.ndarray:
+    """NCCL's unique id as 128 bytes to send to the other ranks. CuPy (13 and
+    earlier) returns ``nccl.get_unique_id()`` as a tuple of 128 ints, the C
+    ``char`` values (signed: -128..127); bytes are taken too."""
+    if isinstance(unique_id, (bytes, bytearray)):
+        return np.frombuffer(bytes(unique_id), np.uint8).copy()
+    return np.array(unique_id, dtype=np.int64).astype(np.int8).view(np.uint8)
+
+
+def nccl_id_tuple(uid: np.ndarray) -> tuple[int, ...]:
+    """The id received as bytes, in the form ``NcclCommunicator(ndev, commId,
+    rank)`` takes: the tuple `get_unique_id` returned."""
+    return tuple(np.asarray(uid, np.uint8).view(np.int8).tolist())
+
+
+# numpy dtypes NCCL reduces (ncclDataType_t; bfloat16 has no numpy dtype). NCCL has
+# no bool, int16 or uint16 type.
+NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64",
+               "float16", "float32", "float64")
+
+
+def nccl_dtype(nccl: Any, dtype: Any) -> int:
+    """NCCL's code for numpy `dtype` (``nccl.NCCL_FLOAT32``...), or a CollectiveError."""
+    name = np.dtype(dtype).name
+    if name not in NCCL_DTYPES:
+        raise CollectiveError(f"NCCL cannot reduce {name} arrays; it reduces "
+                             f"{', '.join(NCCL_DTYPES)} (cast first)")
+    return getattr(nccl, f"NCCL_{name.upper()}")
+
+
 class NCCLTransport(Transport):
     """GPU ranks over NCCL's send/recv (NCCL >= 2.7), one GPU per rank.
 
@@ -821,8 +867,7 @@ class NCCLTransport(Transport):
 
     def __init__(self, bootstrap: Transport, device: int | None = None,
                  timeout: float | None = None) -> None:
-        import cupy
-        from cupy.cuda import nccl
+        cupy, nccl = _cupy_nccl()
         self.xp = cupy
         self.nccl = nccl
         super().__init__(bootstrap.rank, bootstrap.size,
@@ -831,18 +876,12 @@ class NCCLTransport(Transport):
                          if device is None else device).use()
         uid = np.zeros(self.UID_BYTES, dtype=np.uint8)
         if self.rank == 0:
-            made = nccl.get_unique_id()  # bytes in new CuPy, a tuple of chars in old
-            uid[:] = np.frombuffer(made, np.uint8) if isinstance(made, bytes) else \
-                np.array(made, dtype=np.int8).view(np.uint8)
+            uid[:] = nccl_id_bytes(nccl.get_unique_id())
             for peer in range(1, self.size):
                 bootstrap.send(peer, uid, "nccl-id")
         else:
             bootstrap.recv(0, uid, "nccl-id")
-        try:
-            self.comm = nccl.NcclCommunicator(self.size, uid.tobytes(), self.rank)
-        except TypeError:  # CuPy < 13 takes the id as a tuple of signed chars
-            self.comm = nccl.NcclCommunicator(self.size, tuple(uid.view(np.int8).tolist()),
-                                              self.rank)
+        self.comm = nccl.NcclCommunicator(self.size, nccl_id_tuple(uid), self.rank)
 
     def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
@@ -877,12 +916,10 @@ class NCCLTransport(Transport):
     def native_allreduce(self, array: Any) -> Any:
         """NCCL's own allReduce (sum, in place), for comparison with the ring."""
         nccl = self.nccl
-        codes = {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
-                 "float64": nccl.NCCL_FLOAT64, "int32": nccl.NCCL_INT32,
-                 "int64": nccl.NCCL_INT64}
+        code = nccl_dtype(nccl, array.dtype)
         stream = self.xp.cuda.get_current_stream()
-        self.comm.allReduce(array.data.ptr, array.data.ptr, array.size,
-                            codes[array.dtype.name], nccl.NCCL_SUM, stream.ptr)
+        self.comm.allReduce(array.data.ptr, array.data.ptr, array.size, code,
+                            nccl.NCCL_SUM, stream.ptr)
         self._wait(stream, (self.rank + 1) % self.size, "allreduce (nccl)")
         return array
 

@@ -111,6 +111,42 @@ assert isinstance(source, gpu.ElementwiseSource)
 assert source.operation.count("/* t") == len(program)    # one line per instruction
 
 # %% [markdown]
+# ### What CuPy compiles, and what NVRTC makes of it
+#
+# Those strings are not yet a CUDA program: at the first launch CuPy wraps them in
+# its own loop (`CUPY_FOR` over the elements, `CArray` and `CIndexer` for
+# broadcasting and strides), adds its headers and options, and hands the whole
+# source to NVRTC, NVIDIA's runtime compiler. `tinyflow/gpu_compile.py` runs
+# exactly that code generation without a GPU (only the final compile call is
+# intercepted) and compiles the result with NVRTC for an H100 (`sm_90`). The test
+# tier does this for every kernel TinyFlow can generate; here is the one above.
+# (This needs the `gpu-check` wheels, part of `pip install -e ".[all]"`; a GPU is
+# not needed.)
+
+# %%
+from tinyflow import gpu_compile
+
+why_not = gpu_compile.missing()
+if why_not:
+    print("Cannot compile here:", why_not)
+else:
+    cuda = gpu_compile.cuda_sources(program, input_dtypes)[0]
+    header_end = cuda.code.index("extern")     # CuPy's #includes come first
+    print(cuda.code[:header_end].strip(), "\n...")
+    print(cuda.code[header_end:])
+    print("NVRTC options:", " ".join(o for o in cuda.options if not o.startswith("-I")))
+    compiled = gpu_compile.compile_one(cuda, "sm_90")
+    print(f"sm_90: PTX {compiled.ptx_bytes} bytes, machine code (cubin) "
+          f"{compiled.cubin_bytes} bytes, {compiled.registers} registers per thread")
+    assert source.operation in cuda.code and compiled.registers
+
+# %% [markdown]
+# Registers matter on a GPU: each thread keeps its temporaries in them, and the
+# fewer a kernel needs, the more threads fit on a multiprocessor at once to hide
+# memory latency. `--fmad=false` is ours: it keeps `a * b + c` rounding twice, as
+# numpy does (the README's *GPU* section says what that costs and what else
+# differs on a device).
+#
 # Things to notice: each C type comes from the op's own shape/dtype rule (the
 # registry is the one source of truth), and the kernel takes `cupy`'s numpy-style
 # broadcasting for free (`x2` is the scalar constant 1.0). On the GPU, the fused
