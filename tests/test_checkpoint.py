@@ -255,6 +255,14 @@ def test_header_length_larger_than_the_file_and_other_formats(tmp_path):
     _refused_without_change(sess, variables, tmp_path, "is a directory")
 
 
+def test_a_dtype_numpy_lacks_is_named(tmp_path):
+    path = tmp_path / "bf16.safetensors"
+    _header_file(path, {"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}},
+                 b"\0" * 4)
+    with pytest.raises(CheckpointError, match="bf16.safetensors: a tensor has dtype 'BF16'"):
+        read_checkpoint(path)
+
+
 def test_a_newer_tinyflow_checkpoint_version_is_refused(tmp_path):
     import safetensors.numpy
     path = tmp_path / "future.safetensors"

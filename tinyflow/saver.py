@@ -343,7 +343,10 @@ def _read_safetensors(path: Path, data: bytes) -> tuple[dict[str, np.ndarray], d
         tensors = safetensors.numpy.load(data)
         # The library has checked the header; it is a flat JSON object of small dicts.
         header = json.loads(data[8:8 + header_size])
-    except Exception as err:  # SafetensorError, or numpy refusing a dtype (bf16)
+    except KeyError as err:  # a safetensors dtype numpy lacks, such as BF16
+        raise CheckpointError(f"{path}: a tensor has dtype {err}, which numpy (and so "
+                              "TinyFlow) cannot hold; convert it to float32 first") from None
+    except Exception as err:  # SafetensorError: a header or offsets that do not add up
         raise CheckpointError(f"{path} is not a readable checkpoint (corrupt, truncated, "
                               f"or another format): {err}") from None
     metadata = header.get("__metadata__") or {}

@@ -223,8 +223,12 @@ def json_path(parts: Any) -> str:
 
 
 def _schema_problems(record: Any) -> list[str]:
-    # NaN and Inf are checked as the null they are written as in the file.
-    errors = sorted(_schema_validator().iter_errors(_without_nonfinite(record)),
+    validator = _schema_validator()
+    if validator.is_valid(record):  # the fast path: every record read from a file
+        return []
+    # NaN and Inf (only in records built in memory) are checked as the null they are
+    # written as in the file; jsonschema-rs refuses the floats themselves.
+    errors = sorted(validator.iter_errors(_without_nonfinite(record)),
                     key=lambda e: [str(p) for p in e.instance_path])
     problems = []
     for error in errors:
