@@ -72,8 +72,10 @@ values = {x: rng.normal(size=(4, 8)).astype(np.float32),
 # %% [markdown]
 # `tf.compile` is what `Session.run` calls: fetches, the fed shapes, options.
 # `passes=[]` switches the optimizer off; by default every pass of
-# `passes.PIPELINE` runs, in this order (the executor adds lesson 4's gradient
-# checkpointing pass at the end):
+# `passes.PIPELINE` runs, in this order (the last, lesson 4's gradient
+# checkpointing, changes nothing unless asked). Each entry is a
+# `Pass(name, fn, needs, provides)`: the runner refuses a pass whose need no
+# earlier pass provides.
 
 # %%
 print("pipeline:", " -> ".join(p.name for p in passes.PIPELINE))
@@ -245,8 +247,9 @@ assert np.allclose(doubled, 2.0) and np.allclose(session.run(w), 0.9)
 # %% [markdown]
 # ## What to remember
 #
-# * A pass is a function from graph to graph; `PIPELINE` lists them in order and
-#   `compile(passes=..., disable=...)` picks among them.
+# * A pass is a function from graph to graph; `PIPELINE` lists them in order, with
+#   what each needs and provides, and `compile(passes=..., disable=...)` picks
+#   among them.
 # * Every rewrite leaves a record; `explain()` and the debugger read them.
 # * A simplification is a row in a table: a pattern, an op, a rewrite function.
 # * Fusion also saves copies: an update computed into its variable needs none.
