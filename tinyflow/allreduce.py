@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow.graph import TinyFlowError
+from tinyflow.errors import TinyFlowError
 from tinyflow.transports import (
     ENV_ADDR,
     ENV_RANK,

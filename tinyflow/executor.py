@@ -25,7 +25,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,18 @@ def _cast_in_range(node: Node, array: np.ndarray, want: np.dtype) -> np.ndarray:
 
 
 NO_ARENA_OPS = memory.NO_ARENA_OPS  # an assign's value is the variable's own buffer
+
+@dataclass
+class DebugHooks:
+    """How the executor reaches tf.debug (debug.py, a layer above, which fills these in
+    when it loads, so executor.py never imports it): `attach(program, path)` records
+    a compiled program, `current()` is the active recorder or None."""
+
+    attach: Callable[[Any, Any], None] = lambda program, path: None
+    current: Callable[[], Any] = lambda: None
+
+
+DEBUG_HOOKS = DebugHooks()
 
 # The compiler's passes (passes.PIPELINE, gradient checkpointing included).
 PIPELINE = passes_mod.PIPELINE
@@ -671,8 +683,7 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
             program.source_slots[slot] = (user, "variable")
         program.graph_node_of_slot = {slot: order[slot] for slot in program.source_slots}
     if opts["debug"]:
-        from tinyflow import debug
-        debug.attach(program, opts["debug"])
+        DEBUG_HOOKS.attach(program, opts["debug"])
     return program
 
 
@@ -835,8 +846,7 @@ class Session:
             if not isinstance(node, Node):
                 raise FeedError(f"feed_dict keys must be graph nodes, got {node!r}")
             feeds[node] = check_feed(node, value)
-        from tinyflow import debug
-        recorder = debug.current()
+        recorder = DEBUG_HOOKS.current()
         extra = {}
         if recorder is not None:
             # The recorder's options are defaults: what the user set on this Session

@@ -15,6 +15,7 @@ import numpy as np
 
 from tinyflow import backend
 from tinyflow.graph import Node, ShapeError, user_source_line
+from tinyflow.shape_ops import expand_dims
 from tinyflow.ops import (
     OpDef,
     _infer_same,
@@ -22,7 +23,6 @@ from tinyflow.ops import (
     _result_dtype,
     cast,
     exp,
-    expand_dims,
     float_dtype,
     make,
     ones_like,

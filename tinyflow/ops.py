@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow import backend
-from tinyflow.graph import Node, ShapeError, user_source_line
+from tinyflow.graph import OPERATOR_BUILDERS, Node, ShapeError, user_source_line
 
 # ----------------------------------------------------------------------------------
 # The registry
@@ -790,7 +790,7 @@ def _expand_reduced(g: Node, n: Node) -> Node:
     """Gradient of a reduction, broadcast back to the input's shape."""
     axis, keepdims = n.attrs.get("axis"), n.attrs.get("keepdims", False)
     if not keepdims and axis is not None:
-        g = expand_dims(g, axis)
+        g = make("expand_dims", g, axis=_axis_attr(axis))  # registered by shape_ops.py
     return broadcast_like(g, n.inputs[0])
 
 
@@ -988,20 +988,23 @@ def random_uniform(shape, minval=0.0, maxval=1.0, dtype=np.float32, seed=None, n
                 a=float(minval), b=float(maxval), seed=_next_seed(seed), name=name)
 
 
-# The shape ops live in their own module; importing it registers them, and the names
-# below keep ``ops.reshape`` & co. working for the layers above.
-from tinyflow.shape_ops import (  # noqa: E402, F401
-    broadcast_to,
-    concat,
-    expand_dims,
-    gather,
-    getitem,
-    pad,
-    reshape,
-    reshape_like,
-    squeeze,
-    transpose,
-)
+# The shape ops' builders (shape_ops.py, the layer above, adds them as it loads), so
+# that ``ops.reshape`` & co. keep working without ops.py importing shape_ops.py.
+SHAPE_OP_BUILDERS: dict[str, Callable[..., Node]] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``ops.reshape`` -> shape_ops.reshape (PEP 562: called for names not found)."""
+    try:
+        return SHAPE_OP_BUILDERS[name]
+    except KeyError:
+        raise AttributeError(f"module 'tinyflow.ops' has no attribute {name!r}") from None
+
+
+# Node's Python operators (`x + y`, `x @ w`, `-x`, `x < y`...) build these ops.
+OPERATOR_BUILDERS.update(
+    add=add, sub=sub, mul=mul, div=div, pow=power, matmul=matmul, neg=neg, abs=abs,
+    less=less, less_equal=less_equal, greater=greater, greater_equal=greater_equal)
 
 
 # ----------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 These ops move or select elements without arithmetic, so each gradient is the same
 movement run backwards (a transpose by the inverse permutation, a slice by writing the
 gradient into zeros of the input's shape, a gather by a scatter-add). They register into
-the same `REGISTRY` as the arithmetic ops of `ops.py`, which re-exports the builders, so
-``ops.reshape`` and ``tf.reshape`` are these functions.
+the same `REGISTRY` as the arithmetic ops of `ops.py` (this module imports ops.py, never
+the other way), and ``tf.reshape`` & co. are these functions.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from tinyflow import backend
+from tinyflow.graph import OPERATOR_BUILDERS
 from tinyflow.ops import (
+    SHAPE_OP_BUILDERS,
     OpDef,
     _axis_attr,
     _infer_like_second,
@@ -465,3 +467,10 @@ def gather(params, indices): return make("gather", params, indices)
 
 
 def reshape_like(x, ref): return make("reshape_like", x, ref)
+
+
+OPERATOR_BUILDERS["getitem"] = getitem  # `x[1:, ::2]` on a Node
+SHAPE_OP_BUILDERS.update(  # ops.reshape & co. (ops.py does not import this module)
+    broadcast_to=broadcast_to, concat=concat, expand_dims=expand_dims, gather=gather,
+    getitem=getitem, pad=pad, reshape=reshape, reshape_like=reshape_like, squeeze=squeeze,
+    transpose=transpose)

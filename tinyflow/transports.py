@@ -47,6 +47,7 @@ Four transports, from the lesson to the real engines:
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import queue
 import select
@@ -61,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow.graph import TinyFlowError
+from tinyflow.errors import TinyFlowError
 
 DEFAULT_TIMEOUT = 60.0
 ENV_RANK, ENV_SIZE, ENV_ADDR, ENV_TIMEOUT = (
@@ -860,3 +861,30 @@ class NCCLTransport(Transport):
 
     def close(self) -> None:
         self.comm.destroy()
+
+
+# ----------------------------------------------------------------------------------
+# Communicators for graph ops: an allreduce node's attrs hold an int key (attrs must
+# be plain data), and its kernel finds the transport under that key, in this process.
+# ----------------------------------------------------------------------------------
+
+COMMUNICATORS: dict[int, Transport] = {}
+_keys = itertools.count(1)
+
+
+def register_communicator(comm: Transport) -> int:
+    """The int key under which allreduce nodes find `comm` (registered once)."""
+    for key, known in COMMUNICATORS.items():
+        if known is comm:
+            return key
+    key = next(_keys)
+    COMMUNICATORS[key] = comm
+    return key
+
+
+def communicator(key: int) -> Transport:
+    try:
+        return COMMUNICATORS[key]
+    except KeyError:
+        raise KeyError(f"no communicator registered under key {key}: allreduce nodes "
+                       "only run in the process that built them") from None
