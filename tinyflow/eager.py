@@ -53,7 +53,7 @@ import numpy as np
 
 from tinyflow import api, debug, ops, shape_ops
 from tinyflow.graph import Node, TinyFlowError, topological_order, user_source_line
-from tinyflow.ops import REGISTRY, _Mismatch, shape_error
+from tinyflow.ops import REGISTRY, Mismatch, shape_error
 
 # ----------------------------------------------------------------------------------
 # The caching allocator
@@ -591,7 +591,7 @@ def _infer(op: str, opdef: Any, arrays: list, attrs: dict) -> tuple:
     if result is None:
         try:
             result = opdef.infer(list(shapes), list(dtypes), attrs)
-        except _Mismatch as why:
+        except Mismatch as why:
             raise shape_error(op, shapes, str(why), user_source_line()) from None
         if key is not None and len(_inferred) < MAX_INFERRED:
             _inferred[key] = result

@@ -54,7 +54,7 @@ from tinyflow.ops import (
     OpDef,
     _matmul_compute,
     _matmul_infer,
-    _Mismatch,
+    Mismatch,
     broadcast_shapes,
     register,
 )
@@ -99,7 +99,7 @@ def _infer_registers(program: Program, shapes: Sequence[tuple], dtypes: Sequence
     for op, operands, attrs in program:
         regs = [_register_index(r, num_inputs) for r in operands]
         if any(r >= len(shapes) for r in regs):
-            raise _Mismatch(f"program reads a register before it is written ({operands})")
+            raise Mismatch(f"program reads a register before it is written ({operands})")
         shape, dtype = REGISTRY[op].infer([shapes[r] for r in regs],
                                           [dtypes[r] for r in regs], dict(attrs))
         shapes.append(tuple(shape))
@@ -433,7 +433,7 @@ register(OpDef("fused_elementwise", _fused_elementwise_compute, _fused_infer, No
 def _fused_assign_infer(shapes, dtypes, attrs):
     value_shape, value_dtype = _fused_infer(shapes[1:], dtypes[1:], attrs)
     if tuple(shapes[0]) != tuple(value_shape) or np.dtype(dtypes[0]) != value_dtype:
-        raise _Mismatch(f"the update {tuple(value_shape)} {value_dtype} is not the "
+        raise Mismatch(f"the update {tuple(value_shape)} {value_dtype} is not the "
                         f"variable's {tuple(shapes[0])} {np.dtype(dtypes[0])}")
     return tuple(shapes[0]), np.dtype(dtypes[0])
 
@@ -483,7 +483,7 @@ def _dense_infer(shapes, dtypes, attrs):
     a, w, bias = shapes
     product, dtype = _matmul_infer([a, w], dtypes[:2], attrs)
     if broadcast_shapes(product, bias) != product:
-        raise _Mismatch(f"bias {tuple(bias)} would broadcast the product {product}")
+        raise Mismatch(f"bias {tuple(bias)} would broadcast the product {product}")
     dtype = np.result_type(dtype, dtypes[2])
     activation = attrs.get("activation")
     if activation is not None:

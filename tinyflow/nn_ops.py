@@ -18,9 +18,9 @@ from tinyflow.graph import Node, ShapeError, user_source_line
 from tinyflow.shape_ops import expand_dims
 from tinyflow.ops import (
     OpDef,
-    _infer_same,
-    _Mismatch,
-    _result_dtype,
+    infer_same,
+    Mismatch,
+    result_dtype,
     cast,
     exp,
     float_dtype,
@@ -54,11 +54,11 @@ def _window_check(attrs: dict, dtypes: list) -> None:
     """Strides and window sizes are positive; padding is "SAME", "VALID" or an int >= 0."""
     for key in ("stride", "ksize"):
         if key in attrs and any(int(v) < 1 for v in attrs[key]):
-            raise _Mismatch(f"{key} {tuple(attrs[key])} must be >= 1")
+            raise Mismatch(f"{key} {tuple(attrs[key])} must be >= 1")
     padding = attrs.get("padding", 0)
     if isinstance(padding, str) and padding not in ("SAME", "VALID") or \
             not isinstance(padding, str) and int(padding) < 0:
-        raise _Mismatch(f"padding {padding!r} must be 'SAME', 'VALID' or an int >= 0")
+        raise Mismatch(f"padding {padding!r} must be 'SAME', 'VALID' or an int >= 0")
 
 
 def _float_window_check(attrs: dict, dtypes: list) -> None:
@@ -66,7 +66,7 @@ def _float_window_check(attrs: dict, dtypes: list) -> None:
     avg_pool refuses ints too)."""
     _window_check(attrs, dtypes)
     if dtypes[0] is not None and dtypes[0].kind != "f":
-        raise _Mismatch(f"needs a float input, got {dtypes[0]} (cast it first)")
+        raise Mismatch(f"needs a float input, got {dtypes[0]} (cast it first)")
 
 
 def _out_size(size, kernel, stride, padding):
@@ -75,7 +75,7 @@ def _out_size(size, kernel, stride, padding):
     before, after = _pads(size, kernel, stride, padding)
     out = (size + before + after - kernel) // stride + 1
     if out <= 0:
-        raise _Mismatch(f"window {kernel} with stride {stride} does not fit size {size}")
+        raise Mismatch(f"window {kernel} with stride {stride} does not fit size {size}")
     return out
 
 
@@ -268,10 +268,10 @@ def _channel_view(b, ndim):
 def _bias_add_infer(shapes, dtypes, attrs):
     x, b = shapes
     if len(x) < 2 or len(b) != 1:
-        raise _Mismatch("bias_add needs x of rank >= 2 and a bias of rank 1")
+        raise Mismatch("bias_add needs x of rank >= 2 and a bias of rank 1")
     if x[1] is not None and b[0] is not None and x[1] != b[0]:
-        raise _Mismatch(f"bias has {b[0]} entries but dimension 1 of x is {x[1]}")
-    return tuple(x), _result_dtype(dtypes)
+        raise Mismatch(f"bias has {b[0]} entries but dimension 1 of x is {x[1]}")
+    return tuple(x), result_dtype(dtypes)
 
 
 def _bias_add_compute(xp, x, b, out=None):
@@ -298,15 +298,15 @@ register(OpDef("bias_grad", _bias_grad_compute, lambda s, d, a: ((s[0][1],), d[0
 def _conv_infer(shapes, dtypes, attrs):
     x, w = shapes
     if len(x) != 4 or len(w) != 4:
-        raise _Mismatch("conv2d needs x as (N, C, H, W) and filters as (O, C, kh, kw)")
+        raise Mismatch("conv2d needs x as (N, C, H, W) and filters as (O, C, kh, kw)")
     if x[1] is not None and w[1] is not None and x[1] != w[1]:
-        raise _Mismatch(f"input has {x[1]} channels but the filters expect {w[1]}")
+        raise Mismatch(f"input has {x[1]} channels but the filters expect {w[1]}")
     sh, sw = attrs.get("stride", (1, 1))
     padding = attrs.get("padding", 0)
     if w[2] is None or w[3] is None:
-        return (x[0], w[0], None, None), _result_dtype(dtypes)
+        return (x[0], w[0], None, None), result_dtype(dtypes)
     return (x[0], w[0], _out_size(x[2], w[2], sh, padding),
-            _out_size(x[3], w[3], sw, padding)), _result_dtype(dtypes)
+            _out_size(x[3], w[3], sw, padding)), result_dtype(dtypes)
 
 
 def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
@@ -425,7 +425,7 @@ def conv2d(x, w, stride=(1, 1), padding=0) -> Node:
 def _pool_infer(shapes, dtypes, attrs):
     x = shapes[0]
     if len(x) != 4:
-        raise _Mismatch("pooling needs x as (N, C, H, W)")
+        raise Mismatch("pooling needs x as (N, C, H, W)")
     kh, kw = attrs["ksize"]
     sh, sw = attrs["stride"]
     padding = attrs.get("padding", 0)
@@ -626,10 +626,10 @@ register(OpDef("log_softmax", _log_softmax_compute, _infer_float, _log_softmax_g
 def _xent_infer(shapes, dtypes, attrs):
     logits, labels = shapes
     if len(logits) < 1:
-        raise _Mismatch("logits need a class axis")
+        raise Mismatch("logits need a class axis")
     if len(labels) != len(logits) - 1 or any(
             a is not None and b is not None and a != b for a, b in zip(labels, logits[:-1])):
-        raise _Mismatch("labels must have the logits' shape without the class axis")
+        raise Mismatch("labels must have the logits' shape without the class axis")
     return tuple(logits[:-1]), float_dtype(dtypes[0])
 
 
@@ -694,11 +694,11 @@ def softmax_cross_entropy(logits, labels) -> Node:
 def _layer_norm_infer(shapes, dtypes, attrs):
     x, gamma, beta = shapes
     if len(x) < 1 or len(gamma) != 1 or len(beta) != 1:
-        raise _Mismatch("layer_norm needs x (..., D), gamma (D,) and beta (D,)")
+        raise Mismatch("layer_norm needs x (..., D), gamma (D,) and beta (D,)")
     for p in (gamma[0], beta[0]):
         if x[-1] is not None and p is not None and p != x[-1]:
-            raise _Mismatch(f"last dim {x[-1]} differs from the scale/shift size {p}")
-    return tuple(x), float_dtype(_result_dtype(dtypes))
+            raise Mismatch(f"last dim {x[-1]} differs from the scale/shift size {p}")
+    return tuple(x), float_dtype(result_dtype(dtypes))
 
 
 def _layer_norm_compute(xp, x, gamma, beta, out=None, eps=1e-5):
@@ -755,10 +755,10 @@ def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0, generators=None):
 # It lies on the path from the weights to the loss (x * mask), so it needs one.
 def _dropout_mask_check(attrs, dtypes):
     if dtypes[0] is not None and dtypes[0].kind != "f":
-        raise _Mismatch(f"dropout needs a float input, got {dtypes[0]} (TF1 too)")
+        raise Mismatch(f"dropout needs a float input, got {dtypes[0]} (TF1 too)")
 
 
-register(OpDef("dropout_mask", _dropout_mask_compute, _infer_same, zero_gradient,
+register(OpDef("dropout_mask", _dropout_mask_compute, infer_same, zero_gradient,
                pure=False, random=True, doc="random 0 or 1/(1-rate) of x's shape",
                check=_dropout_mask_check))
 

@@ -59,7 +59,7 @@ class OpDef:
     # compiles, so per-run work (finding a plan) disappears; `workspace` is a dict of
     # scratch buffers shared by the steps of one stream, which never run at once.
     bind: Callable[..., Any] | None = None
-    # Optional: check(attrs, dtypes) raises _Mismatch for attributes or input dtypes no
+    # Optional: check(attrs, dtypes) raises Mismatch for attributes or input dtypes no
     # shape could make valid (a stride of 0, an unknown padding, float indices). Run
     # at build time even when the input shapes are not known yet, so the error names
     # the user's line.
@@ -77,8 +77,12 @@ def register(opdef: OpDef) -> OpDef:
     return opdef
 
 
-class _Mismatch(Exception):
-    """Raised by an infer rule; `make` turns it into a ShapeError with context."""
+class Mismatch(Exception):
+    """Raised by an infer rule; `make` turns it into a ShapeError with context.
+
+    Part of the op-author API (with `OpDef`, `register`, `make`, `infer_same`,
+    `result_dtype`): an op module outside this file raises it for inputs its rule
+    cannot accept."""
 
 
 def _fmt_shape(shape: tuple | None) -> str:
@@ -93,9 +97,9 @@ def _fmt_attrs(attrs: dict) -> str:
 
 
 def check_dims(shape: Sequence | None) -> None:
-    """Raise _Mismatch for a negative dimension (None dims are unknown, fine)."""
+    """Raise Mismatch for a negative dimension (None dims are unknown, fine)."""
     if shape is not None and any(d is not None and d < 0 for d in shape):
-        raise _Mismatch(f"negative dimension in shape {_fmt_shape(tuple(shape))}")
+        raise Mismatch(f"negative dimension in shape {_fmt_shape(tuple(shape))}")
 
 
 def shape_error(op: str, shapes: Sequence, why: str, where: str) -> ShapeError:
@@ -117,7 +121,7 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
     if opdef.check is not None:
         try:
             opdef.check(attrs, dtypes)
-        except _Mismatch as why:
+        except Mismatch as why:
             raise ShapeError(f"{op}: {why}; attributes {_fmt_attrs(attrs)} "
                              f"(at {where})") from None
     if any(s is None for s in shapes):
@@ -129,7 +133,7 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
         return None, dtype
     try:
         return opdef.infer(shapes, dtypes, attrs)
-    except _Mismatch as why:
+    except Mismatch as why:
         raise shape_error(op, shapes, str(why), where) from None
 
 
@@ -230,7 +234,7 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
         known = {d for d in dims if d is not None and d != 1}
         if len(known) > 1:
             sizes = " vs ".join(map(str, sorted(known)))
-            raise _Mismatch(f"dimension {axis} cannot broadcast ({sizes})")
+            raise Mismatch(f"dimension {axis} cannot broadcast ({sizes})")
         if known:
             result.append(known.pop())
         elif any(d is None for d in dims):
@@ -240,7 +244,8 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
     return tuple(result)
 
 
-def _result_dtype(dtypes: Sequence) -> Any:
+def result_dtype(dtypes: Sequence) -> Any:
+    """numpy's promotion of the known input dtypes (None when none is known yet)."""
     known = [d for d in dtypes if d is not None]
     return np.result_type(*known) if known else None
 
@@ -250,14 +255,14 @@ def ufunc_dtype(ufunc_name: str, dtypes: Sequence) -> Any:
 
     Rules infer with numpy's own casting rules so that they name the dtype the
     kernel really produces: exp of int32 is float64, true division of ints is
-    float64. Raises `_Mismatch` where numpy has no kernel (minus of booleans).
+    float64. Raises `Mismatch` where numpy has no kernel (minus of booleans).
     """
     if any(d is None for d in dtypes):
-        return _result_dtype(dtypes)
+        return result_dtype(dtypes)
     try:
         resolved = getattr(np, ufunc_name).resolve_dtypes(tuple(dtypes) + (None,))
     except TypeError as err:
-        raise _Mismatch(str(err)) from None
+        raise Mismatch(str(err)) from None
     return np.dtype(resolved[-1])
 
 
@@ -272,7 +277,8 @@ def _infer_compare(shapes, dtypes, attrs):
     return broadcast_shapes(*shapes), np.dtype(bool)
 
 
-def _infer_same(shapes, dtypes, attrs):
+def infer_same(shapes, dtypes, attrs):
+    """The shape rule of an op whose output is shaped and typed like its first input."""
     return tuple(shapes[0]), dtypes[0]
 
 
@@ -290,9 +296,9 @@ def normalize_axes(axes: Any, ndim: int) -> tuple[int, ...]:
     out = []
     for a in axes:
         if not -ndim <= a < ndim:
-            raise _Mismatch(f"axis {a} is out of range for rank {ndim}")
+            raise Mismatch(f"axis {a} is out of range for rank {ndim}")
         if a % ndim in out:
-            raise _Mismatch(f"axis {a} is given twice (axes {tuple(axes)} for rank {ndim})")
+            raise Mismatch(f"axis {a} is given twice (axes {tuple(axes)} for rank {ndim})")
         out.append(a % ndim)
     return tuple(sorted(out))
 
@@ -428,7 +434,7 @@ def _assign_infer(shapes, dtypes, attrs):
     var, value = shapes
     if len(var) == len(value) and any(
             a is not None and b is not None and a != b for a, b in zip(var, value)):
-        raise _Mismatch("the value's shape differs from the variable's")
+        raise Mismatch("the value's shape differs from the variable's")
     return tuple(value), dtypes[0] if dtypes[0] is not None else dtypes[1]
 
 
@@ -645,7 +651,7 @@ def zero_gradient(node: Node, grad: Node) -> list[None]:
     return [None] * len(node.inputs)
 
 
-register(OpDef("sign", _ufunc_compute("sign"), _infer_same, zero_gradient, elementwise=True,
+register(OpDef("sign", _ufunc_compute("sign"), infer_same, zero_gradient, elementwise=True,
                inplace=0, doc="-1, 0 or 1 (zero gradient, as TF)"))
 
 
@@ -682,7 +688,7 @@ def _where_grad(n, g):
 
 
 register(OpDef("where", _where_compute,
-               lambda s, d, a: (broadcast_shapes(*s), _result_dtype(d[1:])),
+               lambda s, d, a: (broadcast_shapes(*s), result_dtype(d[1:])),
                _where_grad, elementwise=True, doc="cond ? a : b"))
 
 
@@ -702,9 +708,9 @@ def _ones_like_compute(xp, x, out=None):
 
 # Both appear in gradient graphs (the seed of `gradients`, the zeros of `where`'s
 # gradient), so a second derivative reaches them: they need their zero gradient.
-register(OpDef("zeros_like", _zeros_like_compute, _infer_same, zero_gradient,
+register(OpDef("zeros_like", _zeros_like_compute, infer_same, zero_gradient,
                elementwise=True, doc="zeros of x's shape and dtype"))
-register(OpDef("ones_like", _ones_like_compute, _infer_same, zero_gradient,
+register(OpDef("ones_like", _ones_like_compute, infer_same, zero_gradient,
                elementwise=True, doc="ones of x's shape and dtype"))
 
 
@@ -724,15 +730,15 @@ def _matmul_compute(xp, a, b, out=None, transpose_a=False, transpose_b=False):
 def _matmul_infer(shapes, dtypes, attrs):
     a, b = shapes
     if len(a) < 2 or len(b) < 2:
-        raise _Mismatch("matmul needs inputs of rank >= 2 (reshape vectors first)")
+        raise Mismatch("matmul needs inputs of rank >= 2 (reshape vectors first)")
     if attrs.get("transpose_a"):
         a = a[:-2] + (a[-1], a[-2])
     if attrs.get("transpose_b"):
         b = b[:-2] + (b[-1], b[-2])
     if a[-1] is not None and b[-2] is not None and a[-1] != b[-2]:
-        raise _Mismatch(f"inner dimensions differ ({a[-1]} vs {b[-2]})")
+        raise Mismatch(f"inner dimensions differ ({a[-1]} vs {b[-2]})")
     batch = broadcast_shapes(a[:-2], b[:-2]) if (a[:-2] or b[:-2]) else ()
-    return batch + (a[-2], b[-1]), _result_dtype(dtypes)
+    return batch + (a[-2], b[-1]), result_dtype(dtypes)
 
 
 def _matmul_grad(n, g):

@@ -62,7 +62,7 @@ def _allreduce_infer(shapes, dtypes, attrs):
         total = sum(math.prod(s) for s in shapes)
     kinds = {np.dtype(d).str for d in dtypes if d is not None}
     if len(kinds) > 1:
-        raise ops._Mismatch("the gradients of one allreduce bucket must share a dtype")
+        raise ops.Mismatch("the gradients of one allreduce bucket must share a dtype")
     return (total,), next((d for d in dtypes if d is not None), None)
 
 
