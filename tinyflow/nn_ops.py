@@ -224,7 +224,7 @@ def _uncrop(xp, buffer, crop, out):
     if crop is None:        # the buffer is `out`
         return buffer
     pt, pl, h, w = crop
-    return _write(xp, buffer[:, :, pt:pt + h, pl:pl + w], out)
+    return buffer[:, :, pt:pt + h, pl:pl + w]
 
 
 def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
@@ -242,7 +242,7 @@ def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
             for j in range(kw):
                 flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, :, i, j]
         image = flat.reshape(n, c, h + pt + pb + 1, row)
-        return _write(xp, image[:, :, pt:pt + h, pl:pl + w], out)
+        return image[:, :, pt:pt + h, pl:pl + w]
     dx, crop = _zeroed_padded(xp, x_shape, dcols.dtype, (kh, kw), stride, padding, out)
     for i in range(kh):
         for j in range(kw):
@@ -251,11 +251,6 @@ def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
     return _uncrop(xp, dx, crop, out)
 
 
-def _write(xp, result, out):
-    if out is None:
-        return result
-    out[...] = result
-    return out
 
 
 
@@ -280,7 +275,7 @@ def _bias_add_compute(xp, x, b, out=None):
 
 def _bias_grad_compute(xp, g, out=None):
     axes = (0,) + tuple(range(2, g.ndim))
-    return _write(xp, g.sum(axis=axes, dtype=g.dtype), out)  # g's dtype, as the rule says
+    return g.sum(axis=axes, dtype=g.dtype)  # g's dtype, as the rule says
 
 
 register(OpDef("bias_add", _bias_add_compute, _bias_add_infer,
@@ -323,7 +318,7 @@ def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
         xp.matmul(wmat, cols, out=out.reshape(n, o, oh * ow))
         return out
     result = xp.matmul(wmat, cols).reshape(n, o, oh, row)
-    return _write(xp, result[..., :ow], out)
+    return result[..., :ow]
 
 
 def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
@@ -346,7 +341,7 @@ def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
     row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
     cols = _im2col(xp, x, kh, kw, stride, padding, xp.result_type(x, g), workspace)
     per_sample = xp.matmul(_rows(xp, g, row), cols.transpose(0, 2, 1))
-    return _write(xp, per_sample.sum(axis=0).reshape(o, c, kh, kw), out)
+    return per_sample.sum(axis=0).reshape(o, c, kh, kw)
 
 
 def _conv_grad(n, g):
@@ -385,7 +380,10 @@ def _bind_scratch(compute, infer):
         def bound_compute(xp, *arrays, out=None, **attrs):
             if out is None:
                 out = np.empty(shape, dtype=dtype)
-            return compute(xp, *arrays, out=out, workspace=workspace, **attrs)
+            result = compute(xp, *arrays, out=out, workspace=workspace, **attrs)
+            if result is not out:  # (a view of the scratch, or another dtype)
+                out[...] = result
+            return out
         return bound_compute
     return bind
 
@@ -524,13 +522,13 @@ def _max_pool_pick_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padd
 
 def _avg_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
     win = _windows(xp, x, *ksize, *stride, padding)
-    return _write(xp, win.mean(axis=(4, 5)), out)
+    return win.mean(axis=(4, 5))
 
 
 def _avg_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
     kh, kw = ksize
     cols = xp.broadcast_to((g / (kh * kw))[..., None, None], g.shape + (kh, kw))
-    return _write(xp, _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding), out)
+    return _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding)
 
 
 # Which element of a window is its max does not move when x moves a little, so the
@@ -657,7 +655,7 @@ def _one_hot_like_compute(xp, labels, logits, out=None):
     # The gradient of the loss may run without the loss kernel: check labels here too.
     classes = logits.shape[-1]
     result = (_class_indices(labels, classes)[..., None] == xp.arange(classes))
-    return _write(xp, result.astype(logits.dtype), out)
+    return result.astype(logits.dtype)
 
 
 def _xent_grad(n, g):
@@ -707,7 +705,7 @@ def _layer_norm_compute(xp, x, gamma, beta, out=None, eps=1e-5):
     rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)
     result = centered * rstd * gamma + beta
     dtype = float_dtype(xp.result_type(x.dtype, gamma.dtype, beta.dtype))
-    return _write(xp, result.astype(dtype, copy=False), out)
+    return result.astype(dtype, copy=False)
 
 
 def _layer_norm_grad(n, g):
@@ -748,7 +746,7 @@ def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0, generators=None):
     from tinyflow.ops import generator
     keep = backend.to_device(xp, generator(seed, generators).random(x.shape) >= rate)
     mask = keep.astype(x.dtype) / (1.0 - rate)
-    return _write(xp, mask, out)
+    return mask
 
 
 # The mask's values do not depend on x's values (only its shape): zero gradient.

@@ -4,7 +4,10 @@ The registry is data (NNVM's lesson): a dict from op name to an `OpDef`. Every l
 above asks the registry, never a chain of `if op == ...`:
 
 * the executor calls ``compute(xp, *arrays, out=None, **attrs)``; `xp` is numpy or
-  cupy, and `out`, when given, is planned memory the result must be written into;
+  cupy. The kernel contract, stated once: a kernel writes into `out` when it can
+  (a ufunc's own ``out=``, a fill) and returns it; otherwise it returns its result,
+  and the caller (executor, eager, a fused kernel) copies that into `out` when the
+  result is not `out`. So a kernel never needs an ``if out is None`` epilogue;
 * autodiff calls ``gradient(node, grad) -> [grad of each input, as a Node, or None]``;
   gradients are built from ordinary ops, so the gradient graph can be differentiated
   again (grad-of-grad);
@@ -408,9 +411,6 @@ def _random_compute(kind):
                 generators=None):
         rng = generator(seed, generators)
         draw = backend.draw_random(xp, rng, kind, shape, dtype, a, b)
-        if out is not None:
-            out[...] = draw
-            return out
         return draw
     return compute
 
@@ -456,26 +456,17 @@ register(OpDef("group", _group_compute, lambda s, d, a: ((), np.dtype(np.float32
 def _sum_to_like_compute(xp, g, ref, out=None):
     """Sum `g` down to `ref.shape` (undo numpy broadcasting)."""
     if g.shape == ref.shape:
-        if out is None:
-            return g
-        out[...] = g
-        return out
+        return g
     lead = g.ndim - ref.ndim
     axes = tuple(range(lead)) + tuple(
         lead + i for i, d in enumerate(ref.shape) if d == 1 and g.shape[lead + i] != 1)
     summed = g.sum(axis=axes, keepdims=True, dtype=g.dtype)  # g's dtype, as the rule says
     summed = summed.reshape(ref.shape)
-    if out is None:
-        return summed
-    out[...] = summed
-    return out
+    return summed
 
 
 def _broadcast_like_compute(xp, x, ref, out=None):
-    if out is None:
-        return xp.broadcast_to(x, ref.shape)
-    out[...] = x
-    return out
+    return xp.broadcast_to(x, ref.shape)
 
 
 register(OpDef("sum_to_like", _sum_to_like_compute, _infer_like_second,
@@ -596,10 +587,7 @@ def _sigmoid_compute(xp, x, out=None):
     e = xp.exp(-xp.abs(x))
     pos = 1.0 / (1.0 + e)
     result = xp.where(x >= 0, pos, e * pos)
-    if out is None:
-        return result.astype(x.dtype, copy=False)
-    out[...] = result
-    return out
+    return result.astype(x.dtype, copy=False)
 
 
 # GELU, tanh form (Hendrycks & Gimpel 2016; GPT-2): numpy has no erf, and the tanh
@@ -612,10 +600,7 @@ def _gelu_compute(xp, x, out=None):
     x = x.astype(float_dtype(x.dtype), copy=False)
     inner = _GELU_C * (x + _GELU_A * x * x * x)
     result = 0.5 * x * (1.0 + xp.tanh(inner))
-    if out is None:
-        return result.astype(x.dtype, copy=False)
-    out[...] = result
-    return out
+    return result.astype(x.dtype, copy=False)
 
 
 def _gelu_grad(n, g):
@@ -675,10 +660,7 @@ register(OpDef("cast", _cast_compute, lambda s, d, a: (tuple(s[0]), np.dtype(a["
 
 def _where_compute(xp, cond, a, b, out=None):
     result = xp.where(cond, a, b)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _where_grad(n, g):
@@ -785,10 +767,7 @@ def _reduce_infer(method):
 def _reduce_compute(method):
     def compute(xp, x, out=None, axis=None, keepdims=False):
         result = getattr(x, method)(axis=axis, keepdims=keepdims)
-        if out is None:
-            return xp.asarray(result)
-        out[...] = result
-        return out
+        return xp.asarray(result)
     return compute
 
 
@@ -1041,10 +1020,7 @@ def _erf_compute(xp, x, out=None):
     tail = 1.0 - t * xp.exp(-z * z + _ERFC_FIT[0] + poly)
     result = xp.sign(x64) * xp.where(z < 2.5, series, tail)
     result = result.astype(float_dtype(x.dtype), copy=False)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 # Not flagged elementwise, though it is: fuse_elementwise would then take it into

@@ -83,18 +83,12 @@ def _reshape_unknown(src: tuple, shape: tuple, target: list) -> tuple:
 
 def _reshape_compute(xp, x, out=None, shape=()):
     result = x.reshape(_resolve_zeros(x.shape, shape))
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _reshape_like_compute(xp, x, ref, out=None):
     result = x.reshape(ref.shape)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 register(OpDef("reshape", _reshape_compute, _reshape_infer,
@@ -117,10 +111,7 @@ def _transpose_infer(shapes, dtypes, attrs):
 
 def _transpose_compute(xp, x, out=None, axes=None):
     result = xp.transpose(x, axes)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _transpose_grad(n, g):
@@ -147,10 +138,7 @@ def _broadcast_to_infer(shapes, dtypes, attrs):
 
 
 def _broadcast_to_compute(xp, x, out=None, shape=()):
-    if out is None:
-        return xp.broadcast_to(x, shape)
-    out[...] = x
-    return out
+    return xp.broadcast_to(x, shape)
 
 
 register(OpDef("broadcast_to", _broadcast_to_compute, _broadcast_to_infer,
@@ -172,10 +160,7 @@ def _expand_dims_infer(shapes, dtypes, attrs):
 
 def _expand_dims_compute(xp, x, out=None, axis=0):
     result = xp.expand_dims(x, axis)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _squeeze_infer(shapes, dtypes, attrs):
@@ -194,10 +179,7 @@ def _squeeze_infer(shapes, dtypes, attrs):
 
 def _squeeze_compute(xp, x, out=None, axis=None):
     result = xp.squeeze(x, axis=axis)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 register(OpDef("expand_dims", _expand_dims_compute, _expand_dims_infer,
@@ -237,10 +219,7 @@ def _concat_part_compute(xp, g, *inputs, out=None, axis=0, part=0):
     index = [slice(None)] * g.ndim
     index[axis] = slice(start, start + inputs[part].shape[axis])
     result = g[tuple(index)]
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 register(OpDef("concat", _concat_compute, _concat_infer, _concat_grad,
@@ -331,10 +310,7 @@ def _getitem_infer(shapes, dtypes, attrs):
 
 def _getitem_compute(xp, x, out=None, index=()):
     result = x[_decode_index(index)]
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _slice_grad_compute(xp, g, ref, out=None, index=()):
@@ -405,10 +381,7 @@ def _pad_compute(xp, x, out=None, dim=0, pad=0):
     widths = [(0, 0)] * x.ndim
     widths[dim] = (-pad, 0) if pad < 0 else (0, pad)
     result = xp.pad(x, widths)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _pad_grad(n, g):

@@ -86,9 +86,6 @@ def _zero_reduce_compute(xp, *grads, out=None, comm=0, stage=1, total=0, lo=0, h
         result = ring_allreduce(flat, transport, "mean", label=label)
     else:
         result = reduce_scatter(flat, transport, "mean", label=label)
-    if out is not None:
-        out[...] = result
-        return out
     return result
 
 
@@ -99,9 +96,6 @@ def _zero_gather_infer(shapes, dtypes, attrs):
 def _zero_gather_compute(xp, shard, out=None, comm=0, stage=1, total=0, stream="comm"):
     """Every rank's parameter shard, concatenated: the full flat parameters."""
     result = all_gather(shard, communicator(comm), total=total, label=f"zero{stage}")
-    if out is not None:
-        out[...] = result
-        return out
     return result
 
 
