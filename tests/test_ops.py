@@ -39,6 +39,7 @@ from tinyflow.gradcheck import GradientCheckError, check_gradients
 from tinyflow.graph import Node, topological_order
 from tinyflow.ops import REGISTRY, make
 from tinyflow.shape_ops import _encode_index
+from tinyflow.transports import ThreadTransport, register_communicator
 
 F64 = np.float64
 # Sessions here run the default pass pipeline: ops are tested as users run them.
@@ -151,6 +152,10 @@ def distinct(rng, *shape):
 
 def ints(values, dtype=np.int64):
     return Fixed(np.array(values, dtype=dtype))
+
+
+# A communicator of one rank, for the collective ops' gradient checks.
+_ONE_RANK = register_communicator(ThreadTransport.group_of(1, 60.0)[0])
 
 
 def C(build, *args, **options):  # noqa: N802 - reads as a table row
@@ -337,6 +342,11 @@ GRAD_CASES: dict[str, Callable[[np.random.Generator], list[GradCase]]] = {
         C(tf.nn.layer_norm, normal(r, 2, 3, 4), normal(r, 4), normal(r, 4), label="3-D"),
         C(lambda x, g, b: tf.nn.layer_norm(x, g, b, eps=0.1), normal(r, 2, 3), normal(r, 3),
           normal(r, 3), label="eps 0.1")],
+    # Megatron's f and g (tensor_parallel.py), on a world of one rank: both identities,
+    # each with the other as its gradient.
+    "tp_copy": lambda r: [C(lambda x: make("tp_copy", x * 2.0, comm=_ONE_RANK), normal(r, 2, 3))],
+    "tp_allreduce": lambda r: [
+        C(lambda x: make("tp_allreduce", x * 2.0, comm=_ONE_RANK), normal(r, 2, 3))],
 }
 
 # Differentiable ops whose check cannot be a finite difference, and the test that
