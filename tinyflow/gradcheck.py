@@ -64,19 +64,25 @@ def check_gradients(build: Callable[..., Node], args: Sequence[Any], *,
     rng = rng if rng is not None else np.random.default_rng(0)
     weights = rng.standard_normal(y.shape)
     loss = api.reduce_sum(ops.cast(y, np.float64) * ops.constant(weights, np.float64))
-    grads = gradients(loss, [placeholders[i] for i in free])
     session = Session(**(session_options or {}))
     feed = dict(zip(placeholders, values))
-    wanted = [g for g in grads if g is not None]
-    got_values = iter(session.run(wanted, feed) if wanted else [])
-    for i, g in zip(free, grads):
-        # None means "the loss does not depend on this input": its gradient is zero.
-        got = np.zeros_like(values[i]) if g is None else next(got_values)
-        if got.shape != values[i].shape:
+    got = _autodiff(session, loss, [placeholders[i] for i in free], feed)
+    for i, grad in zip(free, got):
+        if grad.shape != values[i].shape:
             raise GradientCheckError(f"gradient check failed for op {name}: the gradient "
-                                     f"of argument {i} has shape {got.shape}, but the "
+                                     f"of argument {i} has shape {grad.shape}, but the "
                                      f"argument has shape {values[i].shape}")
-        _compare(lambda: session.run(loss, feed), values[i], got, i, name, eps, rtol, atol)
+        _compare(lambda: session.run(loss, feed), values[i], grad, i, name, eps, rtol, atol)
+
+
+def _autodiff(session: Session, loss: Node, xs: list[Node], feed: dict) -> list[np.ndarray]:
+    """tf.gradients of `loss` for each of `xs`, run once; zeros where the loss does not
+    depend on an input (tf.gradients gives None there)."""
+    grads = gradients(loss, xs)
+    wanted = [g for g in grads if g is not None]
+    computed = iter(session.run(wanted, feed) if wanted else [])
+    return [np.zeros(x.shape, x.dtype) if g is None else next(computed)
+            for x, g in zip(xs, grads)]
 
 
 def _check_inputs(values: list[np.ndarray], free: list[int]) -> None:
