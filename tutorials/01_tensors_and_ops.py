@@ -16,7 +16,9 @@
 #    an error that names the op, the shapes and your line of code.
 #
 # **Read along:** `tinyflow/graph.py` (`Node`, `user_source_line`),
-# `tinyflow/ops.py` (`OpDef`, `REGISTRY`, `make`, `infer_node`, `shape_error`),
+# `tinyflow/ops.py` (`OpDef`, `REGISTRY`, `make`, `infer_node`, `shape_error`; and
+# `Mismatch`, `infer_same`, `result_dtype`, which op modules such as
+# `shape_ops.py` and `nn_ops.py` build on), `tinyflow/errors.py` (`ShapeError`),
 # `tinyflow/api.py` (`placeholder`, `Variable`) and `Session.run` in
 # `tinyflow/executor.py`.
 #
