@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyflow.errors import TinyFlowError  # noqa: F401  (importable here, as before)
 from tinyflow.launcher import (  # noqa: F401  (public here too)
     find_mpiexec,
     init_communicator,
