@@ -35,9 +35,11 @@ from hypothesis import strategies as st
 
 import tinyflow as tf
 from tinyflow import nn_ops, ops
+from tinyflow.gradcheck import GradientCheckError, check_gradients
 from tinyflow.graph import Node, topological_order
 from tinyflow.ops import REGISTRY, make
 from tinyflow.shape_ops import _encode_index
+from tinyflow.transports import ThreadTransport, register_communicator
 
 F64 = np.float64
 # Sessions here run the default pass pipeline: ops are tested as users run them.
@@ -104,47 +106,24 @@ def _label(case: GradCase) -> str:
 
 
 def check_gradient(op: str, case: GradCase, rng: np.random.Generator) -> None:
-    """Compare tf.gradients with central differences for every checked element.
-
-    A failure names the op, the case, the argument index, the element index, the
-    finite-difference value (expected) and the autodiff value (got).
+    """Compare tf.gradients with central differences for every checked element, with
+    the library's checker (tinyflow/gradcheck.py). A failure names the op, the case,
+    the argument index, the element index, the finite-difference value (expected)
+    and the autodiff value (got).
     """
-    values = _values(case.args)
-    phs = _placeholders(values)
-    y = case.build(*phs)
-    used = {n.op for n in topological_order([y])}
-    assert op in used, (f"GRAD_CASES[{op!r}]{_label(case)} builds no {op} node; "
-                        f"it builds {sorted(used)}")
-    weights = rng.standard_normal(y.shape)
-    loss = _weighted_loss(y, weights)
-    free = [i for i, a in enumerate(case.args) if not isinstance(a, Fixed)]
-    grads = tf.gradients(loss, [phs[i] for i in free])
-    sess = session()
-    feed = dict(zip(phs, values))
-    wanted = [g for g in grads if g is not None]
-    got_values = iter(sess.run(wanted, feed) if wanted else [])
-
-    for i, g in zip(free, grads):
-        x = values[i]
-        # None means "loss does not depend on this input": its gradient is zero.
-        got = np.zeros_like(x) if g is None else next(got_values)
-        assert got.shape == x.shape, (
-            f"{op}{_label(case)}: gradient of argument {i} has shape {got.shape}, "
-            f"but the argument has shape {x.shape}")
-        for index in np.ndindex(x.shape):
-            saved = x[index]
-            x[index] = saved + case.eps
-            plus = sess.run(loss, feed)
-            x[index] = saved - case.eps
-            minus = sess.run(loss, feed)
-            x[index] = saved
-            expected = (plus - minus) / (2 * case.eps)
-            if not np.isclose(got[index], expected, rtol=case.rtol, atol=case.atol):
-                pytest.fail(
-                    f"gradient check failed for op {op!r}{_label(case)}: argument {i}, "
-                    f"element {index}: expected {expected:.8g} (central differences), "
-                    f"got {got[index]:.8g} (tf.gradients); input value {saved:.6g}",
-                    pytrace=False)
+    def build(*phs):
+        y = case.build(*phs)
+        used = {n.op for n in topological_order([y])}
+        assert op in used, (f"GRAD_CASES[{op!r}]{_label(case)} builds no {op} node; "
+                            f"it builds {sorted(used)}")
+        return y
+    fixed = [i for i, a in enumerate(case.args) if isinstance(a, Fixed)]
+    try:
+        check_gradients(build, _values(case.args), fixed=fixed, eps=case.eps,
+                        rtol=case.rtol, atol=case.atol, rng=rng, op=op, label=case.label,
+                        session_options=SESSION_OPTIONS)
+    except GradientCheckError as err:
+        pytest.fail(str(err), pytrace=False)
 
 
 # ----------------------------------------------------------------------------------
@@ -173,6 +152,10 @@ def distinct(rng, *shape):
 
 def ints(values, dtype=np.int64):
     return Fixed(np.array(values, dtype=dtype))
+
+
+# A communicator of one rank, for the collective ops' gradient checks.
+_ONE_RANK = register_communicator(ThreadTransport.group_of(1, 60.0)[0])
 
 
 def C(build, *args, **options):  # noqa: N802 - reads as a table row
@@ -359,6 +342,11 @@ GRAD_CASES: dict[str, Callable[[np.random.Generator], list[GradCase]]] = {
         C(tf.nn.layer_norm, normal(r, 2, 3, 4), normal(r, 4), normal(r, 4), label="3-D"),
         C(lambda x, g, b: tf.nn.layer_norm(x, g, b, eps=0.1), normal(r, 2, 3), normal(r, 3),
           normal(r, 3), label="eps 0.1")],
+    # Megatron's f and g (tensor_parallel.py), on a world of one rank: both identities,
+    # each with the other as its gradient.
+    "tp_copy": lambda r: [C(lambda x: make("tp_copy", x * 2.0, comm=_ONE_RANK), normal(r, 2, 3))],
+    "tp_allreduce": lambda r: [
+        C(lambda x: make("tp_allreduce", x * 2.0, comm=_ONE_RANK), normal(r, 2, 3))],
 }
 
 # Differentiable ops whose check cannot be a finite difference, and the test that

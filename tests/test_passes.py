@@ -21,7 +21,7 @@ from tinyflow import fusion, nn_ops, ops, passes
 from tinyflow.graph import VARIABLE_WRITERS, Graph, Node, TinyFlowError
 
 F64 = np.float64
-PASS_NAMES = [name for name, _ in passes.PIPELINE]
+PASS_NAMES = [p.name for p in passes.PIPELINE]
 
 
 def optimize(fetches, feeds=None, variables=(), only=None):
@@ -649,3 +649,26 @@ def test_passes_keep_outputs_and_gradients_of_random_graphs(case):
     sources.update({v: (a.shape, a.dtype) for v, a in case.init_values.items()})
     graph, _ = passes.specialize(case.fetches, sources)
     _idempotent(graph)
+
+
+def test_pipeline_checks_every_need_and_names_the_pass():
+    """A pass whose need no earlier pass provides is refused, by name, before any runs."""
+    fetches, feeds, variables = mlp_training_graph()
+    graph, _ = optimize(fetches, feeds, variables, only=[])
+    ran = []
+
+    def pass_fn(g, ctx):
+        ran.append(ctx.current_pass)
+        return g
+    producer = passes.Pass("make_facts", pass_fn, ("shapes",), ("facts",))
+    consumer = passes.Pass("use_facts", pass_fn, ("facts",), ())
+    passes.run_pipeline(graph, passes.PassContext(), pipeline=[producer, consumer])
+    assert ran == ["make_facts", "use_facts"]
+    with pytest.raises(passes.PipelineError, match="'use_facts' needs 'facts'"):
+        passes.run_pipeline(graph, passes.PassContext(), pipeline=[consumer, producer])
+    with pytest.raises(passes.PipelineError, match="'use_facts' needs 'facts'"):
+        passes.run_pipeline(graph, passes.PassContext(), passes=["use_facts"],
+                            pipeline=[producer, consumer])
+    assert ran == ["make_facts", "use_facts"] and issubclass(passes.PipelineError,
+                                                             tf.TinyFlowError)
+    assert "checkpoint" in [p.name for p in passes.PIPELINE]  # one pipeline

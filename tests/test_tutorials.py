@@ -278,6 +278,8 @@ def test_training_script_quick_run(name, tmp_path):
     if name == "charlm":
         assert found["loss_end"] < found["loss_start"] - 0.5      # it learned something
         assert "--- sample" in out
+    if name == "data_parallel":  # a quick run shows the lesson: it trains, and overlaps
+        assert found["test_accuracy"] >= 0.8 and found["buckets"] >= 2, found
 
 
 def test_eager_training_traced_gives_the_eager_losses(tmp_path):

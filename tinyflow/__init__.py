@@ -43,10 +43,11 @@ from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
 from tinyflow.nn import linear, relu  # the original TinyFlow's top-level names
 from tinyflow.shape_ops import pad
 from tinyflow.sublinear import checkpoint
-from tinyflow.ops import (abs, broadcast_to, cast, concat, constant, exp, expand_dims, gather,
-                          greater, greater_equal, less, less_equal, log, matmul, maximum,
-                          minimum, not_equal, ones_like, pow, reshape, sigmoid, sqrt, squeeze,
-                          tanh, transpose, where, zeros_like)
+from tinyflow.ops import (abs, cast, constant, exp, greater, greater_equal, less, less_equal,
+                          log, matmul, maximum, minimum, not_equal, ones_like, pow, sigmoid,
+                          sqrt, tanh, where, zeros_like)
+from tinyflow.shape_ops import (broadcast_to, concat, expand_dims, gather, reshape, squeeze,
+                                transpose)
 
 __version__ = "0.1.0"
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow.graph import TinyFlowError
+from tinyflow.errors import TinyFlowError
 
 
 def gpu_available() -> bool:

@@ -223,34 +223,49 @@ def tree_allreduce(array: Any, comm: Transport, op: str = "sum", trees: int = 2,
     halves = [flat[a:b] for a, b in chunk_bounds(flat.size, len(layout))]
     tag = _tag("allreduce", flat, f"op={op} tree{trees}")
     record = comm.trace if record is None else record
-    combine = getattr(xp, REDUCTIONS[op])
-    heights = [_heights(children, parents) for parents, children in layout]
-    depths = [_depths(parents) for parents, _ in layout]
-    inboxes = [[xp.empty_like(half) for _ in children[rank]]
-               for half, (_, children) in zip(halves, layout)]
-    for k in range(max(max(h.values()) for h in heights)):  # up: reduce
-        sends, recvs = [], []
-        for t, (parents, children) in enumerate(layout):
-            if heights[t][rank] == k and rank in parents:
-                sends.append((parents[rank], halves[t]))
-            recvs += [(c, box) for c, box in zip(children[rank], inboxes[t])
-                      if heights[t][c] == k]
-        _round(comm, sends, recvs, tag, record, "tree-reduce", k)
-        for t, (_, children) in enumerate(layout):
-            for c, box in zip(children[rank], inboxes[t]):
-                if heights[t][c] == k:
-                    combine(halves[t], box, out=halves[t])
+    _reduce_up(comm, layout, halves, getattr(xp, REDUCTIONS[op]), tag, record)
     if op == "mean":  # the roots divide; the broadcast spreads it
         for t, (parents, _) in enumerate(layout):
             if rank not in parents:
                 xp.divide(halves[t], size, out=halves[t])
-    for k in range(max(max(d.values()) for d in depths)):  # down: broadcast
+    _broadcast_down(comm, layout, halves, tag, record)
+    return result
+
+
+def _reduce_up(comm: Transport, layout: list, halves: list, combine: Any, tag: str,
+               record: list[dict] | None) -> None:
+    """Up-rounds: in round k every node of height k sends its partial result to its
+    parent, which combines what all its children of height k sent."""
+    rank = comm.rank
+    heights = [_heights(children, parents) for parents, children in layout]
+    inboxes = [[comm.xp.empty_like(half) for _ in children[rank]]
+               for half, (_, children) in zip(halves, layout)]
+    for k in range(max(max(h.values()) for h in heights)):
+        sends, recvs, arrived = [], [], []
+        for t, (parents, children) in enumerate(layout):
+            if heights[t][rank] == k and rank in parents:
+                sends.append((parents[rank], halves[t]))
+            for c, box in zip(children[rank], inboxes[t]):
+                if heights[t][c] == k:
+                    recvs.append((c, box))
+                    arrived.append((t, box))
+        _round(comm, sends, recvs, tag, record, "tree-reduce", k)
+        for t, box in arrived:
+            combine(halves[t], box, out=halves[t])
+
+
+def _broadcast_down(comm: Transport, layout: list, halves: list, tag: str,
+                    record: list[dict] | None) -> None:
+    """Down-rounds: in round k every node of depth k sends the finished result to
+    its children."""
+    rank = comm.rank
+    depths = [_depths(parents) for parents, _ in layout]
+    for k in range(max(max(d.values()) for d in depths)):
         sends = [(c, halves[t]) for t, (_, children) in enumerate(layout)
                  if depths[t][rank] == k for c in children[rank]]
         recvs = [(parents[rank], halves[t]) for t, (parents, _) in enumerate(layout)
                  if depths[t][rank] == k + 1]
         _round(comm, sends, recvs, tag, record, "tree-broadcast", k)
-    return result
 
 
 def _round(comm: Transport, sends: list, recvs: list, tag: str,

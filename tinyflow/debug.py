@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tinyflow import trace
+from tinyflow import executor, trace
 
 
 class Recorder:
@@ -193,3 +193,8 @@ def program_record(program: Any, title: str, command: str = "", max_runs: int = 
     if program.check_failure:
         record["check"] = program.check_failure
     return record
+
+
+# The executor records through these (it sits below this module and cannot import it).
+executor.DEBUG_HOOKS.attach = attach
+executor.DEBUG_HOOKS.current = current

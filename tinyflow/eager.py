@@ -51,9 +51,9 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import api, debug, ops
+from tinyflow import api, debug, ops, shape_ops
 from tinyflow.graph import Node, TinyFlowError, topological_order, user_source_line
-from tinyflow.ops import REGISTRY, _Mismatch, shape_error
+from tinyflow.ops import REGISTRY, Mismatch, shape_error
 
 # ----------------------------------------------------------------------------------
 # The caching allocator
@@ -528,7 +528,7 @@ class Tensor:
     def __le__(self, other): return ops.less_equal(self, other)
     def __gt__(self, other): return ops.greater(self, other)
     def __ge__(self, other): return ops.greater_equal(self, other)
-    def __getitem__(self, index): return ops.getitem(self, index)
+    def __getitem__(self, index): return shape_ops.getitem(self, index)
     __hash__ = object.__hash__   # identity, as for Nodes (`==` stays identity)
 
     def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
@@ -538,11 +538,11 @@ class Tensor:
         return ops.reduce_mean(self, axis, keepdims)
 
     def reshape(self, *shape: Any) -> Tensor:
-        return ops.reshape(self, shape[0] if len(shape) == 1 else shape)
+        return shape_ops.reshape(self, shape[0] if len(shape) == 1 else shape)
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - numpy's and PyTorch's name
-        return ops.transpose(self)
+        return shape_ops.transpose(self)
 
 
 def tensor(value: Any, requires_grad: bool = False, dtype: Any = None) -> Tensor:
@@ -596,7 +596,7 @@ def _infer(op: str, opdef: Any, arrays: list, attrs: dict) -> tuple:
     if result is None:
         try:
             result = opdef.infer(list(shapes), list(dtypes), attrs)
-        except _Mismatch as why:
+        except Mismatch as why:
             raise shape_error(op, shapes, str(why), user_source_line()) from None
         if key is not None and len(_inferred) < MAX_INFERRED:
             _inferred[key] = result
@@ -863,7 +863,7 @@ class _Trace:
         if node.dtype != t.dtype:
             node = ops.cast(node, t.dtype)
         if node.shape != t.shape:
-            node = ops.broadcast_to(node, t.shape)
+            node = shape_ops.broadcast_to(node, t.shape)
         self.writes[id(t)] = (t, node)
 
     def backward(self, root: Tensor, gradient: Any) -> None:

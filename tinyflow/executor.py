@@ -25,7 +25,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,9 +111,20 @@ def _cast_in_range(node: Node, array: np.ndarray, want: np.dtype) -> np.ndarray:
 
 NO_ARENA_OPS = memory.NO_ARENA_OPS  # an assign's value is the variable's own buffer
 
-# The compiler's passes: the graph rewrites of passes.py, then gradient checkpointing
-# (sublinear.py), last so that CSE cannot merge the recomputed values back.
-PIPELINE = passes_mod.PIPELINE + [("checkpoint", sublinear.checkpoint_pass)]
+@dataclass
+class DebugHooks:
+    """How the executor reaches tf.debug (debug.py, a layer above, which fills these in
+    when it loads, so executor.py never imports it): `attach(program, path)` records
+    a compiled program, `current()` is the active recorder or None."""
+
+    attach: Callable[[Any, Any], None] = lambda program, path: None
+    current: Callable[[], Any] = lambda: None
+
+
+DEBUG_HOOKS = DebugHooks()
+
+# The compiler's passes (passes.PIPELINE, gradient checkpointing included).
+PIPELINE = passes_mod.PIPELINE
 
 
 class NumericsError(ExecutionError):
@@ -494,7 +505,7 @@ OPTION_RULES: dict[str, tuple[Any, str]] = {
 
 def _check_pass_list(where: str, key: str, value: Any) -> None:
     """`passes`/`disable`: a list (tuple, set) of names from the pipeline."""
-    names = [name for name, _ in PIPELINE]
+    names = [p.name for p in PIPELINE]
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
         raise OptionError(f"{where}: {key}={value!r} must be a list of pass names "
                           f"(e.g. {key}=[{names[1]!r}]); passes: {names}")
@@ -575,10 +586,9 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
         # one op and its line, not to a fused kernel of several, nor to a constant
         # folded from several ops (tf.log(tf.constant(0.)) must be named, not its
         # first consumer).
-        disable += tuple(name for name, _ in passes_mod.PIPELINE
-                         if name.startswith("fuse") or name == "fold")
-    graph = passes_mod.run_pipeline(graph, ctx, passes=opts["passes"], disable=disable,
-                                    pipeline=PIPELINE)
+        disable += tuple(p.name for p in PIPELINE
+                         if p.name.startswith("fuse") or p.name == "fold")
+    graph = passes_mod.run_pipeline(graph, ctx, passes=opts["passes"], disable=disable)
     # The schedule: with a memory plan, the topological order with the lowest peak
     # of live bytes (sublinear.memory_order, as XLA picks among orders).
     order = graph.nodes if opts["memory"] is None else sublinear.memory_order(graph)
@@ -673,8 +683,7 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
             program.source_slots[slot] = (user, "variable")
         program.graph_node_of_slot = {slot: order[slot] for slot in program.source_slots}
     if opts["debug"]:
-        from tinyflow import debug
-        debug.attach(program, opts["debug"])
+        DEBUG_HOOKS.attach(program, opts["debug"])
     return program
 
 
@@ -837,8 +846,7 @@ class Session:
             if not isinstance(node, Node):
                 raise FeedError(f"feed_dict keys must be graph nodes, got {node!r}")
             feeds[node] = check_feed(node, value)
-        from tinyflow import debug
-        recorder = debug.current()
+        recorder = DEBUG_HOOKS.current()
         extra = {}
         if recorder is not None:
             # The recorder's options are defaults: what the user set on this Session

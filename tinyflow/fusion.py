@@ -42,9 +42,8 @@ built the backward graph, so they need no gradient (``differentiable=False``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,7 +53,7 @@ from tinyflow.ops import (
     OpDef,
     _matmul_compute,
     _matmul_infer,
-    _Mismatch,
+    Mismatch,
     broadcast_shapes,
     register,
 )
@@ -99,7 +98,7 @@ def _infer_registers(program: Program, shapes: Sequence[tuple], dtypes: Sequence
     for op, operands, attrs in program:
         regs = [_register_index(r, num_inputs) for r in operands]
         if any(r >= len(shapes) for r in regs):
-            raise _Mismatch(f"program reads a register before it is written ({operands})")
+            raise Mismatch(f"program reads a register before it is written ({operands})")
         shape, dtype = REGISTRY[op].infer([shapes[r] for r in regs],
                                           [dtypes[r] for r in regs], dict(attrs))
         shapes.append(tuple(shape))
@@ -113,7 +112,7 @@ def _fused_infer(shapes, dtypes, attrs):
 
 
 # ----------------------------------------------------------------------------------
-# Running a program: a plan per input signature, with reusable temporaries
+# Running a program: a plan (register allocation + generated code) per node and shapes
 # ----------------------------------------------------------------------------------
 
 OUT = 0  # buffer 0 is the node's output: the planned `out`, or a fresh array
@@ -128,7 +127,6 @@ class _Plan:
              are temporaries
     source   the plan as straight-line Python (see `_generate`); `kernel` is it,
              compiled: ``kernel(xp, x0, x1, ..., b0, b1, ...)`` with b0 the output
-    pools    for each temporary, the free list of its (shape, dtype) in `_scratch`
     """
 
     program: Program
@@ -136,31 +134,6 @@ class _Plan:
     buffers: list[tuple[tuple, Any]]
     source: str = ""
     kernel: Any = None
-    xp: Any = None
-    signature: list = field(default_factory=list)
-    pools: list[list[Any]] = field(default_factory=list)
-
-    def take(self) -> list[Any]:
-        """One buffer per temporary, from the shared free lists (or new)."""
-        taken = []
-        for pool, (shape, dtype) in zip(self.pools, self.buffers[1:]):
-            try:
-                taken.append(pool.pop())
-            except IndexError:
-                taken.append(self.xp.empty(shape, dtype=dtype))
-        return taken
-
-    def give_back(self, temporaries: list[Any]) -> None:
-        for pool, buffer in zip(self.pools, temporaries):
-            pool.append(buffer)
-
-
-# Temporaries are shared by every fused node: free lists per (array library, shape,
-# dtype). A node takes its buffers for the length of one run and gives them back, so
-# the next fused node of the same shapes reuses the same memory, still in the cache
-# (separate buffers per node would each be cold), and two threads running fused
-# nodes at once never share a buffer (list.pop and list.append are atomic).
-_scratch: dict[tuple, list[Any]] = {}
 
 
 # The code generator's lowering table: ops whose registry compute is exactly one
@@ -245,12 +218,6 @@ _compiled: dict[str, Any] = {}   # kernel source -> its code object
 MAX_COMPILED = 4096
 
 
-_plans: dict[tuple, _Plan] = {}
-_last_plan: dict[int, _Plan] = {}
-_plans_lock = threading.Lock()
-MAX_PLANS = 512  # distinct (program, shapes) pairs kept; beyond that the cache restarts
-
-
 def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any],
                xp: Any = np, out_is_input: bool = False) -> _Plan:
     """Register allocation for the temporaries, as a compiler does for a basic block.
@@ -325,58 +292,19 @@ def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any],
     return plan
 
 
-def _plan_for(xp: Any, program: Program, arrays: Sequence[Any]) -> _Plan:
-    """The cached plan for `program` on these inputs.
-
-    A fused node runs its program on the same shapes every time, so the last plan
-    of each program (found by the program's identity: one per fused node, alive
-    as long as its node) is checked first, by comparing shapes, without hashing
-    the nested program; other signatures have their own entries.
-    """
-    signature = [(a.shape, a.dtype) for a in arrays]
-    plan = _last_plan.get(id(program))
-    if plan is not None and plan.program is program and plan.xp is xp \
-            and plan.signature == signature:
-        return plan
-    key = (id(program), xp, tuple(signature))
-    plan = _plans.get(key)
-    if plan is None or plan.program is not program:
-        plan = _make_plan(program, [a.shape for a in arrays], [a.dtype for a in arrays], xp)
-        plan.xp, plan.signature = xp, signature
-        plan.pools = [_scratch.setdefault((xp, shape, dtype), [])
-                      for shape, dtype in plan.buffers[1:]]
-        with _plans_lock:
-            if len(_plans) >= MAX_PLANS:
-                _plans.clear()
-                _last_plan.clear()
-            _plans[key] = plan
-    _last_plan[id(program)] = plan
-    return plan
-
-
-def scratch_bytes(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]) -> int:
-    """Bytes of temporaries one run of `program` holds (for the memory planner)."""
-    plan = _make_plan(program, shapes, dtypes)
-    return sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
-               for s, d in plan.buffers[1:])
-
-
 def _fused_elementwise_compute(xp, *arrays, out=None, program=()):
     if xp is not np:  # on a GPU the program becomes one generated CUDA kernel (gpu.py)
         from tinyflow import gpu
         return gpu.fused_compute(xp, *arrays, out=out, program=program)
-    plan = _last_plan.get(id(program))  # the common case, inline: this node's plan
-    if plan is None or plan.program is not program or plan.xp is not xp \
-            or plan.signature != [(a.shape, a.dtype) for a in arrays]:
-        plan = _plan_for(xp, program, arrays)
-    temporaries = plan.take() if plan.pools else []
+    # The generic path (constant folding, tests, a run without `bind`): plan, then
+    # run with fresh temporaries. The executor binds fused nodes instead
+    # (`_fused_elementwise_bind`): one plan per node, temporaries shared per stream.
+    plan = _make_plan(program, [a.shape for a in arrays], [a.dtype for a in arrays], xp)
+    temporaries = [xp.empty(shape, dtype=dtype) for shape, dtype in plan.buffers[OUT + 1:]]
     if out is None:
         shape, dtype = plan.buffers[OUT]
         out = xp.empty(shape, dtype=dtype)
-    try:
-        return plan.kernel(xp, *arrays, out, *temporaries)
-    finally:
-        plan.give_back(temporaries)
+    return plan.kernel(xp, *arrays, out, *temporaries)
 
 
 def generated_source(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]) -> str:
@@ -433,7 +361,7 @@ register(OpDef("fused_elementwise", _fused_elementwise_compute, _fused_infer, No
 def _fused_assign_infer(shapes, dtypes, attrs):
     value_shape, value_dtype = _fused_infer(shapes[1:], dtypes[1:], attrs)
     if tuple(shapes[0]) != tuple(value_shape) or np.dtype(dtypes[0]) != value_dtype:
-        raise _Mismatch(f"the update {tuple(value_shape)} {value_dtype} is not the "
+        raise Mismatch(f"the update {tuple(value_shape)} {value_dtype} is not the "
                         f"variable's {tuple(shapes[0])} {np.dtype(dtypes[0])}")
     return tuple(shapes[0]), np.dtype(dtypes[0])
 
@@ -483,7 +411,7 @@ def _dense_infer(shapes, dtypes, attrs):
     a, w, bias = shapes
     product, dtype = _matmul_infer([a, w], dtypes[:2], attrs)
     if broadcast_shapes(product, bias) != product:
-        raise _Mismatch(f"bias {tuple(bias)} would broadcast the product {product}")
+        raise Mismatch(f"bias {tuple(bias)} would broadcast the product {product}")
     dtype = np.result_type(dtype, dtypes[2])
     activation = attrs.get("activation")
     if activation is not None:

@@ -18,10 +18,12 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from tinyflow.errors import FeedError, ShapeError, TinyFlowError  # noqa: F401  (public here too)
 
 # Ops that write the variable given as their first input (tf.assign, and the
 # fused_assign the fuse_assign pass makes of an assign and its update, which also
@@ -30,17 +32,9 @@ import numpy as np
 # the value from *before* the run's updates.
 VARIABLE_WRITERS = {"assign", "fused_assign"}
 
-
-class TinyFlowError(Exception):
-    """Base class of every error TinyFlow raises on purpose."""
-
-
-class ShapeError(TinyFlowError, ValueError):
-    """Shapes (or dtypes) that an op cannot accept. Names op, shapes and file:line."""
-
-
-class FeedError(TinyFlowError, ValueError):
-    """A missing, extra, or ill-shaped value in a `feed_dict`."""
+# The op builders behind Node's Python operators (`x + y` is OPERATOR_BUILDERS["add"]
+# (x, y)), filled in by ops.py and shape_ops.py, the layer above, when they load.
+OPERATOR_BUILDERS: dict[str, Callable[..., Any]] = {}
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -113,11 +107,10 @@ class Node:
         return f"<{self.name}: {self.op} {shape} {self.dtype} @ {self.where}>"
 
     # -- Python operators: sugar over the op builders in ops.py ---------------------
-    # graph.py sits below ops.py, so the builders are looked up when an operator is
-    # used, not imported at module load.
+    # graph.py sits below ops.py and imports nothing above it: the op modules put
+    # their builders into OPERATOR_BUILDERS when they load.
     def _apply(self, name: str, *args: Any) -> Node:
-        from tinyflow import ops
-        return getattr(ops, name)(*args)
+        return OPERATOR_BUILDERS[name](*args)
 
     def __add__(self, other): return self._apply("add", self, other)
     def __radd__(self, other): return self._apply("add", other, self)

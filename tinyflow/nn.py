@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import api, nn_ops, ops
+from tinyflow import api, nn_ops, ops, shape_ops
 from tinyflow.graph import Node
 from tinyflow.nn_ops import avg_pool2d, dropout, layer_norm, log_softmax, max_pool2d, softmax
 from tinyflow.ops import gelu, relu, sigmoid, tanh
@@ -153,20 +153,20 @@ def _batch_norm_layer(x: Node, eps: float, name: str | None, training: bool,
                                          ("moving_variance", 1.0, False)]}
     # x as (N, C, everything else), so that any rank >= 2 works, even one not known
     # yet; statistics over axes 0 and 2, parameters seen along axis 1.
-    x3 = ops.reshape(x, (0, 0, -1))
+    x3 = shape_ops.reshape(x, (0, 0, -1))
     view = (1, -1, 1)
-    scale, offset = (ops.reshape(params[k], view) for k in ("scale", "offset"))
+    scale, offset = (shape_ops.reshape(params[k], view) for k in ("scale", "offset"))
     if training:
         batch_mean, batch_var = moments(x3, [0, 2])
         for key, stat in (("moving_mean", batch_mean), ("moving_variance", batch_var)):
             moving = params[key]
             api.update_ops.append((api.assign(
                 moving, momentum * moving + (1.0 - momentum) * stat), x))
-        mean, variance = ops.reshape(batch_mean, view), ops.reshape(batch_var, view)
+        mean, variance = shape_ops.reshape(batch_mean, view), shape_ops.reshape(batch_var, view)
     else:
-        mean, variance = (ops.reshape(params[k], view)
+        mean, variance = (shape_ops.reshape(params[k], view)
                           for k in ("moving_mean", "moving_variance"))
-    return ops.reshape_like(batch_normalization(x3, mean, variance, offset, scale, eps), x)
+    return shape_ops.reshape_like(batch_normalization(x3, mean, variance, offset, scale, eps), x)
 
 
 def _channel_variable(x: Node, name: str, fill: float, trainable: bool) -> Node:
@@ -206,7 +206,7 @@ def linear(x: Node, num_hidden: int, name: str | None = None, no_bias: bool = Tr
 
 def flatten_layer(x: Node) -> Node:
     """(N, ...) -> (N, everything else)."""
-    return ops.reshape(x, (0, -1))
+    return shape_ops.reshape(x, (0, -1))
 
 
 def sparse_softmax_cross_entropy_with_logits(logits: Node | None = None,
@@ -226,7 +226,7 @@ def softmax_cross_entropy_with_logits(logits: Node | None = None,
 
 
 def embedding_lookup(params: Node, ids: Node) -> Node:
-    return ops.gather(params, ids)
+    return shape_ops.gather(params, ids)
 
 
 # ----------------------------------------------------------------------------------
@@ -315,7 +315,7 @@ class Embedding(Module):
         self.weight = api.Variable(init, name=f"{name}_w")
 
     def __call__(self, ids: Node, training: bool = True) -> Node:
-        return ops.gather(self.weight, ids)
+        return shape_ops.gather(self.weight, ids)
 
 
 class LayerNorm(Module):

@@ -15,14 +15,14 @@ import numpy as np
 
 from tinyflow import backend
 from tinyflow.graph import Node, ShapeError, user_source_line
+from tinyflow.shape_ops import expand_dims
 from tinyflow.ops import (
     OpDef,
-    _infer_same,
-    _Mismatch,
-    _result_dtype,
+    infer_same,
+    Mismatch,
+    result_dtype,
     cast,
     exp,
-    expand_dims,
     float_dtype,
     make,
     ones_like,
@@ -54,11 +54,11 @@ def _window_check(attrs: dict, dtypes: list) -> None:
     """Strides and window sizes are positive; padding is "SAME", "VALID" or an int >= 0."""
     for key in ("stride", "ksize"):
         if key in attrs and any(int(v) < 1 for v in attrs[key]):
-            raise _Mismatch(f"{key} {tuple(attrs[key])} must be >= 1")
+            raise Mismatch(f"{key} {tuple(attrs[key])} must be >= 1")
     padding = attrs.get("padding", 0)
     if isinstance(padding, str) and padding not in ("SAME", "VALID") or \
             not isinstance(padding, str) and int(padding) < 0:
-        raise _Mismatch(f"padding {padding!r} must be 'SAME', 'VALID' or an int >= 0")
+        raise Mismatch(f"padding {padding!r} must be 'SAME', 'VALID' or an int >= 0")
 
 
 def _float_window_check(attrs: dict, dtypes: list) -> None:
@@ -66,7 +66,7 @@ def _float_window_check(attrs: dict, dtypes: list) -> None:
     avg_pool refuses ints too)."""
     _window_check(attrs, dtypes)
     if dtypes[0] is not None and dtypes[0].kind != "f":
-        raise _Mismatch(f"needs a float input, got {dtypes[0]} (cast it first)")
+        raise Mismatch(f"needs a float input, got {dtypes[0]} (cast it first)")
 
 
 def _out_size(size, kernel, stride, padding):
@@ -75,7 +75,7 @@ def _out_size(size, kernel, stride, padding):
     before, after = _pads(size, kernel, stride, padding)
     out = (size + before + after - kernel) // stride + 1
     if out <= 0:
-        raise _Mismatch(f"window {kernel} with stride {stride} does not fit size {size}")
+        raise Mismatch(f"window {kernel} with stride {stride} does not fit size {size}")
     return out
 
 
@@ -224,7 +224,7 @@ def _uncrop(xp, buffer, crop, out):
     if crop is None:        # the buffer is `out`
         return buffer
     pt, pl, h, w = crop
-    return _write(xp, buffer[:, :, pt:pt + h, pl:pl + w], out)
+    return buffer[:, :, pt:pt + h, pl:pl + w]
 
 
 def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
@@ -242,7 +242,7 @@ def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
             for j in range(kw):
                 flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, :, i, j]
         image = flat.reshape(n, c, h + pt + pb + 1, row)
-        return _write(xp, image[:, :, pt:pt + h, pl:pl + w], out)
+        return image[:, :, pt:pt + h, pl:pl + w]
     dx, crop = _zeroed_padded(xp, x_shape, dcols.dtype, (kh, kw), stride, padding, out)
     for i in range(kh):
         for j in range(kw):
@@ -251,11 +251,6 @@ def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
     return _uncrop(xp, dx, crop, out)
 
 
-def _write(xp, result, out):
-    if out is None:
-        return result
-    out[...] = result
-    return out
 
 
 
@@ -268,10 +263,10 @@ def _channel_view(b, ndim):
 def _bias_add_infer(shapes, dtypes, attrs):
     x, b = shapes
     if len(x) < 2 or len(b) != 1:
-        raise _Mismatch("bias_add needs x of rank >= 2 and a bias of rank 1")
+        raise Mismatch("bias_add needs x of rank >= 2 and a bias of rank 1")
     if x[1] is not None and b[0] is not None and x[1] != b[0]:
-        raise _Mismatch(f"bias has {b[0]} entries but dimension 1 of x is {x[1]}")
-    return tuple(x), _result_dtype(dtypes)
+        raise Mismatch(f"bias has {b[0]} entries but dimension 1 of x is {x[1]}")
+    return tuple(x), result_dtype(dtypes)
 
 
 def _bias_add_compute(xp, x, b, out=None):
@@ -280,7 +275,7 @@ def _bias_add_compute(xp, x, b, out=None):
 
 def _bias_grad_compute(xp, g, out=None):
     axes = (0,) + tuple(range(2, g.ndim))
-    return _write(xp, g.sum(axis=axes, dtype=g.dtype), out)  # g's dtype, as the rule says
+    return g.sum(axis=axes, dtype=g.dtype)  # g's dtype, as the rule says
 
 
 register(OpDef("bias_add", _bias_add_compute, _bias_add_infer,
@@ -298,15 +293,15 @@ register(OpDef("bias_grad", _bias_grad_compute, lambda s, d, a: ((s[0][1],), d[0
 def _conv_infer(shapes, dtypes, attrs):
     x, w = shapes
     if len(x) != 4 or len(w) != 4:
-        raise _Mismatch("conv2d needs x as (N, C, H, W) and filters as (O, C, kh, kw)")
+        raise Mismatch("conv2d needs x as (N, C, H, W) and filters as (O, C, kh, kw)")
     if x[1] is not None and w[1] is not None and x[1] != w[1]:
-        raise _Mismatch(f"input has {x[1]} channels but the filters expect {w[1]}")
+        raise Mismatch(f"input has {x[1]} channels but the filters expect {w[1]}")
     sh, sw = attrs.get("stride", (1, 1))
     padding = attrs.get("padding", 0)
     if w[2] is None or w[3] is None:
-        return (x[0], w[0], None, None), _result_dtype(dtypes)
+        return (x[0], w[0], None, None), result_dtype(dtypes)
     return (x[0], w[0], _out_size(x[2], w[2], sh, padding),
-            _out_size(x[3], w[3], sw, padding)), _result_dtype(dtypes)
+            _out_size(x[3], w[3], sw, padding)), result_dtype(dtypes)
 
 
 def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
@@ -323,7 +318,7 @@ def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
         xp.matmul(wmat, cols, out=out.reshape(n, o, oh * ow))
         return out
     result = xp.matmul(wmat, cols).reshape(n, o, oh, row)
-    return _write(xp, result[..., :ow], out)
+    return result[..., :ow]
 
 
 def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
@@ -346,7 +341,7 @@ def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
     row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
     cols = _im2col(xp, x, kh, kw, stride, padding, xp.result_type(x, g), workspace)
     per_sample = xp.matmul(_rows(xp, g, row), cols.transpose(0, 2, 1))
-    return _write(xp, per_sample.sum(axis=0).reshape(o, c, kh, kw), out)
+    return per_sample.sum(axis=0).reshape(o, c, kh, kw)
 
 
 def _conv_grad(n, g):
@@ -385,7 +380,10 @@ def _bind_scratch(compute, infer):
         def bound_compute(xp, *arrays, out=None, **attrs):
             if out is None:
                 out = np.empty(shape, dtype=dtype)
-            return compute(xp, *arrays, out=out, workspace=workspace, **attrs)
+            result = compute(xp, *arrays, out=out, workspace=workspace, **attrs)
+            if result is not out:  # (a view of the scratch, or another dtype)
+                out[...] = result
+            return out
         return bound_compute
     return bind
 
@@ -425,7 +423,7 @@ def conv2d(x, w, stride=(1, 1), padding=0) -> Node:
 def _pool_infer(shapes, dtypes, attrs):
     x = shapes[0]
     if len(x) != 4:
-        raise _Mismatch("pooling needs x as (N, C, H, W)")
+        raise Mismatch("pooling needs x as (N, C, H, W)")
     kh, kw = attrs["ksize"]
     sh, sw = attrs["stride"]
     padding = attrs.get("padding", 0)
@@ -524,13 +522,13 @@ def _max_pool_pick_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padd
 
 def _avg_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
     win = _windows(xp, x, *ksize, *stride, padding)
-    return _write(xp, win.mean(axis=(4, 5)), out)
+    return win.mean(axis=(4, 5))
 
 
 def _avg_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
     kh, kw = ksize
     cols = xp.broadcast_to((g / (kh * kw))[..., None, None], g.shape + (kh, kw))
-    return _write(xp, _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding), out)
+    return _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding)
 
 
 # Which element of a window is its max does not move when x moves a little, so the
@@ -626,10 +624,10 @@ register(OpDef("log_softmax", _log_softmax_compute, _infer_float, _log_softmax_g
 def _xent_infer(shapes, dtypes, attrs):
     logits, labels = shapes
     if len(logits) < 1:
-        raise _Mismatch("logits need a class axis")
+        raise Mismatch("logits need a class axis")
     if len(labels) != len(logits) - 1 or any(
             a is not None and b is not None and a != b for a, b in zip(labels, logits[:-1])):
-        raise _Mismatch("labels must have the logits' shape without the class axis")
+        raise Mismatch("labels must have the logits' shape without the class axis")
     return tuple(logits[:-1]), float_dtype(dtypes[0])
 
 
@@ -657,7 +655,7 @@ def _one_hot_like_compute(xp, labels, logits, out=None):
     # The gradient of the loss may run without the loss kernel: check labels here too.
     classes = logits.shape[-1]
     result = (_class_indices(labels, classes)[..., None] == xp.arange(classes))
-    return _write(xp, result.astype(logits.dtype), out)
+    return result.astype(logits.dtype)
 
 
 def _xent_grad(n, g):
@@ -694,11 +692,11 @@ def softmax_cross_entropy(logits, labels) -> Node:
 def _layer_norm_infer(shapes, dtypes, attrs):
     x, gamma, beta = shapes
     if len(x) < 1 or len(gamma) != 1 or len(beta) != 1:
-        raise _Mismatch("layer_norm needs x (..., D), gamma (D,) and beta (D,)")
+        raise Mismatch("layer_norm needs x (..., D), gamma (D,) and beta (D,)")
     for p in (gamma[0], beta[0]):
         if x[-1] is not None and p is not None and p != x[-1]:
-            raise _Mismatch(f"last dim {x[-1]} differs from the scale/shift size {p}")
-    return tuple(x), float_dtype(_result_dtype(dtypes))
+            raise Mismatch(f"last dim {x[-1]} differs from the scale/shift size {p}")
+    return tuple(x), float_dtype(result_dtype(dtypes))
 
 
 def _layer_norm_compute(xp, x, gamma, beta, out=None, eps=1e-5):
@@ -707,7 +705,7 @@ def _layer_norm_compute(xp, x, gamma, beta, out=None, eps=1e-5):
     rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)
     result = centered * rstd * gamma + beta
     dtype = float_dtype(xp.result_type(x.dtype, gamma.dtype, beta.dtype))
-    return _write(xp, result.astype(dtype, copy=False), out)
+    return result.astype(dtype, copy=False)
 
 
 def _layer_norm_grad(n, g):
@@ -748,17 +746,17 @@ def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0, generators=None):
     from tinyflow.ops import generator
     keep = backend.to_device(xp, generator(seed, generators).random(x.shape) >= rate)
     mask = keep.astype(x.dtype) / (1.0 - rate)
-    return _write(xp, mask, out)
+    return mask
 
 
 # The mask's values do not depend on x's values (only its shape): zero gradient.
 # It lies on the path from the weights to the loss (x * mask), so it needs one.
 def _dropout_mask_check(attrs, dtypes):
     if dtypes[0] is not None and dtypes[0].kind != "f":
-        raise _Mismatch(f"dropout needs a float input, got {dtypes[0]} (TF1 too)")
+        raise Mismatch(f"dropout needs a float input, got {dtypes[0]} (TF1 too)")
 
 
-register(OpDef("dropout_mask", _dropout_mask_compute, _infer_same, zero_gradient,
+register(OpDef("dropout_mask", _dropout_mask_compute, infer_same, zero_gradient,
                pure=False, random=True, doc="random 0 or 1/(1-rate) of x's shape",
                check=_dropout_mask_check))
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import api, nn_ops, ops
+from tinyflow import api, nn_ops, ops, shape_ops
 from tinyflow.graph import Node, TinyFlowError, next_node_id, topological_order
 
 DEFAULT_OPSET = 20      # Gelu (with its tanh form) is an ONNX operator from opset 20
@@ -261,11 +261,11 @@ def _softmax(op: str) -> Callable:
             if None in x.shape[axis:]:
                 raise im.fail(f"Softmax at axis {axis} (opset {im.opset}) needs the dims "
                               "from that axis on known")
-            flat = ops.reshape(x, (-1, int(np.prod(x.shape[axis:]))))
-            return ops.reshape_like(ops.make(op, flat), x)
+            flat = shape_ops.reshape(x, (-1, int(np.prod(x.shape[axis:]))))
+            return shape_ops.reshape_like(ops.make(op, flat), x)
         perm = [i for i in range(rank) if i != axis] + [axis]
         inverse = tuple(int(i) for i in np.argsort(perm))
-        return ops.transpose(ops.make(op, ops.transpose(x, tuple(perm))), inverse)
+        return shape_ops.transpose(ops.make(op, shape_ops.transpose(x, tuple(perm))), inverse)
     return translate
 
 
@@ -327,7 +327,7 @@ def _global_avg_pool(im: _Importer, attrs: dict) -> Node:
 
 def _channel(v: Node, rank: int) -> Node:
     """A (C,) vector shaped (C, 1, ..., 1) to broadcast along axis 1 of a rank-`rank` x."""
-    return ops.reshape(v, (-1,) + (1,) * (rank - 2))
+    return shape_ops.reshape(v, (-1,) + (1,) * (rank - 2))
 
 
 def _batch_norm(im: _Importer, attrs: dict) -> Node:
@@ -358,29 +358,29 @@ def _reshape(im: _Importer, attrs: dict) -> Node:
     shape = tuple(int(d) for d in im.constant(1, "shape"))
     if attrs.get("allowzero", 0) and 0 in shape:
         raise im.fail("allowzero=1 with a 0 in the shape is not supported")
-    return ops.reshape(im.input(0), shape)
+    return shape_ops.reshape(im.input(0), shape)
 
 
 def _flatten(im: _Importer, attrs: dict) -> Node:
     x = im.input(0)
     axis = attrs.get("axis", 1) % (_rank(im, x) or 1)
     if axis == 0:
-        return ops.reshape(x, (1, -1))
+        return shape_ops.reshape(x, (1, -1))
     lead = x.shape[:axis]
     if axis == 1:
-        return ops.reshape(x, (0, -1))
+        return shape_ops.reshape(x, (0, -1))
     if None in lead:
         raise im.fail(f"Flatten at axis {axis} needs the leading dims known, got {lead}")
-    return ops.reshape(x, (int(np.prod(lead)), -1))
+    return shape_ops.reshape(x, (int(np.prod(lead)), -1))
 
 
 def _transpose(im: _Importer, attrs: dict) -> Node:
     perm = attrs.get("perm")
-    return ops.transpose(im.input(0), None if perm is None else tuple(int(p) for p in perm))
+    return shape_ops.transpose(im.input(0), None if perm is None else tuple(int(p) for p in perm))
 
 
 def _concat(im: _Importer, attrs: dict) -> Node:
-    return ops.concat([im.input(i) for i in range(len(im.node.input))], int(attrs["axis"]))
+    return shape_ops.concat([im.input(i) for i in range(len(im.node.input))], int(attrs["axis"]))
 
 
 def _slice(im: _Importer, attrs: dict) -> Node:
@@ -397,7 +397,7 @@ def _slice(im: _Importer, attrs: dict) -> Node:
         # "to the very end" sentinels need to become None.
         end = None if abs(int(end)) >= _INT_MAX // 2 else int(end)
         index[axis] = slice(int(start), end, int(step))
-    return ops.getitem(x, tuple(index))
+    return shape_ops.getitem(x, tuple(index))
 
 
 def _gather(im: _Importer, attrs: dict) -> Node:
@@ -405,28 +405,28 @@ def _gather(im: _Importer, attrs: dict) -> Node:
     rank = _rank(im, params)
     axis = int(attrs.get("axis", 0)) % rank
     if axis == 0:
-        return ops.gather(params, indices)
+        return shape_ops.gather(params, indices)
     # Bring `axis` to the front, gather rows, then move the index dims back to `axis`.
     front = (axis,) + tuple(i for i in range(rank) if i != axis)
-    rows = ops.gather(ops.transpose(params, front), indices)
+    rows = shape_ops.gather(shape_ops.transpose(params, front), indices)
     k = _rank(im, indices)
     back = tuple(range(k, k + axis)) + tuple(range(k)) + tuple(range(k + axis, k + rank - 1))
-    return ops.transpose(rows, back)
+    return shape_ops.transpose(rows, back)
 
 
 def _unsqueeze(im: _Importer, attrs: dict) -> Node:
-    return ops.expand_dims(im.input(0), _axes(im, attrs))
+    return shape_ops.expand_dims(im.input(0), _axes(im, attrs))
 
 
 def _squeeze(im: _Importer, attrs: dict) -> Node:
-    return ops.squeeze(im.input(0), _axes(im, attrs))
+    return shape_ops.squeeze(im.input(0), _axes(im, attrs))
 
 
 def _expand(im: _Importer, attrs: dict) -> Node:
     x, shape = im.input(0), tuple(int(d) for d in im.constant(1, "shape"))
     if x.shape is None or None in x.shape:
         raise im.fail("Expand needs the input's shape known")
-    return ops.broadcast_to(x, np.broadcast_shapes(x.shape, shape))
+    return shape_ops.broadcast_to(x, np.broadcast_shapes(x.shape, shape))
 
 
 def _reduce(op: str) -> Callable:
@@ -443,7 +443,7 @@ def _argmax(im: _Importer, attrs: dict) -> Node:
     if attrs.get("select_last_index", 0):
         raise im.fail("select_last_index=1 is not supported")
     y = ops.argmax(im.input(0), int(attrs.get("axis", 0)))
-    return ops.expand_dims(y, int(attrs.get("axis", 0))) if attrs.get("keepdims", 1) else y
+    return shape_ops.expand_dims(y, int(attrs.get("axis", 0))) if attrs.get("keepdims", 1) else y
 
 
 def _cast(im: _Importer, attrs: dict) -> Node:

@@ -4,7 +4,10 @@ The registry is data (NNVM's lesson): a dict from op name to an `OpDef`. Every l
 above asks the registry, never a chain of `if op == ...`:
 
 * the executor calls ``compute(xp, *arrays, out=None, **attrs)``; `xp` is numpy or
-  cupy, and `out`, when given, is planned memory the result must be written into;
+  cupy. The kernel contract, stated once: a kernel writes into `out` when it can
+  (a ufunc's own ``out=``, a fill) and returns it; otherwise it returns its result,
+  and the caller (executor, eager, a fused kernel) copies that into `out` when the
+  result is not `out`. So a kernel never needs an ``if out is None`` epilogue;
 * autodiff calls ``gradient(node, grad) -> [grad of each input, as a Node, or None]``;
   gradients are built from ordinary ops, so the gradient graph can be differentiated
   again (grad-of-grad);
@@ -32,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow import backend
-from tinyflow.graph import Node, ShapeError, user_source_line
+from tinyflow.graph import OPERATOR_BUILDERS, Node, ShapeError, user_source_line
 
 # ----------------------------------------------------------------------------------
 # The registry
@@ -59,7 +62,7 @@ class OpDef:
     # compiles, so per-run work (finding a plan) disappears; `workspace` is a dict of
     # scratch buffers shared by the steps of one stream, which never run at once.
     bind: Callable[..., Any] | None = None
-    # Optional: check(attrs, dtypes) raises _Mismatch for attributes or input dtypes no
+    # Optional: check(attrs, dtypes) raises Mismatch for attributes or input dtypes no
     # shape could make valid (a stride of 0, an unknown padding, float indices). Run
     # at build time even when the input shapes are not known yet, so the error names
     # the user's line.
@@ -77,8 +80,12 @@ def register(opdef: OpDef) -> OpDef:
     return opdef
 
 
-class _Mismatch(Exception):
-    """Raised by an infer rule; `make` turns it into a ShapeError with context."""
+class Mismatch(Exception):
+    """Raised by an infer rule; `make` turns it into a ShapeError with context.
+
+    Part of the op-author API (with `OpDef`, `register`, `make`, `infer_same`,
+    `result_dtype`): an op module outside this file raises it for inputs its rule
+    cannot accept."""
 
 
 def _fmt_shape(shape: tuple | None) -> str:
@@ -93,9 +100,9 @@ def _fmt_attrs(attrs: dict) -> str:
 
 
 def check_dims(shape: Sequence | None) -> None:
-    """Raise _Mismatch for a negative dimension (None dims are unknown, fine)."""
+    """Raise Mismatch for a negative dimension (None dims are unknown, fine)."""
     if shape is not None and any(d is not None and d < 0 for d in shape):
-        raise _Mismatch(f"negative dimension in shape {_fmt_shape(tuple(shape))}")
+        raise Mismatch(f"negative dimension in shape {_fmt_shape(tuple(shape))}")
 
 
 def shape_error(op: str, shapes: Sequence, why: str, where: str) -> ShapeError:
@@ -117,7 +124,7 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
     if opdef.check is not None:
         try:
             opdef.check(attrs, dtypes)
-        except _Mismatch as why:
+        except Mismatch as why:
             raise ShapeError(f"{op}: {why}; attributes {_fmt_attrs(attrs)} "
                              f"(at {where})") from None
     if any(s is None for s in shapes):
@@ -129,7 +136,7 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
         return None, dtype
     try:
         return opdef.infer(shapes, dtypes, attrs)
-    except _Mismatch as why:
+    except Mismatch as why:
         raise shape_error(op, shapes, str(why), where) from None
 
 
@@ -230,7 +237,7 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
         known = {d for d in dims if d is not None and d != 1}
         if len(known) > 1:
             sizes = " vs ".join(map(str, sorted(known)))
-            raise _Mismatch(f"dimension {axis} cannot broadcast ({sizes})")
+            raise Mismatch(f"dimension {axis} cannot broadcast ({sizes})")
         if known:
             result.append(known.pop())
         elif any(d is None for d in dims):
@@ -240,7 +247,8 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
     return tuple(result)
 
 
-def _result_dtype(dtypes: Sequence) -> Any:
+def result_dtype(dtypes: Sequence) -> Any:
+    """numpy's promotion of the known input dtypes (None when none is known yet)."""
     known = [d for d in dtypes if d is not None]
     return np.result_type(*known) if known else None
 
@@ -250,14 +258,14 @@ def ufunc_dtype(ufunc_name: str, dtypes: Sequence) -> Any:
 
     Rules infer with numpy's own casting rules so that they name the dtype the
     kernel really produces: exp of int32 is float64, true division of ints is
-    float64. Raises `_Mismatch` where numpy has no kernel (minus of booleans).
+    float64. Raises `Mismatch` where numpy has no kernel (minus of booleans).
     """
     if any(d is None for d in dtypes):
-        return _result_dtype(dtypes)
+        return result_dtype(dtypes)
     try:
         resolved = getattr(np, ufunc_name).resolve_dtypes(tuple(dtypes) + (None,))
     except TypeError as err:
-        raise _Mismatch(str(err)) from None
+        raise Mismatch(str(err)) from None
     return np.dtype(resolved[-1])
 
 
@@ -272,7 +280,8 @@ def _infer_compare(shapes, dtypes, attrs):
     return broadcast_shapes(*shapes), np.dtype(bool)
 
 
-def _infer_same(shapes, dtypes, attrs):
+def infer_same(shapes, dtypes, attrs):
+    """The shape rule of an op whose output is shaped and typed like its first input."""
     return tuple(shapes[0]), dtypes[0]
 
 
@@ -290,9 +299,9 @@ def normalize_axes(axes: Any, ndim: int) -> tuple[int, ...]:
     out = []
     for a in axes:
         if not -ndim <= a < ndim:
-            raise _Mismatch(f"axis {a} is out of range for rank {ndim}")
+            raise Mismatch(f"axis {a} is out of range for rank {ndim}")
         if a % ndim in out:
-            raise _Mismatch(f"axis {a} is given twice (axes {tuple(axes)} for rank {ndim})")
+            raise Mismatch(f"axis {a} is given twice (axes {tuple(axes)} for rank {ndim})")
         out.append(a % ndim)
     return tuple(sorted(out))
 
@@ -402,9 +411,6 @@ def _random_compute(kind):
                 generators=None):
         rng = generator(seed, generators)
         draw = backend.draw_random(xp, rng, kind, shape, dtype, a, b)
-        if out is not None:
-            out[...] = draw
-            return out
         return draw
     return compute
 
@@ -428,7 +434,7 @@ def _assign_infer(shapes, dtypes, attrs):
     var, value = shapes
     if len(var) == len(value) and any(
             a is not None and b is not None and a != b for a, b in zip(var, value)):
-        raise _Mismatch("the value's shape differs from the variable's")
+        raise Mismatch("the value's shape differs from the variable's")
     return tuple(value), dtypes[0] if dtypes[0] is not None else dtypes[1]
 
 
@@ -450,26 +456,17 @@ register(OpDef("group", _group_compute, lambda s, d, a: ((), np.dtype(np.float32
 def _sum_to_like_compute(xp, g, ref, out=None):
     """Sum `g` down to `ref.shape` (undo numpy broadcasting)."""
     if g.shape == ref.shape:
-        if out is None:
-            return g
-        out[...] = g
-        return out
+        return g
     lead = g.ndim - ref.ndim
     axes = tuple(range(lead)) + tuple(
         lead + i for i, d in enumerate(ref.shape) if d == 1 and g.shape[lead + i] != 1)
     summed = g.sum(axis=axes, keepdims=True, dtype=g.dtype)  # g's dtype, as the rule says
     summed = summed.reshape(ref.shape)
-    if out is None:
-        return summed
-    out[...] = summed
-    return out
+    return summed
 
 
 def _broadcast_like_compute(xp, x, ref, out=None):
-    if out is None:
-        return xp.broadcast_to(x, ref.shape)
-    out[...] = x
-    return out
+    return xp.broadcast_to(x, ref.shape)
 
 
 register(OpDef("sum_to_like", _sum_to_like_compute, _infer_like_second,
@@ -590,10 +587,7 @@ def _sigmoid_compute(xp, x, out=None):
     e = xp.exp(-xp.abs(x))
     pos = 1.0 / (1.0 + e)
     result = xp.where(x >= 0, pos, e * pos)
-    if out is None:
-        return result.astype(x.dtype, copy=False)
-    out[...] = result
-    return out
+    return result.astype(x.dtype, copy=False)
 
 
 # GELU, tanh form (Hendrycks & Gimpel 2016; GPT-2): numpy has no erf, and the tanh
@@ -606,10 +600,7 @@ def _gelu_compute(xp, x, out=None):
     x = x.astype(float_dtype(x.dtype), copy=False)
     inner = _GELU_C * (x + _GELU_A * x * x * x)
     result = 0.5 * x * (1.0 + xp.tanh(inner))
-    if out is None:
-        return result.astype(x.dtype, copy=False)
-    out[...] = result
-    return out
+    return result.astype(x.dtype, copy=False)
 
 
 def _gelu_grad(n, g):
@@ -645,7 +636,7 @@ def zero_gradient(node: Node, grad: Node) -> list[None]:
     return [None] * len(node.inputs)
 
 
-register(OpDef("sign", _ufunc_compute("sign"), _infer_same, zero_gradient, elementwise=True,
+register(OpDef("sign", _ufunc_compute("sign"), infer_same, zero_gradient, elementwise=True,
                inplace=0, doc="-1, 0 or 1 (zero gradient, as TF)"))
 
 
@@ -669,10 +660,7 @@ register(OpDef("cast", _cast_compute, lambda s, d, a: (tuple(s[0]), np.dtype(a["
 
 def _where_compute(xp, cond, a, b, out=None):
     result = xp.where(cond, a, b)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _where_grad(n, g):
@@ -682,7 +670,7 @@ def _where_grad(n, g):
 
 
 register(OpDef("where", _where_compute,
-               lambda s, d, a: (broadcast_shapes(*s), _result_dtype(d[1:])),
+               lambda s, d, a: (broadcast_shapes(*s), result_dtype(d[1:])),
                _where_grad, elementwise=True, doc="cond ? a : b"))
 
 
@@ -702,9 +690,9 @@ def _ones_like_compute(xp, x, out=None):
 
 # Both appear in gradient graphs (the seed of `gradients`, the zeros of `where`'s
 # gradient), so a second derivative reaches them: they need their zero gradient.
-register(OpDef("zeros_like", _zeros_like_compute, _infer_same, zero_gradient,
+register(OpDef("zeros_like", _zeros_like_compute, infer_same, zero_gradient,
                elementwise=True, doc="zeros of x's shape and dtype"))
-register(OpDef("ones_like", _ones_like_compute, _infer_same, zero_gradient,
+register(OpDef("ones_like", _ones_like_compute, infer_same, zero_gradient,
                elementwise=True, doc="ones of x's shape and dtype"))
 
 
@@ -724,15 +712,15 @@ def _matmul_compute(xp, a, b, out=None, transpose_a=False, transpose_b=False):
 def _matmul_infer(shapes, dtypes, attrs):
     a, b = shapes
     if len(a) < 2 or len(b) < 2:
-        raise _Mismatch("matmul needs inputs of rank >= 2 (reshape vectors first)")
+        raise Mismatch("matmul needs inputs of rank >= 2 (reshape vectors first)")
     if attrs.get("transpose_a"):
         a = a[:-2] + (a[-1], a[-2])
     if attrs.get("transpose_b"):
         b = b[:-2] + (b[-1], b[-2])
     if a[-1] is not None and b[-2] is not None and a[-1] != b[-2]:
-        raise _Mismatch(f"inner dimensions differ ({a[-1]} vs {b[-2]})")
+        raise Mismatch(f"inner dimensions differ ({a[-1]} vs {b[-2]})")
     batch = broadcast_shapes(a[:-2], b[:-2]) if (a[:-2] or b[:-2]) else ()
-    return batch + (a[-2], b[-1]), _result_dtype(dtypes)
+    return batch + (a[-2], b[-1]), result_dtype(dtypes)
 
 
 def _matmul_grad(n, g):
@@ -779,10 +767,7 @@ def _reduce_infer(method):
 def _reduce_compute(method):
     def compute(xp, x, out=None, axis=None, keepdims=False):
         result = getattr(x, method)(axis=axis, keepdims=keepdims)
-        if out is None:
-            return xp.asarray(result)
-        out[...] = result
-        return out
+        return xp.asarray(result)
     return compute
 
 
@@ -790,7 +775,7 @@ def _expand_reduced(g: Node, n: Node) -> Node:
     """Gradient of a reduction, broadcast back to the input's shape."""
     axis, keepdims = n.attrs.get("axis"), n.attrs.get("keepdims", False)
     if not keepdims and axis is not None:
-        g = expand_dims(g, axis)
+        g = make("expand_dims", g, axis=_axis_attr(axis))  # registered by shape_ops.py
     return broadcast_like(g, n.inputs[0])
 
 
@@ -988,20 +973,23 @@ def random_uniform(shape, minval=0.0, maxval=1.0, dtype=np.float32, seed=None, n
                 a=float(minval), b=float(maxval), seed=_next_seed(seed), name=name)
 
 
-# The shape ops live in their own module; importing it registers them, and the names
-# below keep ``ops.reshape`` & co. working for the layers above.
-from tinyflow.shape_ops import (  # noqa: E402, F401
-    broadcast_to,
-    concat,
-    expand_dims,
-    gather,
-    getitem,
-    pad,
-    reshape,
-    reshape_like,
-    squeeze,
-    transpose,
-)
+# The shape ops' builders (shape_ops.py, the layer above, adds them as it loads), so
+# that ``ops.reshape`` & co. keep working without ops.py importing shape_ops.py.
+SHAPE_OP_BUILDERS: dict[str, Callable[..., Node]] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``ops.reshape`` -> shape_ops.reshape (PEP 562: called for names not found)."""
+    try:
+        return SHAPE_OP_BUILDERS[name]
+    except KeyError:
+        raise AttributeError(f"module 'tinyflow.ops' has no attribute {name!r}") from None
+
+
+# Node's Python operators (`x + y`, `x @ w`, `-x`, `x < y`...) build these ops.
+OPERATOR_BUILDERS.update(
+    add=add, sub=sub, mul=mul, div=div, pow=power, matmul=matmul, neg=neg, abs=abs,
+    less=less, less_equal=less_equal, greater=greater, greater_equal=greater_equal)
 
 
 # ----------------------------------------------------------------------------------
@@ -1032,10 +1020,7 @@ def _erf_compute(xp, x, out=None):
     tail = 1.0 - t * xp.exp(-z * z + _ERFC_FIT[0] + poly)
     result = xp.sign(x64) * xp.where(z < 2.5, series, tail)
     result = result.astype(float_dtype(x.dtype), copy=False)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 # Not flagged elementwise, though it is: fuse_elementwise would then take it into

@@ -25,7 +25,6 @@ by an int key into `COMMUNICATORS` (`register_communicator`).
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -33,11 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import api, ops
+from tinyflow import api, ops, shape_ops
 from tinyflow.allreduce import broadcast, ring_allreduce, ring_timeline_events
 from tinyflow.graph import Node, ShapeError, topological_order
 from tinyflow.ops import OpDef, make, register
-from tinyflow.transports import Transport
+from tinyflow.transports import (  # noqa: F401  (COMMUNICATORS: public here too)
+    COMMUNICATORS,
+    Transport,
+    communicator,
+    register_communicator,
+)
 
 __all__ = ["DistributedOptimizer", "broadcast_variables", "register_communicator",
            "communicator", "plan_buckets", "timeline_with_ring_steps", "COMMUNICATORS",
@@ -46,28 +50,6 @@ __all__ = ["DistributedOptimizer", "broadcast_variables", "register_communicator
 # PyTorch DDP's default bucket cap is 25 MiB; our CPU models are small, so buckets of
 # 1 MiB let even a small MLP overlap its last layer's allreduce with backward.
 DEFAULT_BUCKET_BYTES = 1 << 20
-
-COMMUNICATORS: dict[int, Transport] = {}
-_keys = itertools.count(1)
-
-
-def register_communicator(comm: Transport) -> int:
-    """The int key under which allreduce nodes find `comm` (registered once)."""
-    for key, known in COMMUNICATORS.items():
-        if known is comm:
-            return key
-    key = next(_keys)
-    COMMUNICATORS[key] = comm
-    return key
-
-
-def communicator(key: int) -> Transport:
-    try:
-        return COMMUNICATORS[key]
-    except KeyError:
-        raise KeyError(f"no communicator registered under key {key}: allreduce nodes "
-                       "only run in the process that built them") from None
-
 
 # ----------------------------------------------------------------------------------
 # The allreduce op
@@ -80,7 +62,7 @@ def _allreduce_infer(shapes, dtypes, attrs):
         total = sum(math.prod(s) for s in shapes)
     kinds = {np.dtype(d).str for d in dtypes if d is not None}
     if len(kinds) > 1:
-        raise ops._Mismatch("the gradients of one allreduce bucket must share a dtype")
+        raise ops.Mismatch("the gradients of one allreduce bucket must share a dtype")
     return (total,), next((d for d in dtypes if d is not None), None)
 
 
@@ -230,10 +212,10 @@ class DistributedOptimizer:
             offset = 0
             for _, var in bucket:
                 count = math.prod(var.shape)
-                piece = ops.getitem(reduced, slice(offset, offset + count))
+                piece = shape_ops.getitem(reduced, slice(offset, offset + count))
                 piece.phase = "backward"
                 if len(var.shape) != 1:  # a slice is already the shape of a vector
-                    piece = ops.reshape(piece, var.shape)
+                    piece = shape_ops.reshape(piece, var.shape)
                     piece.phase = "backward"
                 self._bucket_of[id(piece)] = reduced
                 averaged.append((piece, var))

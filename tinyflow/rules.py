@@ -1,4 +1,4 @@
-"""The simplification rules, as a table; and how a pass builds a replacement node.
+"""The simplification rules, as a table.
 
 `passes.simplify` walks the graph and, at each node, tries the rules listed for its
 op in `RULES_BY_OP`. A rule is data: a pattern string (also the reason the
@@ -7,9 +7,8 @@ that returns the replacement or None. Adding an identity is adding a row
 (`add_rule`); tinygrad's pattern matcher and TVM's arithmetic simplifier are
 tables for the same reason.
 
-`new_node` is how every pass builds a node that stands for others: it keeps their
-phase (forward/backward), merges their provenance (so the debugger can say which
-user nodes a fused node came from), and takes its shape from the op's rule.
+A rule builds its replacement with `rewrite.new_node`, as every pass does (it keeps
+the replaced node's phase and provenance, and takes its shape from the op's rule).
 """
 
 from __future__ import annotations
@@ -21,47 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyflow.graph import Node
-from tinyflow.ops import REGISTRY, ConstValue, infer_node
-
-SOURCES = ("placeholder", "variable")  # bound by the executor by identity: never cloned
-
-
-def merged_phase(*nodes: Node) -> str:
-    """A value needed in the forward pass is a forward value (an activation)."""
-    return "forward" if any(n.phase == "forward" for n in nodes) else nodes[0].phase
-
-
-def merged_provenance(*nodes: Node) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(p for n in nodes for p in n.provenance))
-
-
-def clone(node: Node, inputs: tuple[Node, ...] | None = None,
-           provenance: tuple[str, ...] | None = None, phase: str | None = None) -> Node:
-    """A copy of `node` (same name, op, attrs, shape) with new inputs or provenance."""
-    return Node(node.op, node.inputs if inputs is None else inputs, node.attrs,
-                name=node.name, shape=node.shape, dtype=node.dtype, where=node.where,
-                provenance=node.provenance if provenance is None else provenance,
-                phase=node.phase if phase is None else phase)
-
-
-def new_node(op: str, inputs: list[Node] | tuple[Node, ...], attrs: dict, replaces: Node,
-              absorbed: tuple[Node, ...] = (), name: str | None = None,
-              same_value: bool = False) -> Node:
-    """A node built by a pass to stand for `replaces` (and the `absorbed` nodes):
-    it keeps their phase, merges their provenance, and its shape comes from the op's
-    rule (the one source of truth). A fused node computes exactly the value of the
-    node it replaces (`same_value`): it takes that shape, and the infer_shapes pass
-    checks it against the rule once, at the end."""
-    node = Node(op, inputs, attrs, name=name, where=replaces.where,
-                provenance=merged_provenance(replaces, *absorbed),
-                phase=merged_phase(replaces, *absorbed) if absorbed else replaces.phase)
-    if same_value:
-        node.shape, node.dtype = replaces.shape, replaces.dtype
-    else:
-        node.shape, node.dtype = infer_node(op, node.inputs, node.attrs, node.where)
-    return node
-
-
+from tinyflow.ops import REGISTRY, ConstValue
+from tinyflow.rewrite import new_node
 
 
 # ----------------------------------------------------------------------------------
@@ -93,7 +53,7 @@ def same_type(node: Node, x: Node) -> bool:
 def _keep(node: Node, x: Node) -> Node | None:
     """`x` replaces `node` when it has node's shape and dtype. Never a variable: a
     consumer of `node` that also depends on an assign to that variable would then
-    read it directly (see `_AfterAssign`); a reader node in between is cheap."""
+    read it directly (see `rewrite.AfterAssign`); a reader node in between is cheap."""
     return x if same_type(node, x) and x.op != "variable" else None
 
 

@@ -3,8 +3,8 @@
 These ops move or select elements without arithmetic, so each gradient is the same
 movement run backwards (a transpose by the inverse permutation, a slice by writing the
 gradient into zeros of the input's shape, a gather by a scatter-add). They register into
-the same `REGISTRY` as the arithmetic ops of `ops.py`, which re-exports the builders, so
-``ops.reshape`` and ``tf.reshape`` are these functions.
+the same `REGISTRY` as the arithmetic ops of `ops.py` (this module imports ops.py, never
+the other way), and ``tf.reshape`` & co. are these functions.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 
 from tinyflow import backend
+from tinyflow.graph import OPERATOR_BUILDERS
 from tinyflow.ops import (
+    SHAPE_OP_BUILDERS,
     OpDef,
     _axis_attr,
     _infer_like_second,
-    _Mismatch,
-    _result_dtype,
+    Mismatch,
+    result_dtype,
     check_dims,
     make,
     normalize_axes,
@@ -39,9 +41,9 @@ def _resolve_zeros(src: tuple, target: tuple) -> list:
 def _reshape_check(attrs, dtypes):
     shape = attrs["shape"]
     if any(d < -1 for d in shape):
-        raise _Mismatch(f"shape {tuple(shape)} has a negative size other than -1")
+        raise Mismatch(f"shape {tuple(shape)} has a negative size other than -1")
     if list(shape).count(-1) > 1:
-        raise _Mismatch(f"shape {tuple(shape)} has more than one -1")
+        raise Mismatch(f"shape {tuple(shape)} has more than one -1")
 
 
 def _reshape_infer(shapes, dtypes, attrs):
@@ -55,10 +57,10 @@ def _reshape_infer(shapes, dtypes, attrs):
         else:
             total = math.prod(src)
             if known == 0 or total % known:
-                raise _Mismatch(f"cannot reshape {total} elements into {tuple(attrs['shape'])}")
+                raise Mismatch(f"cannot reshape {total} elements into {tuple(attrs['shape'])}")
             target[target.index(-1)] = total // known
     elif None not in src and math.prod(src) != known:
-        raise _Mismatch(f"cannot reshape {math.prod(src)} elements into {tuple(target)}")
+        raise Mismatch(f"cannot reshape {math.prod(src)} elements into {tuple(target)}")
     return tuple(target), dtypes[0]
 
 
@@ -73,7 +75,7 @@ def _reshape_unknown(src: tuple, shape: tuple, target: list) -> tuple:
         if None not in rest and known:
             size = math.prod(rest) // known if math.prod(rest) % known == 0 else None
             if size is None:
-                raise _Mismatch(f"cannot reshape {math.prod(rest)} elements per copied "
+                raise Mismatch(f"cannot reshape {math.prod(rest)} elements per copied "
                                 f"dims into {tuple(shape)}")
         target[target.index(-1)] = size
     return tuple(target)
@@ -81,18 +83,12 @@ def _reshape_unknown(src: tuple, shape: tuple, target: list) -> tuple:
 
 def _reshape_compute(xp, x, out=None, shape=()):
     result = x.reshape(_resolve_zeros(x.shape, shape))
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _reshape_like_compute(xp, x, ref, out=None):
     result = x.reshape(ref.shape)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 register(OpDef("reshape", _reshape_compute, _reshape_infer,
@@ -109,16 +105,13 @@ def _transpose_infer(shapes, dtypes, attrs):
         return tuple(reversed(shape)), dtypes[0]
     if len(axes) != len(shape) or any(not -len(shape) <= a < len(shape) for a in axes) \
             or sorted(a % len(shape) for a in axes) != list(range(len(shape))):
-        raise _Mismatch(f"axes {tuple(axes)} are not a permutation of rank {len(shape)}")
+        raise Mismatch(f"axes {tuple(axes)} are not a permutation of rank {len(shape)}")
     return tuple(shape[a] for a in axes), dtypes[0]
 
 
 def _transpose_compute(xp, x, out=None, axes=None):
     result = xp.transpose(x, axes)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _transpose_grad(n, g):
@@ -140,15 +133,12 @@ def _broadcast_to_infer(shapes, dtypes, attrs):
     # An unknown dim may turn out to be 1 or the target's size: checked when fed.
     if len(src) > len(target) or any(
             d is not None and d != 1 and d != t for d, t in zip(src[::-1], target[::-1])):
-        raise _Mismatch(f"cannot broadcast to {target}")
+        raise Mismatch(f"cannot broadcast to {target}")
     return target, dtypes[0]
 
 
 def _broadcast_to_compute(xp, x, out=None, shape=()):
-    if out is None:
-        return xp.broadcast_to(x, shape)
-    out[...] = x
-    return out
+    return xp.broadcast_to(x, shape)
 
 
 register(OpDef("broadcast_to", _broadcast_to_compute, _broadcast_to_infer,
@@ -162,7 +152,7 @@ def _expand_dims_infer(shapes, dtypes, attrs):
     ndim = len(shape) + len(axes)
     for a in axes:
         if not -ndim <= a < ndim:
-            raise _Mismatch(f"axis {a} is out of range for a result of rank {ndim}")
+            raise Mismatch(f"axis {a} is out of range for a result of rank {ndim}")
     for a in sorted(x % ndim for x in axes):
         shape.insert(a, 1)
     return tuple(shape), dtypes[0]
@@ -170,10 +160,7 @@ def _expand_dims_infer(shapes, dtypes, attrs):
 
 def _expand_dims_compute(xp, x, out=None, axis=0):
     result = xp.expand_dims(x, axis)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _squeeze_infer(shapes, dtypes, attrs):
@@ -186,16 +173,13 @@ def _squeeze_infer(shapes, dtypes, attrs):
     axes = normalize_axes(axis, len(shape))
     for a in axes:
         if shape[a] not in (1, None):
-            raise _Mismatch(f"cannot squeeze axis {a} of size {shape[a]}")
+            raise Mismatch(f"cannot squeeze axis {a} of size {shape[a]}")
     return tuple(d for i, d in enumerate(shape) if i not in axes), dtypes[0]
 
 
 def _squeeze_compute(xp, x, out=None, axis=None):
     result = xp.squeeze(x, axis=axis)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 register(OpDef("expand_dims", _expand_dims_compute, _expand_dims_infer,
@@ -210,15 +194,15 @@ def _concat_infer(shapes, dtypes, attrs):
     out = list(shapes[0])
     for s in shapes[1:]:
         if len(s) != ndim:
-            raise _Mismatch("concat needs inputs of one rank")
+            raise Mismatch("concat needs inputs of one rank")
         for i, (d0, d) in enumerate(zip(out, s)):
             if i != axis and d0 is not None and d is not None and d0 != d:
-                raise _Mismatch(f"dimension {i} differs ({d0} vs {d})")
+                raise Mismatch(f"dimension {i} differs ({d0} vs {d})")
             if i != axis and d0 is None:
                 out[i] = d
     sizes = [s[axis] for s in shapes]
     out[axis] = None if None in sizes else sum(sizes)
-    return tuple(out), _result_dtype(dtypes)
+    return tuple(out), result_dtype(dtypes)
 
 
 def _concat_compute(xp, *arrays, out=None, axis=0):
@@ -235,10 +219,7 @@ def _concat_part_compute(xp, g, *inputs, out=None, axis=0, part=0):
     index = [slice(None)] * g.ndim
     index[axis] = slice(start, start + inputs[part].shape[axis])
     result = g[tuple(index)]
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 register(OpDef("concat", _concat_compute, _concat_infer, _concat_grad,
@@ -321,7 +302,7 @@ def _getitem_infer(shapes, dtypes, attrs):
     try:
         result = probe[_decode_index(index)].shape
     except (IndexError, ValueError) as err:  # out of bounds; a slice step of 0
-        raise _Mismatch(str(err)) from None
+        raise Mismatch(str(err)) from None
     # An output axis sliced from an unknown dim stays unknown.
     return tuple(None if src is not None and shape[src] is None else d
                  for d, src in zip(result, _source_axes(index, len(shape)))), dtypes[0]
@@ -329,10 +310,7 @@ def _getitem_infer(shapes, dtypes, attrs):
 
 def _getitem_compute(xp, x, out=None, index=()):
     result = x[_decode_index(index)]
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _slice_grad_compute(xp, g, ref, out=None, index=()):
@@ -354,7 +332,7 @@ register(OpDef("slice_grad", _slice_grad_compute, _infer_like_second,
 def _gather_infer(shapes, dtypes, attrs):
     params, indices = shapes
     if len(params) < 1:
-        raise _Mismatch("gather needs params of rank >= 1")
+        raise Mismatch("gather needs params of rank >= 1")
     return tuple(indices) + tuple(params[1:]), dtypes[0]
 
 
@@ -374,7 +352,7 @@ def _scatter_rows_compute(xp, g, indices, ref, out=None):
 
 def _gather_check(attrs, dtypes):
     if dtypes[1] is not None and dtypes[1].kind not in "iu":
-        raise _Mismatch(f"indices must be integers, got {dtypes[1]} (cast them first)")
+        raise Mismatch(f"indices must be integers, got {dtypes[1]} (cast them first)")
 
 
 register(OpDef("gather", _gather_compute, _gather_infer,
@@ -403,10 +381,7 @@ def _pad_compute(xp, x, out=None, dim=0, pad=0):
     widths = [(0, 0)] * x.ndim
     widths[dim] = (-pad, 0) if pad < 0 else (0, pad)
     result = xp.pad(x, widths)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return result
 
 
 def _pad_grad(n, g):
@@ -465,3 +440,10 @@ def gather(params, indices): return make("gather", params, indices)
 
 
 def reshape_like(x, ref): return make("reshape_like", x, ref)
+
+
+OPERATOR_BUILDERS["getitem"] = getitem  # `x[1:, ::2]` on a Node
+SHAPE_OP_BUILDERS.update(  # ops.reshape & co. (ops.py does not import this module)
+    broadcast_to=broadcast_to, concat=concat, expand_dims=expand_dims, gather=gather,
+    getitem=getitem, pad=pad, reshape=reshape, reshape_like=reshape_like, squeeze=squeeze,
+    transpose=transpose)

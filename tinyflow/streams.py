@@ -35,7 +35,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tinyflow.graph import Node, TinyFlowError
+from tinyflow.errors import TinyFlowError
+from tinyflow.graph import Node
 
 # Cost model for stream assignment, in "flop equivalents". Only ratios matter.
 # A numpy call costs a few microseconds of Python before any arithmetic, roughly

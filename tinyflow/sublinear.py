@@ -27,7 +27,7 @@ from typing import Any
 from tinyflow.graph import Graph, Node, ordering_dependencies
 from tinyflow.memory import (ALIGNMENT, EXTERNAL_OPS, NO_ARENA_OPS, format_bytes, liveness,
                              lower_bound, make_blocks, node_nbytes, steps_from_graph)
-from tinyflow.ops import REGISTRY, OpDef, _infer_same, make, register
+from tinyflow.ops import REGISTRY, OpDef, infer_same, make, register
 
 # ----------------------------------------------------------------------------------
 # A memory-aware schedule. The planner packs whatever lifetimes the schedule gives
@@ -192,7 +192,7 @@ def _identity_compute(xp: Any, x: Any, out: Any = None) -> Any:
 
 # Not flagged elementwise, although it is: elementwise fusion would swallow the
 # marker, and with it the user's choice of boundary.
-register(OpDef("checkpoint", _identity_compute, _infer_same, lambda node, g: [g],
+register(OpDef("checkpoint", _identity_compute, infer_same, lambda node, g: [g],
                inplace=0,
                doc="identity; marks its value as a kept boundary for gradient checkpointing"))
 

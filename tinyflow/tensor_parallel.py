@@ -44,7 +44,7 @@ from tinyflow.allreduce import chunk_bounds, ring_allreduce
 from tinyflow.graph import Graph, Node, TinyFlowError, topological_order
 from tinyflow.ops import REGISTRY, OpDef, make, register
 from tinyflow.passes import PassContext
-from tinyflow.transports import Transport
+from tinyflow.transports import Transport, communicator, register_communicator
 
 __all__ = ["TensorParallel", "tp_bytes_theory"]
 
@@ -65,7 +65,6 @@ def _tp_copy_compute(xp, x, out=None, comm=0):
 
 
 def _tp_allreduce_compute(xp, x, out=None, comm=0):
-    from tinyflow.parallel import communicator
     result = out if out is not None else xp.empty_like(x)
     result[...] = x
     return ring_allreduce(result, communicator(comm), "sum", label="tp")
@@ -107,7 +106,6 @@ class TensorParallel:
     """The tensor-parallel rewrite for rank `comm.rank` of `comm.size` (see module)."""
 
     def __init__(self, comm: Transport) -> None:
-        from tinyflow.parallel import register_communicator
         self.comm = comm
         self.key = register_communicator(comm)
         self.columns: dict[int, Node | None] = {}   # id(W) -> its bias (or None)

@@ -47,6 +47,7 @@ Four transports, from the lesson to the real engines:
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import queue
 import select
@@ -61,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow.graph import TinyFlowError
+from tinyflow.errors import TinyFlowError
 
 DEFAULT_TIMEOUT = 60.0
 ENV_RANK, ENV_SIZE, ENV_ADDR, ENV_TIMEOUT = (
@@ -589,43 +590,55 @@ class ProcessTransport(Transport):
 
     def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
-        # (socket, message, peer) per message; with two ranks a sendrecv's two halves
-        # share one socket (one direction each).
+        jobs = self._jobs(sends, recvs, tag)
+        deadline, posted = self._deadline(), False
+        while True:
+            jobs = self._progress(jobs, tag)
+            if not jobs:
+                break
+            posted = self._wait(_first_per_stream(jobs), deadline, posted, tag)
+        if posted:
+            self.board.clear(self.rank)
+        self.bytes_sent += sum(array.nbytes for _, array in sends)
+
+    def _jobs(self, sends, recvs, tag: str) -> list[tuple]:
+        """(socket, message, peer) per message; with two ranks a sendrecv's two halves
+        share one socket (one direction each)."""
         jobs = [(self.peers[dst], _Outgoing(_pack_header(tag, _contiguous(array)), array),
                  dst) for dst, array in sends]
         for src, out in recvs:
             check = functools.partial(self._check_header, src, out=out, tag=tag)
             jobs.append((self.peers[src], _Incoming(_contiguous(out), check), src))
-        deadline, posted = self._deadline(), False
-        while True:
-            active = _first_per_stream(jobs)
-            # Move what can move without waiting; small messages finish right here.
-            for sock, message, peer in active:
-                try:
-                    message.progress(sock)
-                except BlockingIOError:
-                    pass  # the socket is full (sending) or empty (receiving) for now
-                except OSError as err:
-                    raise self._lost(peer, tag, err) from None
-            jobs = [job for job in jobs if not job[1].done]
-            if not jobs:
-                break
-            active = _first_per_stream(jobs)
-            readers = [sock for sock, message, _ in active if isinstance(message, _Incoming)]
-            writers = [sock for sock, message, _ in active if isinstance(message, _Outgoing)]
-            left = max(deadline - time.monotonic(), 0)
-            # Most waits are short; only one that outlasts POST_AFTER is posted on
-            # the board (a file write), so that a late rank can be traced through it.
-            ready = select.select(readers, writers, [], left if posted else
-                                  min(left, self.POST_AFTER))
-            if not any(ready) and not posted and left > self.POST_AFTER:
-                self.board.post(self.rank, _awaited(active), tag)
-                posted = True
-            elif not any(ready):
-                raise self._timed_out(_awaited(active), tag)
-        if posted:
-            self.board.clear(self.rank)
-        self.bytes_sent += sum(array.nbytes for _, array in sends)
+        return jobs
+
+    def _progress(self, jobs: list[tuple], tag: str) -> list[tuple]:
+        """Move what can move without waiting (small messages finish right here);
+        returns the jobs not done yet."""
+        for sock, message, peer in _first_per_stream(jobs):
+            try:
+                message.progress(sock)
+            except BlockingIOError:
+                pass  # the socket is full (sending) or empty (receiving) for now
+            except OSError as err:
+                raise self._lost(peer, tag, err) from None
+        return [job for job in jobs if not job[1].done]
+
+    def _wait(self, active: list[tuple], deadline: float, posted: bool, tag: str) -> bool:
+        """Wait until a socket of `active` can move; returns whether this rank's wait
+        is posted on the board. Raises CollectiveError at the deadline."""
+        readers = [sock for sock, message, _ in active if isinstance(message, _Incoming)]
+        writers = [sock for sock, message, _ in active if isinstance(message, _Outgoing)]
+        left = max(deadline - time.monotonic(), 0)
+        # Most waits are short; only one that outlasts POST_AFTER is posted on
+        # the board (a file write), so that a late rank can be traced through it.
+        ready = select.select(readers, writers, [], left if posted else
+                              min(left, self.POST_AFTER))
+        if any(ready):
+            return posted
+        if not posted and left > self.POST_AFTER:
+            self.board.post(self.rank, _awaited(active), tag)
+            return True
+        raise self._timed_out(_awaited(active), tag)
 
     def _lost(self, peer: int, tag: str, err: OSError) -> CollectiveError:
         chain = self._late_behind(peer)
@@ -925,3 +938,30 @@ class NCCLTransport(Transport):
 
     def close(self) -> None:
         self.comm.destroy()
+
+
+# ----------------------------------------------------------------------------------
+# Communicators for graph ops: an allreduce node's attrs hold an int key (attrs must
+# be plain data), and its kernel finds the transport under that key, in this process.
+# ----------------------------------------------------------------------------------
+
+COMMUNICATORS: dict[int, Transport] = {}
+_keys = itertools.count(1)
+
+
+def register_communicator(comm: Transport) -> int:
+    """The int key under which allreduce nodes find `comm` (registered once)."""
+    for key, known in COMMUNICATORS.items():
+        if known is comm:
+            return key
+    key = next(_keys)
+    COMMUNICATORS[key] = comm
+    return key
+
+
+def communicator(key: int) -> Transport:
+    try:
+        return COMMUNICATORS[key]
+    except KeyError:
+        raise KeyError(f"no communicator registered under key {key}: allreduce nodes "
+                       "only run in the process that built them") from None

@@ -49,12 +49,13 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import api, ops
+from tinyflow import api, ops, shape_ops
 from tinyflow.allreduce import chunk_bounds, ring_allreduce
 from tinyflow.autodiff import gradients
 from tinyflow.collectives import all_gather, reduce_scatter
 from tinyflow.graph import Node, TinyFlowError, reachable, topological_order
 from tinyflow.ops import OpDef, make, register
+from tinyflow.transports import communicator
 
 __all__ = ["ZeroOptimizer", "zero_bytes_formula", "STAGES"]
 
@@ -74,7 +75,6 @@ def _zero_reduce_compute(xp, *grads, out=None, comm=0, stage=1, total=0, lo=0, h
                          stream="comm"):
     """Concatenate the gradients flat and average them over the ranks: all of them
     (stage 1, an allreduce) or only this rank's shard [lo, hi) (a reduce-scatter)."""
-    from tinyflow.parallel import communicator
     transport = communicator(comm)
     flat = xp.empty(total, dtype=grads[0].dtype)
     offset = 0
@@ -86,9 +86,6 @@ def _zero_reduce_compute(xp, *grads, out=None, comm=0, stage=1, total=0, lo=0, h
         result = ring_allreduce(flat, transport, "mean", label=label)
     else:
         result = reduce_scatter(flat, transport, "mean", label=label)
-    if out is not None:
-        out[...] = result
-        return out
     return result
 
 
@@ -98,11 +95,7 @@ def _zero_gather_infer(shapes, dtypes, attrs):
 
 def _zero_gather_compute(xp, shard, out=None, comm=0, stage=1, total=0, stream="comm"):
     """Every rank's parameter shard, concatenated: the full flat parameters."""
-    from tinyflow.parallel import communicator
     result = all_gather(shard, communicator(comm), total=total, label=f"zero{stage}")
-    if out is not None:
-        out[...] = result
-        return out
     return result
 
 
@@ -129,8 +122,8 @@ def zero_bytes_formula(stage: int, params: int, size: int, slots: int, itemsize:
 # ----------------------------------------------------------------------------------
 
 def _flat(nodes: Sequence[Node]) -> Node:
-    pieces = [ops.reshape(n, (math.prod(n.shape),)) for n in nodes]
-    return pieces[0] if len(pieces) == 1 else ops.concat(pieces, 0)
+    pieces = [shape_ops.reshape(n, (math.prod(n.shape),)) for n in nodes]
+    return pieces[0] if len(pieces) == 1 else shape_ops.concat(pieces, 0)
 
 
 class ZeroOptimizer:
@@ -165,7 +158,7 @@ class ZeroOptimizer:
                                    name=f"zero{self.stage}_shard_rank{self.comm.rank}",
                                    trainable=False)
         self.load_shard = api.assign(self.master,
-                                     ops.getitem(_flat(self.variables),
+                                     shape_ops.getitem(_flat(self.variables),
                                                  slice(self.lo, self.hi)))
 
     def _pieces(self, flat: Node) -> list[Node]:
@@ -173,7 +166,8 @@ class ZeroOptimizer:
         pieces, offset = [], 0
         for var in self.variables:
             count = math.prod(var.shape)
-            piece = ops.reshape(ops.getitem(flat, slice(offset, offset + count)), var.shape)
+            piece = shape_ops.getitem(flat, slice(offset, offset + count))
+            piece = shape_ops.reshape(piece, var.shape)
             pieces.append(piece)
             offset += count
         return pieces
@@ -202,7 +196,7 @@ class ZeroOptimizer:
                                 total=self.total, lo=self.lo, hi=self.hi, stream="comm",
                                 name=f"zero{self.stage}_reduce_grads")
         self.reduce_node.phase = "backward"
-        shard_grad = self.reduce_node if self.stage > 1 else ops.getitem(
+        shard_grad = self.reduce_node if self.stage > 1 else shape_ops.getitem(
             self.reduce_node, slice(self.lo, self.hi))
         update = self.optimizer.apply_gradients([(shard_grad, self.master)])
         if self.stage == 3:

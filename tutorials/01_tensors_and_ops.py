@@ -16,7 +16,9 @@
 #    an error that names the op, the shapes and your line of code.
 #
 # **Read along:** `tinyflow/graph.py` (`Node`, `user_source_line`),
-# `tinyflow/ops.py` (`OpDef`, `REGISTRY`, `make`, `infer_node`, `shape_error`),
+# `tinyflow/ops.py` (`OpDef`, `REGISTRY`, `make`, `infer_node`, `shape_error`; and
+# `Mismatch`, `infer_same`, `result_dtype`, which op modules such as
+# `shape_ops.py` and `nn_ops.py` build on), `tinyflow/errors.py` (`ShapeError`),
 # `tinyflow/api.py` (`placeholder`, `Variable`) and `Session.run` in
 # `tinyflow/executor.py`.
 #
@@ -168,14 +170,24 @@ assert total.where in late_message
 # ### Exercise 2: predict a broadcast shape
 #
 # Elementwise ops broadcast like numpy, with `None` meaning "not known yet". Before
-# running the cell, predict the shape of `row + column`. Then try a shape that
-# cannot broadcast, such as `(None, 4)` with `(3, 1)`, and read the error.
+# running the cell, predict the shape of `row + column`. Then try shapes that
+# cannot broadcast, such as `(None, 4)` with `(3,)` (4 against 3, and neither is
+# 1), and read the error. Careful: `(None, 4)` with `(3, 1)` *does* broadcast, to
+# `(3, 4)`: the 1 stretches to 4, and the unknown dim must turn out to be 3 (or 1).
 
 # %%
 row = tf.placeholder(tf.float32, (None, 1, 4), name="row")
 column = tf.placeholder(tf.float32, (3, 1), name="column")
 print("row + column:", (row + column).shape)
 assert (row + column).shape == (None, 3, 4)
+
+batch = tf.placeholder(tf.float32, (None, 4), name="batch")
+assert (batch + column).shape == (3, 4)
+try:
+    batch + tf.placeholder(tf.float32, (3,), name="short")
+    raise AssertionError("(None, 4) + (3,) should not broadcast")
+except tf.ShapeError as err:
+    print("ShapeError:", err)
 
 # %% [markdown]
 # ## What to remember

@@ -25,6 +25,7 @@ import numpy as np
 
 import tinyflow as tf
 from tinyflow.backend import set_blas_threads
+from tinyflow.gradcheck import check_gradients
 from tinyflow.graph import topological_order
 
 # One BLAS thread: the lesson's small matrices gain nothing from more, and on a
@@ -90,6 +91,18 @@ numeric = finite_difference(lambda wv: sess.run(loss, {x: feed[x], w: wv}), feed
 print("finite diff: ", numeric)
 print(f"largest difference: {np.abs(numeric - automatic).max():.2e}")
 assert np.allclose(numeric, automatic, atol=1e-7)
+
+# %% [markdown]
+# The library ships this check as `check_gradients` (tinyflow/gradcheck.py, as
+# minitorch ships its `grad_check`): give it a function that builds a node from
+# placeholders and float64 values for them. It checks every element of every
+# argument and, when one disagrees, raises an error naming the op, the argument,
+# the element, the expected (finite-difference) and the got (autodiff) value.
+
+# %%
+check_gradients(lambda xv, wv: tf.reduce_sum(tf.tanh(xv * wv)),
+                [feed[x], feed[w]])
+print("check_gradients: sum(tanh(x * w)) agrees with finite differences")
 
 # %% [markdown]
 # ## 3. Gradients of gradients
@@ -173,6 +186,7 @@ print("sigmoid' and sigmoid'' match the formulas")
 #   its inputs; `gradients` applies the rules in reverse topological order.
 # * Because gradients are graphs, grad-of-grad and Hessian-vector products are
 #   just more calls to `tf.gradients`.
-# * Check gradients with central finite differences in float64.
+# * Check gradients with central finite differences in float64
+#   (`tinyflow.gradcheck.check_gradients` does it for every element).
 #
 # Next: lesson 3 shows what the compiler's passes do to these graphs.

@@ -17,8 +17,9 @@
 # 4. see an optimizer's update computed straight into its variable.
 #
 # **Read along:** `tinyflow/passes.py`: the module docstring, `simplify`, `cse`,
-# `fuse_dense`, `PIPELINE` and `explain`; `tinyflow/rules.py`: the rule table
-# `RULES`, `add_rule` and `new_node`; the fused ops are in `tinyflow/fusion.py`.
+# `PIPELINE` and `explain`; `tinyflow/fusion_passes.py`: `fuse_dense`;
+# `tinyflow/rules.py`: the rule table `RULES` and `add_rule`; `tinyflow/rewrite.py`:
+# `new_node` and the sweep under every pass; the fused ops run in `tinyflow/fusion.py`.
 
 # %%
 import numpy as np
@@ -26,7 +27,8 @@ import numpy as np
 import tinyflow as tf
 from tinyflow import fusion, passes, rules
 from tinyflow.backend import set_blas_threads
-from tinyflow.rules import Rule, add_rule, new_node
+from tinyflow.rewrite import new_node
+from tinyflow.rules import Rule, add_rule
 
 # One BLAS thread: the lesson's small matrices gain nothing from more, and on a
 # busy machine more are much slower (README, "Threads"). 0 = numpy's default.
@@ -70,11 +72,13 @@ values = {x: rng.normal(size=(4, 8)).astype(np.float32),
 # %% [markdown]
 # `tf.compile` is what `Session.run` calls: fetches, the fed shapes, options.
 # `passes=[]` switches the optimizer off; by default every pass of
-# `passes.PIPELINE` runs, in this order (the executor adds lesson 4's gradient
-# checkpointing pass at the end):
+# `passes.PIPELINE` runs, in this order (the last, lesson 4's gradient
+# checkpointing, changes nothing unless asked). Each entry is a
+# `Pass(name, fn, needs, provides)`: the runner refuses a pass whose need no
+# earlier pass provides.
 
 # %%
-print("pipeline:", " -> ".join(name for name, _ in passes.PIPELINE))
+print("pipeline:", " -> ".join(p.name for p in passes.PIPELINE))
 plain = tf.compile([out], feeds, passes=[])
 optimized = tf.compile([out], feeds)
 
@@ -191,7 +195,7 @@ assert count_op(after.graph, "relu") == 1
 # ### Exercise: a rule that builds a node
 #
 # `abs(neg(x)) -> abs(x)` holds for every x (also NaN and infinity). This rule
-# must build a *new* node, `abs(x)`. Use `rules.new_node`, the helper behind the
+# must build a *new* node, `abs(x)`. Use `rewrite.new_node`, the helper behind the
 # built-in rules: it keeps the replaced node's `phase` and `provenance` (so the
 # checkpointing pass and the debugger still know what the node stands for) and
 # infers its shape. The solution is filled in; try writing
@@ -243,8 +247,9 @@ assert np.allclose(doubled, 2.0) and np.allclose(session.run(w), 0.9)
 # %% [markdown]
 # ## What to remember
 #
-# * A pass is a function from graph to graph; `PIPELINE` lists them in order and
-#   `compile(passes=..., disable=...)` picks among them.
+# * A pass is a function from graph to graph; `PIPELINE` lists them in order, with
+#   what each needs and provides, and `compile(passes=..., disable=...)` picks
+#   among them.
 # * Every rewrite leaves a record; `explain()` and the debugger read them.
 # * A simplification is a row in a table: a pattern, an op, a rewrite function.
 # * Fusion also saves copies: an update computed into its variable needs none.

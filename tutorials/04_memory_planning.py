@@ -57,6 +57,8 @@ plan = program.memory_plan
 print(f"{len(program.steps)} steps; chosen strategy: {plan.strategy}")
 print(f"  naive (no reuse) {format_bytes(plan.naive_bytes):>10}")
 for name, arena in sorted(plan.strategies.items(), key=lambda item: item[1]):
+    if name == "naive":
+        continue  # printed above
     print(f"  {name:<20} {format_bytes(arena):>10}   {arena / plan.lower_bound_bytes:.3f}"
           " x lower bound")
 print(f"  lower bound      {format_bytes(plan.lower_bound_bytes):>10}   (most bytes alive "
@@ -119,13 +121,18 @@ print("lower bound <= arena <= naive for all", len(plan.strategies), "strategies
 # lifetime from the steps and checks every pair of tensors that share bytes.
 #
 # The planner works on `PlanStep`s (name, inputs, bytes, in-place input);
-# `memory.steps_from_graph` makes them from a compiled graph. Let us plan, then
-# break the plan on purpose: move one tensor onto another that is alive at the
-# same time.
+# `memory.steps_from_graph` makes them from a compiled graph, in a given order. We
+# use the order the program above was planned in: with a memory plan, `compile`
+# schedules the steps with `sublinear.memory_order` (the topological order with the
+# lowest peak, see section 3), not in the graph's plain depth-first order, so the
+# plan below is the program's own. Let us plan, then break the plan on purpose:
+# move one tensor onto another that is alive at the same time.
 
 # %%
-steps, external, keep = memory.steps_from_graph(program.graph)
+steps, external, keep = memory.steps_from_graph(program.graph,
+                                                sublinear.memory_order(program.graph))
 good = memory.plan_memory(steps, external, keep)
+assert good.arena_bytes == plan.arena_bytes  # the same plan the program runs with
 memory.validate_plan(good, steps)            # no error: the plan is safe
 
 arena_tensors = [t for t in good.tensors if t.offset is not None and t.nbytes > 0]

@@ -1,0 +1,98 @@
+"""Specialization: the user's graph cloned with the concrete shapes of one run.
+
+A TF1 graph may hold unknown dims (a placeholder of shape (None, 784)); a run knows
+them all (the fed arrays and the variables' values). `specialize` clones the part of
+the graph the fetches need, with every shape and dtype inferred by the op rules, so
+that the passes, the memory planner and the executor work on concrete sizes, as
+tqchen/tinyflow's session re-infers shapes per run. Its result is the first snapshot
+of the pass pipeline ("input", passes.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tinyflow.graph import VARIABLE_WRITERS, FeedError, Graph, Node, topological_order
+from tinyflow.ops import infer_node
+
+
+def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
+               fed: frozenset[int] = frozenset()) -> tuple[Graph, dict[Node, Node]]:
+    """Clone the graph under `fetches` with concrete shapes (shape inference).
+
+    `sources` maps each fed node and each variable to its (shape, dtype) for this
+    run; `fed` holds the ids of those that are fed. Fed nodes become placeholders in
+    the clone (feeding an intermediate tensor cuts the graph there, as in TF1; a fed
+    Variable is read from the feed in that run, its stored value untouched).
+    Returns the specialized graph and a map from each user node to its clone.
+    Raises FeedError for a placeholder that is needed but not fed, and ShapeError
+    (op, shapes, user's line) for shapes that disagree.
+
+    The passes below never clone a placeholder or variable of this graph again: the
+    executor binds feeds and variables to exactly these nodes. Clones get unique names
+    (a user may name two nodes alike: the second "W" becomes "W_1"), since the memory
+    plan and the DebugRecord refer to nodes by name.
+    """
+    leaves = frozenset(id(n) for n in sources)
+    clones: dict[Node, Node] = {}
+    taken: dict[str, int] = {}
+    order = topological_order(fetches, leaves)
+    first_written = _first_written(order, fetches, sources)
+    for node in order:
+        name = node.name
+        while name in taken:
+            taken[node.name] += 1
+            name = f"{node.name}_{taken[node.name]}"
+        taken[name] = 0
+        if node in sources:
+            shape, dtype = sources[node]
+            op = "variable" if node.op == "variable" and id(node) not in fed else "placeholder"
+            clone = Node(op, (), {"shape": tuple(shape), "dtype": dtype.name}, name=name,
+                         shape=shape, dtype=dtype, where=node.where, provenance=node.provenance,
+                         phase=node.phase)
+        elif node.op == "placeholder":
+            needed = ", ".join(f.name for f in fetches[:3])
+            raise FeedError(f"placeholder {node.name!r} (created at {node.where}) must be "
+                            f"fed: computing {needed} needs it")
+        elif node.op == "variable":
+            if id(node) not in first_written:
+                raise FeedError(f"variable {node.name!r} (created at {node.where}) has no "
+                                "value and no known shape; run "
+                                "tf.global_variables_initializer() or assign it first")
+            continue  # only written here: cloned with the shape of the value written
+        else:
+            if id(node) in first_written.values():
+                target = node.inputs[0]
+                value = clones[node.inputs[1]]
+                clones[target] = Node("variable", (), {"shape": value.shape,
+                                      "dtype": np.dtype(target.dtype or value.dtype).name},
+                                      name=target.name, shape=value.shape,
+                                      dtype=target.dtype or value.dtype, where=target.where,
+                                      provenance=target.provenance, phase=target.phase)
+            inputs = [clones[i] for i in node.inputs]
+            clone = Node(node.op, inputs, node.attrs, name=name, where=node.where,
+                         provenance=node.provenance, phase=node.phase)
+            clone.shape, clone.dtype = infer_node(node.op, inputs, node.attrs, node.where)
+        clones[node] = clone
+    return Graph([clones[f] for f in fetches]), clones
+
+
+def _first_written(order: list[Node], fetches: list[Node], sources: dict) -> dict[int, int]:
+    """{id of variable: id of its first writer} for the variables with no value and no
+    known shape that this graph only writes (an optimizer slot made as zeros_like of a
+    variable whose shape was unknown at minimize time): they take the shape of the
+    value written, as a first tf.assign does."""
+    fetched = {id(f) for f in fetches}
+    readers: set[int] = set()
+    writers: dict[int, int] = {}
+    for node in order:
+        targets = node.inputs[:1] if node.op in VARIABLE_WRITERS else ()
+        for inp in node.inputs:
+            if inp.op == "variable" and inp not in sources:
+                if any(inp is t for t in targets) and inp not in node.inputs[1:]:
+                    writers.setdefault(id(inp), id(node))
+                else:
+                    readers.add(id(inp))
+    return {v: w for v, w in writers.items() if v not in readers and v not in fetched}
