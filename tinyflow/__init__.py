@@ -49,7 +49,9 @@ from tinyflow.ops import (abs, cast, constant, exp, greater, greater_equal, less
 from tinyflow.shape_ops import (broadcast_to, concat, expand_dims, gather, reshape, squeeze,
                                 transpose)
 
-__version__ = "0.1.0"
+from tinyflow.version import VERSION
+
+__version__ = VERSION
 
 __all__ = [
     "debug", "eager", "function", "nn", "ops", "trace", "train", "Variable", "argmax",

@@ -952,8 +952,8 @@ def _name_output_dims(model: Any) -> None:
 
 
 def _version() -> str:
-    import tinyflow
-    return tinyflow.__version__
+    from tinyflow.version import VERSION
+    return VERSION
 
 
 def after_passes(fetches: Sequence[Node], feeds: dict, names: Sequence[str],

@@ -202,7 +202,7 @@ def _metadata(path: Path, tensors: dict[str, np.ndarray],
               global_step: int | None) -> dict[str, str]:
     """The header's ``__metadata__`` for `tensors`, after checking safetensors can hold
     them."""
-    from tinyflow import __version__
+    from tinyflow.version import VERSION as __version__
     metadata = {"format": FORMAT, "version": str(VERSION), "tinyflow_version": __version__,
                 "sha256": _digest(tensors)}
     if global_step is not None:

@@ -156,7 +156,7 @@ def graph_to_dict(graph: Graph, pass_name: str, index: int, seconds: float,
 
 def empty_record(title: str, device: str = "cpu", command: str = "") -> dict:
     """A valid record with no graphs, runs or plan yet; callers fill the sections."""
-    from tinyflow import __version__
+    from tinyflow.version import VERSION as __version__
     return {
         "format": FORMAT,
         "version": VERSION,
