@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow import api, debug, ops
+from tinyflow.registry import source_kind
 from tinyflow.graph import Node, TinyFlowError, topological_order, user_source_line
 from tinyflow.ops import REGISTRY, _Mismatch, shape_error
 
@@ -1073,7 +1074,7 @@ def to_eager(model: Any, dtype: Any = None) -> Any:
     session = Session()
 
     def convert(value: Any) -> Any:
-        if isinstance(value, Node) and value.op == "variable":
+        if isinstance(value, Node) and source_kind(value) == "variable":
             if value not in replaced:
                 if value not in initializers:
                     raise EagerError(f"variable {value.name} has no initial value to "

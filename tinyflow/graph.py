@@ -23,12 +23,8 @@ from typing import Any
 
 import numpy as np
 
-# Ops that write the variable given as their first input (tf.assign, and the
-# fused_assign the fuse_assign pass makes of an assign and its update, which also
-# reads that variable and no other). The order rule in `topological_order` keeps
-# TF1's semantics for them: inside one run, every other reader of a variable sees
-# the value from *before* the run's updates.
-VARIABLE_WRITERS = {"assign", "fused_assign"}
+from tinyflow.registry import mutated_input, source_kind, written_variable
+
 
 
 class TinyFlowError(Exception):
@@ -164,24 +160,25 @@ def ordering_dependencies(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
 
     Returns {writer: [readers that must run first]}. Without these edges, a
     `tf.assign(W, ...)` could run before another op that reads W in the same
-    step, and that op would see the updated value. A writer's input 0 is its
-    target, not a read; its other inputs are reads like any node's, so
-    `tf.assign(U, W)` runs before W's writer and copies W's old value. Writers of
-    the same variable are not ordered among themselves (TF1 leaves two updates of
-    one variable in one run unordered too).
+    step, and that op would see the updated value. A writer (an op whose OpDef
+    `mutates` an input: tf.assign, fused_assign) does not read its target; its
+    other inputs are reads like any node's, so `tf.assign(U, W)` runs before W's
+    writer and copies W's old value. Writers of the same variable are not ordered
+    among themselves (TF1 leaves two updates of one variable in one run unordered
+    too).
     """
     readers: dict[Node, list[Node]] = {}
     for node in nodes:
-        reads = node.inputs[1:] if node.op in VARIABLE_WRITERS else node.inputs
-        for inp in reads:
-            if inp.op == "variable":
+        target = mutated_input(node)
+        for k, inp in enumerate(node.inputs):
+            if k != target and source_kind(inp) == "variable":
                 readers.setdefault(inp, []).append(node)
     extra: dict[Node, list[Node]] = {}
     for node in nodes:
-        if node.op in VARIABLE_WRITERS and node.inputs:
-            target = node.inputs[0]
+        target = written_variable(node)
+        if target is not None:
             extra[node] = [r for r in readers.get(target, ()) if r is not node
-                           and not (r.op in VARIABLE_WRITERS and r.inputs[0] is target)]
+                           and written_variable(r) is not target]
     return extra
 
 

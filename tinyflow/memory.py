@@ -60,6 +60,7 @@ import numpy as np
 
 from tinyflow.graph import Graph, Node, TinyFlowError
 from tinyflow.ops import REGISTRY
+from tinyflow.registry import mutated_input, source_kind
 
 ALIGNMENT = 64       # bytes; every offset is a multiple (cache lines, SIMD loads)
 MATCH_RANGE = 16     # NNVM: a free block is reused for requests within 16x its size
@@ -790,11 +791,12 @@ def _check_pair(a: TensorSpec, b: TensorSpec, a_last: int,
 # Planner input from a graph (used by tests, benchmarks and the debugger)
 # ----------------------------------------------------------------------------------
 
-# Values that live outside the arena: feeds (the caller's arrays), variables (the
-# Session's store) and constants (bound once when the program is compiled).
-EXTERNAL_OPS = {"placeholder": "feed", "variable": "variable", "constant": "constant"}
-# An assign's value is the variable's own buffer (a fused_assign writes it directly).
-NO_ARENA_OPS = {"assign", "fused_assign"}
+def in_arena(node: Node) -> bool:
+    """Whether `node`'s value is an arena tensor. Sources are not (feeds are the
+    caller's arrays, variables the Session's store, constants bound once when the
+    program is compiled), nor is the value of an op that writes a variable in place
+    (OpDef.mutates: an assign's value is the variable's own buffer)."""
+    return source_kind(node) is None and mutated_input(node) is None
 
 
 def node_nbytes(node: Node) -> int:
@@ -810,8 +812,8 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
     """(steps, external, keep) for plan_memory, from a specialized graph.
 
     The steps follow `order` (default: the graph's topological order); placeholders,
-    variables and constants are external (EXTERNAL_OPS); an assign's value is the
-    variable's buffer, so it needs 0 arena bytes (NO_ARENA_OPS). An op's in-place
+    variables and constants are external (OpDef.source); an assign's value is the
+    variable's buffer, so it needs 0 arena bytes (OpDef.mutates). An op's in-place
     input is offered when it has the output's shape and dtype and is not read twice
     by the op.
     """
@@ -819,17 +821,17 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
     external: dict[str, str] = {}
     steps: list[PlanStep] = []
     for node in order:
-        if node.op in EXTERNAL_OPS:
-            external[node.name] = EXTERNAL_OPS[node.op]
+        if source_kind(node) is not None:
+            external[node.name] = source_kind(node)
             continue
         inplace = REGISTRY[node.op].inplace
         if inplace is not None:
             source = node.inputs[inplace] if inplace < len(node.inputs) else None
-            if (source is None or source.op in EXTERNAL_OPS or source.op in NO_ARENA_OPS
+            if (source is None or not in_arena(source)
                     or source.shape != node.shape or source.dtype != node.dtype
                     or node.inputs.count(source) > 1):
                 inplace = None
-        nbytes = 0 if node.op in NO_ARENA_OPS else node_nbytes(node)
+        nbytes = node_nbytes(node) if in_arena(node) else 0
         steps.append(PlanStep(node.name, [i.name for i in node.inputs], nbytes, inplace))
-    keep = {o.name for o in graph.outputs if o.op not in EXTERNAL_OPS}
+    keep = {o.name for o in graph.outputs if source_kind(o) is None}
     return steps, external, keep

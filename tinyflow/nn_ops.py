@@ -394,18 +394,34 @@ def _same_as_input_2(shapes, dtypes, attrs):
     return tuple(shapes[2]), dtypes[0]
 
 
+def conv_cost(node: Node) -> float | None:
+    """Flops of a convolution (or one of its gradients): 2 * output size * the
+    size of one filter (input 1's dims after the first)."""
+    if len(node.inputs) < 2 or not node.inputs[1].shape:
+        return None
+    size = 1
+    for d in node.shape or ():
+        size *= d or 1
+    kernel = 1
+    for d in node.inputs[1].shape[1:]:
+        kernel *= d or 1
+    return 2.0 * size * kernel
+
+
 register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
-               bind=_bind_scratch(_conv_compute, _conv_infer),
+               bind=_bind_scratch(_conv_compute, _conv_infer), cost=conv_cost,
                doc="2-D convolution, NCHW input, OIHW filters (im2col + one batched GEMM)",
                check=_window_check))
 register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _same_as_input_2,
                _conv_grad_input_grad,
                bind=_bind_scratch(_conv_grad_input_compute, _same_as_input_2),
+               cost=conv_cost,
                doc="gradient of conv2d with respect to its input",
                check=_window_check))
 register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _same_as_input_2,
                _conv_grad_filter_grad,
                bind=_bind_scratch(_conv_grad_filter_compute, _same_as_input_2),
+               cost=conv_cost,
                doc="gradient of conv2d with respect to its filters",
                check=_window_check))
 

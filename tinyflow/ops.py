@@ -26,55 +26,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tinyflow import backend
 from tinyflow.graph import Node, ShapeError, user_source_line
+from tinyflow.registry import REGISTRY, OpDef, register  # noqa: F401 (the op author's API)
 
 # ----------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OpDef:
-    """One registry entry. Flags are read by passes; functions by the layers above."""
-
-    name: str
-    compute: Callable[..., Any]
-    infer: Callable[[list, list, dict], tuple]
-    gradient: Callable[[Node, Node], list] | None = None
-    elementwise: bool = False   # output[i] depends only on inputs[i] (after broadcast)
-    inplace: int | None = None  # index of an input the output may overwrite
-    pure: bool = True           # deterministic and side-effect free
-    commutative: bool = False   # f(a, b) == f(b, a)
-    differentiable: bool = True  # False: has no gradient (comparisons, argmax, ...)
-    random: bool = False        # draws random numbers: compute takes `generators`
-    doc: str = ""
-    # Optional: bind(xp, shapes, dtypes, attrs, workspace) -> a compute specialized to
-    # these static input shapes (or None). The executor calls it once per step when it
-    # compiles, so per-run work (finding a plan) disappears; `workspace` is a dict of
-    # scratch buffers shared by the steps of one stream, which never run at once.
-    bind: Callable[..., Any] | None = None
-    # Optional: check(attrs, dtypes) raises _Mismatch for attributes or input dtypes no
-    # shape could make valid (a stride of 0, an unknown padding, float indices). Run
-    # at build time even when the input shapes are not known yet, so the error names
-    # the user's line.
-    check: Callable[[dict, list], None] | None = None
-
-
-REGISTRY: dict[str, OpDef] = {}
-
-
-def register(opdef: OpDef) -> OpDef:
-    """Add `opdef` to the registry (a name may be registered once)."""
-    if opdef.name in REGISTRY:
-        raise ValueError(f"op {opdef.name!r} is registered twice")
-    REGISTRY[opdef.name] = opdef
-    return opdef
 
 
 class _Mismatch(Exception):
@@ -332,10 +294,11 @@ def _no_compute(xp, *arrays, out=None, **attrs):
     raise RuntimeError("placeholders and variables get their values from the executor")
 
 
-for _name, _doc in [("placeholder", "A value fed at run time (feed_dict)."),
-                    ("variable", "State that lives across runs (in the Session).")]:
+for _name, _kind, _doc in [
+        ("placeholder", "feed", "A value fed at run time (feed_dict)."),
+        ("variable", "variable", "State that lives across runs (in the Session).")]:
     register(OpDef(_name, _no_compute, _source_infer, None, pure=False,
-                   differentiable=False, doc=_doc))
+                   differentiable=False, source=_kind, doc=_doc))
 
 
 def _constant_compute(xp, out=None, value=None):
@@ -345,7 +308,8 @@ def _constant_compute(xp, out=None, value=None):
 
 register(OpDef("constant", _constant_compute,
                lambda s, d, a: (a["value"].array.shape, a["value"].array.dtype),
-               None, differentiable=False, doc="A fixed array baked into the graph."))
+               None, differentiable=False, source="constant",
+               doc="A fixed array baked into the graph."))
 
 
 def constant(value: Any, dtype: Any = None, name: str | None = None) -> Node:
@@ -437,9 +401,9 @@ def _group_compute(xp, *arrays, out=None):
 
 
 register(OpDef("assign", _assign_compute, _assign_infer, None, pure=False,
-               differentiable=False, doc="write input 1 into variable input 0"))
+               differentiable=False, mutates=0, doc="write input 1 into variable input 0"))
 register(OpDef("group", _group_compute, lambda s, d, a: ((), np.dtype(np.float32)), None,
-               pure=False, differentiable=False,
+               pure=False, differentiable=False, effect_only=True,
                doc="run every input for its effect (tf.group); the value is 0"))
 
 
@@ -509,13 +473,17 @@ def _binary(name, ufunc_name, grad, commutative=False, doc=""):
                    commutative=commutative, doc=doc))
 
 
-def _unary(name, compute, grad, doc="", inplace=0, dtype_like=None):
+def _unary(name: str, compute: Callable, grad: Callable | None, doc: str = "",
+           inplace: int | None = 0, dtype_like: str | None = None,
+           dense_activation: bool = False) -> None:
     """An elementwise op of one input; its dtype follows numpy's ufunc `dtype_like`
-    (exp: integers give floats), or stays the input's when that is None."""
+    (exp: integers give floats), or stays the input's when that is None.
+    `dense_activation`: fuse_dense may fold it into a dense layer."""
     def infer(shapes, dtypes, attrs):
         dtype = dtypes[0] if dtype_like is None else ufunc_dtype(dtype_like, dtypes)
         return tuple(shapes[0]), dtype
-    register(OpDef(name, compute, infer, grad, elementwise=True, inplace=inplace, doc=doc))
+    register(OpDef(name, compute, infer, grad, elementwise=True, inplace=inplace, doc=doc,
+                   dense_activation=dense_activation))
 
 
 # Gradients read the forward node's inputs (a, b) and, where it is cheaper, the
@@ -626,12 +594,14 @@ _unary("log", _ufunc_compute("log"), lambda n, g: [g / n.inputs[0]], "natural lo
 _unary("sqrt", _ufunc_compute("sqrt"), lambda n, g: [g / (2.0 * n)], "square root",
        dtype_like="sqrt")
 _unary("tanh", _ufunc_compute("tanh"), lambda n, g: [g * (1.0 - n * n)], "tanh",
-       dtype_like="tanh")
+       dtype_like="tanh", dense_activation=True)
 _unary("sigmoid", _sigmoid_compute, lambda n, g: [g * n * (1.0 - n)], "1 / (1 + e^-x)",
-       dtype_like="exp")
+       dtype_like="exp", dense_activation=True)
 _unary("relu", _relu_compute,
-       lambda n, g: [g * cast(n.inputs[0] > 0.0, g.dtype)], "max(x, 0)")
-_unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation", dtype_like="exp")
+       lambda n, g: [g * cast(n.inputs[0] > 0.0, g.dtype)], "max(x, 0)",
+       dense_activation=True)
+_unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation", dtype_like="exp",
+       dense_activation=True)
 _unary("abs", _ufunc_compute("absolute"), lambda n, g: [g * sign(n.inputs[0])], "|x|")
 
 
@@ -752,7 +722,24 @@ def _matmul_grad(n, g):
     return [unbroadcast(grad_a, a), unbroadcast(grad_b, b)]
 
 
-register(OpDef("matmul", _matmul_compute, _matmul_infer, _matmul_grad,
+def matmul_cost(node: Node) -> float | None:
+    """Flops of a matmul (or a fused dense layer): 2 * output size * inner dim."""
+    if not node.inputs or not node.inputs[0].shape:
+        return None
+    a_shape = node.inputs[0].shape
+    inner = a_shape[-2] if node.attrs.get("transpose_a") else a_shape[-1]
+    return 2.0 * _known_size(node.shape) * (inner or 1)
+
+
+def _known_size(shape: Sequence | None) -> int:
+    """The number of elements, counting an unknown dim as 1 (a cost estimate)."""
+    size = 1
+    for d in shape or ():
+        size *= d or 1
+    return size
+
+
+register(OpDef("matmul", _matmul_compute, _matmul_infer, _matmul_grad, cost=matmul_cost,
                doc="batched matrix product, batch dims broadcast like numpy"))
 
 

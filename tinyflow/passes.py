@@ -49,7 +49,6 @@ import numpy as np
 
 from tinyflow import fusion, rules
 from tinyflow.graph import (
-    VARIABLE_WRITERS,
     FeedError,
     Graph,
     Node,
@@ -58,8 +57,10 @@ from tinyflow.graph import (
     topological_order,
 )
 from tinyflow.ops import REGISTRY, ConstValue, infer_node
-from tinyflow.rules import (RULES, RULES_BY_OP, SOURCES, Rule, add_rule, clone,  # noqa: F401
-                            merged_phase, merged_provenance, new_node, same_type)
+from tinyflow.registry import mutated_input
+from tinyflow.rules import (RULES, RULES_BY_OP, Rule, add_rule, clone,  # noqa: F401
+                            is_bound_source, merged_phase, merged_provenance, new_node,
+                            same_type)
 
 # A rewrite: (node as it was, node with its inputs already rewritten) -> replacement.
 Rewrite = Callable[[Node, Node], Node]
@@ -187,7 +188,7 @@ def _first_written(order: list[Node], fetches: list[Node], sources: dict) -> dic
     readers: set[int] = set()
     writers: dict[int, int] = {}
     for node in order:
-        targets = node.inputs[:1] if node.op in VARIABLE_WRITERS else ()
+        targets = node.inputs[:1] if mutated_input(node) is not None else ()
         for inp in node.inputs:
             if inp.op == "variable" and inp not in sources:
                 if any(inp is t for t in targets) and inp not in node.inputs[1:]:
@@ -239,7 +240,7 @@ class _Adoptions:
         self.pending: dict[int, list[Node]] = {}
 
     def add(self, target: Node, merged: list[Node]) -> None:
-        if target.op in SOURCES:
+        if is_bound_source(target):
             return  # the executor binds placeholders and variables by identity
         if target.id >= self.first_new_id:
             target.provenance = merged_provenance(target, *merged)
@@ -260,7 +261,7 @@ def _add_provenance(graph: Graph, extra: dict[int, list[Node]]) -> Graph:
 
     def merge(old: Node, node: Node) -> Node:
         others = extra.get(id(old))
-        if not others or node.op in SOURCES:
+        if not others or is_bound_source(node):
             return node
         return clone(node, node.inputs, merged_provenance(node, *others),
                       merged_phase(node, *others))
@@ -312,7 +313,8 @@ class _AfterAssign:
                 stack.extend(missing)
                 continue
             stack.pop()
-            memo[id(top)] = top.op in VARIABLE_WRITERS or any(memo[id(i)] for i in top.inputs)
+            memo[id(top)] = (mutated_input(top) is not None
+                             or any(memo[id(i)] for i in top.inputs))
         return memo[id(node)]
 
     def fresh_read_is_safe(self, new_inputs: Sequence[Node], old_readers: Sequence[Node],
@@ -513,7 +515,7 @@ def dce(graph: Graph, ctx: PassContext) -> Graph:
 
     def sweep(old: Node, node: Node) -> Node:
         opdef = REGISTRY[node.op]
-        has_effect = (not opdef.pure and node.op not in SOURCES) or any(
+        has_effect = (not opdef.pure and not is_bound_source(node)) or any(
             effect[id(i)] for i in node.inputs)
         if node.op == "group":
             keep = list(dict.fromkeys(i for i in node.inputs if effect[id(i)]))
@@ -575,7 +577,7 @@ def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
             continue
         root, act = adder, False
         reader = _only_consumer(adder, users, outputs)
-        if (reader is not None and reader.op in fusion.DENSE_ACTIVATIONS
+        if (reader is not None and REGISTRY[reader.op].dense_activation
                 and same_type(reader, adder)):
             root, act = reader, True
         if not after_assign.fresh_read_is_safe([*node.inputs, *adder.inputs], [root], root):
@@ -717,7 +719,7 @@ def fuse_assign(graph: Graph, ctx: PassContext) -> Graph:
     * the value is a fused_elementwise (or one elementwise op) that nothing else
       reads or fetches, with the variable's shape and dtype;
     * the program reads no variable but v, and this assign is v's only writer: the
-      fused node is a writer (graph.VARIABLE_WRITERS) and runs where the assign ran,
+      fused node is a writer (OpDef.mutates) and runs where the assign ran,
       after every other reader of v, so it still reads v's value from before the
       run; a read of another variable, or a second writer of v, would lose its order;
     * the last instruction may overwrite v where it reads it (`_last_op_may_overwrite`);
@@ -727,7 +729,7 @@ def fuse_assign(graph: Graph, ctx: PassContext) -> Graph:
     users = graph.consumers()
     outputs = {id(o) for o in graph.outputs}
     writers = Counter(id(n.inputs[0]) for n in graph.nodes
-                      if n.op in VARIABLE_WRITERS and n.inputs)
+                      if mutated_input(n) is not None and n.inputs)
     updates: set[int] = set()  # ids of the assigns to fuse
     for node in graph.nodes:
         if node.op != "assign" or len(node.inputs) != 2:
@@ -780,7 +782,7 @@ def infer_shapes(graph: Graph, ctx: PassContext) -> Graph:
     """
     original = {n.name: n for n in ctx.snapshots[0][1].nodes} if ctx.snapshots else {}
     for node in graph.nodes:
-        if node.op in SOURCES or _unchanged(node, original.get(node.name)):
+        if is_bound_source(node) or _unchanged(node, original.get(node.name)):
             continue
         shape, dtype = infer_node(node.op, node.inputs, node.attrs, node.where)
         if tuple(shape) != node.shape or dtype != node.dtype:

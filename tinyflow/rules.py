@@ -22,8 +22,13 @@ import numpy as np
 
 from tinyflow.graph import Node
 from tinyflow.ops import REGISTRY, ConstValue, infer_node
+from tinyflow.registry import source_kind
 
-SOURCES = ("placeholder", "variable")  # bound by the executor by identity: never cloned
+
+
+def is_bound_source(node: Node) -> bool:
+    """A feed or a variable: the executor binds it by identity, so it is never cloned."""
+    return source_kind(node) in ("feed", "variable")
 
 
 def merged_phase(*nodes: Node) -> str:
@@ -214,16 +219,12 @@ def _rule_transpose(node: Node) -> Node | None:
     return None
 
 
-# Ops that only change a shape (the elements keep their order in memory).
-RESHAPES = ("reshape", "reshape_like", "expand_dims", "squeeze")
-
-
 def _rule_reshape(node: Node) -> Node | None:
     """reshape of a reshape -> one reshape; a reshape to the same shape -> x."""
     x = node.inputs[0]
     if x.shape == node.shape:
         return _keep(node, x)
-    if x.op in RESHAPES:
+    if REGISTRY[x.op].reshape:  # (only changes a shape: the elements keep their order)
         return new_node("reshape", [x.inputs[0]], {"shape": tuple(node.shape)}, node, (x,))
     return None
 
@@ -314,7 +315,7 @@ RULES: list[Rule] = [
     Rule("cast(x) to x's dtype -> x", "cast", _rule_cast),
     Rule("transpose(transpose(x)) -> one transpose, or x", "transpose", _rule_transpose),
     *[Rule(f"{op} of a reshape -> one reshape; to x's own shape -> x", op, _rule_reshape)
-      for op in RESHAPES],
+      for op, opdef in REGISTRY.items() if opdef.reshape],
     *[Rule(f"{op}(x) to x's own shape -> x", op, _rule_same_shape)
       for op in ("broadcast_to", "broadcast_like", "sum_to_like")],
     Rule("reshape_like(x, ref) -> reshape(x, shape of ref)", "reshape_like",

@@ -97,10 +97,10 @@ def _reshape_like_compute(xp, x, ref, out=None):
 
 register(OpDef("reshape", _reshape_compute, _reshape_infer,
                lambda n, g: [reshape_like(g, n.inputs[0])], doc="same data, new shape",
-               check=_reshape_check))
+               check=_reshape_check, reshape=True))
 register(OpDef("reshape_like", _reshape_like_compute, _infer_like_second,
                lambda n, g: [reshape_like(g, n.inputs[0]), None],
-               doc="reshape input 0 to the shape of input 1"))
+               doc="reshape input 0 to the shape of input 1", reshape=True))
 
 
 def _transpose_infer(shapes, dtypes, attrs):
@@ -199,9 +199,11 @@ def _squeeze_compute(xp, x, out=None, axis=None):
 
 
 register(OpDef("expand_dims", _expand_dims_compute, _expand_dims_infer,
-               lambda n, g: [reshape_like(g, n.inputs[0])], doc="insert size-1 axes"))
+               lambda n, g: [reshape_like(g, n.inputs[0])], doc="insert size-1 axes",
+               reshape=True))
 register(OpDef("squeeze", _squeeze_compute, _squeeze_infer,
-               lambda n, g: [reshape_like(g, n.inputs[0])], doc="remove size-1 axes"))
+               lambda n, g: [reshape_like(g, n.inputs[0])], doc="remove size-1 axes",
+               reshape=True))
 
 
 def _concat_infer(shapes, dtypes, attrs):

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tinyflow.graph import Node, TinyFlowError
+from tinyflow.registry import opdef_of
 
 # Cost model for stream assignment, in "flop equivalents". Only ratios matter.
 # A numpy call costs a few microseconds of Python before any arithmetic, roughly
@@ -57,21 +58,16 @@ class StreamError(TinyFlowError, RuntimeError):
 
 
 def estimate_cost(node: Node) -> float:
-    """Rough flop count of `node` (matmul and conv by their arithmetic, the rest by
-    output size), plus the fixed per-step overhead."""
-    size = 1
-    for d in node.shape or ():
-        size *= d or 1
-    if node.op in ("matmul", "fused_dense") and node.inputs and node.inputs[0].shape:
-        a_shape = node.inputs[0].shape
-        inner = a_shape[-2] if node.attrs.get("transpose_a") else a_shape[-1]
-        return STEP_OVERHEAD + 2.0 * size * (inner or 1)
-    if node.op.startswith("conv2d") and len(node.inputs) > 1 and node.inputs[1].shape:
-        kernel = 1
-        for d in node.inputs[1].shape[1:]:
-            kernel *= d or 1
-        return STEP_OVERHEAD + 2.0 * size * kernel
-    return STEP_OVERHEAD + float(size)
+    """Rough flop count of `node` (its OpDef's `cost` where the arithmetic is not ~
+    the output size: matmul, convolution; else the output size), plus the fixed
+    per-step overhead."""
+    cost = opdef_of(node).cost
+    flops = cost(node) if cost is not None else None
+    if flops is None:
+        flops = 1.0
+        for d in node.shape or ():
+            flops *= d or 1
+    return STEP_OVERHEAD + float(flops)
 
 
 def assign_streams(nodes: Sequence[Node], deps: Sequence[Sequence[int]],

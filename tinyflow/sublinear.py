@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tinyflow.graph import Graph, Node, ordering_dependencies
-from tinyflow.memory import (ALIGNMENT, EXTERNAL_OPS, NO_ARENA_OPS, format_bytes, liveness,
-                             lower_bound, make_blocks, node_nbytes, steps_from_graph)
+from tinyflow.memory import (ALIGNMENT, format_bytes, in_arena, liveness, lower_bound,
+                             make_blocks, node_nbytes, steps_from_graph)
 from tinyflow.ops import REGISTRY, OpDef, _infer_same, make, register
+from tinyflow.registry import source_kind
 
 # ----------------------------------------------------------------------------------
 # A memory-aware schedule. The planner packs whatever lifetimes the schedule gives
@@ -83,8 +84,7 @@ def list_order(graph: Graph) -> list[Node]:
     deps = _dependencies(graph)
     by_id = {id(n): n for n in nodes}
     position = {id(n): k for k, n in enumerate(nodes)}
-    size = {id(n): 0 if n.op in EXTERNAL_OPS or n.op in NO_ARENA_OPS else node_nbytes(n)
-            for n in nodes}
+    size = {id(n): node_nbytes(n) if in_arena(n) else 0 for n in nodes}
     fetched = {id(o) for o in graph.outputs}
     source = {id(n) for n in nodes if not deps[id(n)]}
     readers: dict[int, list[Node]] = {id(n): [] for n in nodes}
@@ -178,9 +178,6 @@ def memory_order(graph: Graph) -> list[Node]:
 # reads a clone instead, computed from the kept values.
 # ----------------------------------------------------------------------------------
 
-SOURCE_OPS = {"placeholder", "variable", "constant"}
-
-
 def _identity_compute(xp: Any, x: Any, out: Any = None) -> Any:
     # Planned and in place, this copies nothing; unplanned, it returns a copy, never
     # an alias of x (x may be a variable that a later assign overwrites).
@@ -193,7 +190,7 @@ def _identity_compute(xp: Any, x: Any, out: Any = None) -> Any:
 # Not flagged elementwise, although it is: elementwise fusion would swallow the
 # marker, and with it the user's choice of boundary.
 register(OpDef("checkpoint", _identity_compute, _infer_same, lambda node, g: [g],
-               inplace=0,
+               inplace=0, checkpoint_marker=True,
                doc="identity; marks its value as a kept boundary for gradient checkpointing"))
 
 
@@ -218,7 +215,7 @@ def _recomputable(nodes: Sequence[Node]) -> list[Node]:
     """Forward nodes the backward pass may recompute, in topological order: computed
     (not a source) and pure (recomputing a random mask would change the gradient)."""
     region = _forward_region(nodes)
-    return [n for n in nodes if id(n) in region and n.op not in SOURCE_OPS
+    return [n for n in nodes if id(n) in region and source_kind(n) is None
             and REGISTRY[n.op].pure]
 
 
@@ -252,7 +249,7 @@ def activation_bytes(graph: Graph) -> int:
     read = _backward_reads(graph.nodes)
     region = _forward_region(graph.nodes)
     return sum(node_nbytes(n) for n in graph.nodes
-               if id(n) in read and id(n) in region and n.op not in SOURCE_OPS)
+               if id(n) in read and id(n) in region and source_kind(n) is None)
 
 
 def _segments(forward: Sequence[Node], boundaries: set[int], stored: set[int],
@@ -324,7 +321,7 @@ def choose_checkpoints(graph: Graph, mode: str | int | None
     read = _backward_reads(nodes)
     sizes = {id(n): node_nbytes(n) for n in forward if id(n) in read}
     total = sum(sizes.values())
-    markers = {id(n) for n in forward if n.op == "checkpoint"}
+    markers = {id(n) for n in forward if REGISTRY[n.op].checkpoint_marker}
     outputs = {id(o) for o in graph.outputs}
     cuts = _cut_points(forward)
     if mode is None:
@@ -431,7 +428,7 @@ def checkpoint_pass(graph: Graph, ctx: Any) -> Graph:
     """
     mode = ctx.options.get("checkpoint") if ctx.options else None
     nodes = graph.nodes
-    has_markers = any(n.op == "checkpoint" for n in nodes)
+    has_markers = any(REGISTRY[n.op].checkpoint_marker for n in nodes)
     if (mode is None and not has_markers) or not any(n.phase == "backward" for n in nodes):
         return graph
     if not getattr(ctx, "current_pass", ""):
