@@ -86,7 +86,7 @@ def Variable(initial_value: Any = None, name: str | None = None, dtype: Any = No
 
 def assign(ref: Node, value: Any) -> Node:
     """Write `value` into Variable `ref` when run; its value is the new value."""
-    if not isinstance(ref, Node) or ref.op != "variable":
+    if not isinstance(ref, Node) or source_kind(ref) != "variable":
         raise TypeError(f"tf.assign needs a Variable as its target, got {ref!r}")
     return make("assign", ref, value)
 
@@ -153,7 +153,7 @@ def infer_variable_shapes(net: Node, feed_dict: dict[Node, Sequence[int]]
             shapes=[known[i] for i in node.inputs], dtypes=[dtypes[i] for i in node.inputs])
     _initialize_fills(known)
     for node in topological_order([net]):
-        if node.op != "variable" or node in deferred_fills:
+        if source_kind(node) != "variable" or node in deferred_fills:
             continue
         shape = known[node]
         if shape is None or None in shape:

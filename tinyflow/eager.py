@@ -647,7 +647,7 @@ def _constant_tensor(op: str, value: Any, like: Any) -> Tensor:
     # A literal's array is made once and shared (read-only), outside the allocator:
     # the static plan keeps constants outside its arena too.
     if isinstance(value, Node):  # tf.constant(...) beside Tensors: its value
-        if value.op != "constant":
+        if source_kind(value) != "constant":
             raise EagerError(f"{op} at {user_source_line()} mixes eager Tensors with the "
                              f"graph node {value.name} ({value.op}); eager ops take "
                              "Tensors, arrays, numbers and tf.constant values")

@@ -38,6 +38,7 @@ from tinyflow.graph import (
     Graph,
     Node,
     TinyFlowError,
+    format_shape,
     ordering_dependencies,
 )
 from tinyflow.ops import REGISTRY, OpDef
@@ -76,10 +77,8 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
         ok = len(node.shape) == array.ndim and all(
             d is None or d == s for d, s in zip(node.shape, array.shape))
         if not ok:
-            declared = "(" + ", ".join(str(d) for d in node.shape) + \
-                ("," if len(node.shape) == 1 else "") + ")"
             raise FeedError(f"feed for placeholder {node.name!r} (created at {node.where}) "
-                            f"has shape {array.shape}, expected {declared}")
+                            f"has shape {array.shape}, expected {format_shape(node.shape)}")
     return array
 
 

@@ -16,6 +16,7 @@ Two details make the IR safe for real programs:
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -41,6 +42,22 @@ class FeedError(TinyFlowError, ValueError):
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _ids = itertools.count()
+
+
+def format_shape(shape: Sequence | None) -> str:
+    """(2, ?) for a shape with an unknown dim, (3,) for one dim, (?) when even the
+    rank is unknown: the one way TinyFlow's messages write a shape."""
+    if shape is None:
+        return "(?)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + \
+        ("," if len(shape) == 1 else "") + ")"
+
+
+def tensor_nbytes(shape: Sequence | None, dtype: Any) -> int | None:
+    """Bytes of a tensor of `shape` and `dtype`; None when either is not fully known."""
+    if shape is None or dtype is None or any(d is None for d in shape):
+        return None
+    return math.prod(shape) * np.dtype(dtype).itemsize
 
 
 def next_node_id() -> int:

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tinyflow.graph import Graph, Node, TinyFlowError
+from tinyflow.graph import Graph, Node, TinyFlowError, tensor_nbytes
 from tinyflow.ops import REGISTRY
 from tinyflow.registry import mutated_input, source_kind
 
@@ -801,10 +801,11 @@ def in_arena(node: Node) -> bool:
 
 def node_nbytes(node: Node) -> int:
     """Bytes of a node's value (its shape and dtype must be known)."""
-    if node.shape is None or node.dtype is None or None in node.shape:
+    nbytes = tensor_nbytes(node.shape, node.dtype)
+    if nbytes is None:
         raise PlanError(f"{node.name} ({node.op}, created at {node.where}) has no concrete "
                         "shape; plan a specialized graph (compile does that)")
-    return math.prod(node.shape) * node.dtype.itemsize
+    return nbytes
 
 
 def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None

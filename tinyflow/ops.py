@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from tinyflow import backend
-from tinyflow.graph import Node, ShapeError, user_source_line
-from tinyflow.registry import REGISTRY, OpDef, register  # noqa: F401 (the op author's API)
+from tinyflow.graph import Node, ShapeError, format_shape, user_source_line
+from tinyflow.registry import REGISTRY, OpDef, register
 
 # ----------------------------------------------------------------------------------
 # The registry
@@ -43,13 +43,6 @@ class _Mismatch(Exception):
     """Raised by an infer rule; `make` turns it into a ShapeError with context."""
 
 
-def _fmt_shape(shape: tuple | None) -> str:
-    if shape is None:
-        return "(?)"
-    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + \
-        ("," if len(shape) == 1 else "") + ")"
-
-
 def _fmt_attrs(attrs: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in attrs.items()) or "none"
 
@@ -57,12 +50,12 @@ def _fmt_attrs(attrs: dict) -> str:
 def check_dims(shape: Sequence | None) -> None:
     """Raise _Mismatch for a negative dimension (None dims are unknown, fine)."""
     if shape is not None and any(d is not None and d < 0 for d in shape):
-        raise _Mismatch(f"negative dimension in shape {_fmt_shape(tuple(shape))}")
+        raise _Mismatch(f"negative dimension in shape {format_shape(tuple(shape))}")
 
 
 def shape_error(op: str, shapes: Sequence, why: str, where: str) -> ShapeError:
     """The one format of a shape error: op, every input shape, reason, user's line."""
-    shown = ", ".join(_fmt_shape(s) for s in shapes)
+    shown = ", ".join(format_shape(s) for s in shapes)
     return ShapeError(f"{op}: incompatible shapes {shown}: {why} (at {where})")
 
 
@@ -282,7 +275,7 @@ class ConstValue:
     def __repr__(self) -> str:
         if self.array.size <= 4:
             return repr(self.array.tolist())
-        return f"array{_fmt_shape(self.array.shape)}"
+        return f"array{format_shape(self.array.shape)}"
 
 
 def _source_infer(shapes, dtypes, attrs):
