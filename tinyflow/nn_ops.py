@@ -11,12 +11,15 @@ heavy work is one BLAS call. Windows are strided views (no copy until the reshap
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from tinyflow import backend
 from tinyflow.graph import Node, ShapeError, user_source_line
 from tinyflow.ops import (
     OpDef,
+    Operand,
     _infer_same,
     _Mismatch,
     _result_dtype,
@@ -258,7 +261,6 @@ def _write(xp, result, out):
     return out
 
 
-
 # bias_add (the original TinyFlow's): add a (C,) bias along dimension 1, the channel
 # axis of NCHW images and the feature axis of (N, C) matrices.
 def _channel_view(b, ndim):
@@ -426,7 +428,8 @@ register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _same_as_input_2
                check=_window_check))
 
 
-def conv2d(x, w, stride=(1, 1), padding=0) -> Node:
+def conv2d(x: Operand, w: Operand, stride: int | Sequence[int] = (1, 1),
+           padding: int | str | Sequence[int] = 0) -> Node:
     """Convolve x (N,C,H,W) with filters w (O,C,kh,kw); padding int, "SAME" or "VALID"."""
     if isinstance(stride, int):
         stride = (stride, stride)
@@ -589,11 +592,15 @@ def _pool(op, x, ksize, stride, padding):
                 padding=padding)
 
 
-def max_pool2d(x, ksize=2, stride=None, padding=0) -> Node:
+def max_pool2d(x: Operand, ksize: int | Sequence[int] = 2,
+               stride: int | Sequence[int] | None = None,
+               padding: int | str | Sequence[int] = 0) -> Node:
     return _pool("max_pool2d", x, ksize, stride, padding)
 
 
-def avg_pool2d(x, ksize=2, stride=None, padding=0) -> Node:
+def avg_pool2d(x: Operand, ksize: int | Sequence[int] = 2,
+               stride: int | Sequence[int] | None = None,
+               padding: int | str | Sequence[int] = 0) -> Node:
     return _pool("avg_pool2d", x, ksize, stride, padding)
 
 
@@ -690,15 +697,15 @@ register(OpDef("one_hot_like", _one_hot_like_compute,
                zero_gradient, doc="one-hot rows, classes = last dim of input 1"))
 
 
-def softmax(x) -> Node:
+def softmax(x: Operand) -> Node:
     return make("softmax", x)
 
 
-def log_softmax(x) -> Node:
+def log_softmax(x: Operand) -> Node:
     return make("log_softmax", x)
 
 
-def softmax_cross_entropy(logits, labels) -> Node:
+def softmax_cross_entropy(logits: Operand, labels: Operand) -> Node:
     """Per-example cross entropy of integer class `labels` (any numeric dtype)."""
     return make("softmax_cross_entropy", logits, labels)
 
@@ -750,7 +757,7 @@ register(OpDef("layer_norm", _layer_norm_compute, _layer_norm_infer, _layer_norm
                doc="normalise the last axis to mean 0, variance 1; then scale and shift"))
 
 
-def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Node:
+def layer_norm(x: Operand, gamma: Operand, beta: Operand, eps: float = 1e-5) -> Node:
     return make("layer_norm", x, gamma, beta, eps=float(eps))
 
 
@@ -779,7 +786,8 @@ register(OpDef("dropout_mask", _dropout_mask_compute, _infer_same, zero_gradient
                check=_dropout_mask_check))
 
 
-def dropout(x, rate: float = 0.5, training: bool = True, seed: int | None = None) -> Node:
+def dropout(x: Operand, rate: float = 0.5, training: bool = True,
+            seed: int | None = None) -> Node:
     """Zero each element with probability `rate` (training), identity otherwise."""
     from tinyflow.ops import _next_seed
     if not 0.0 <= rate < 1.0:

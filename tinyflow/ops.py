@@ -99,6 +99,15 @@ def set_eager_dispatch(apply: Callable[..., Any], tensor_type: type) -> None:
     _eager_dispatch = (apply, tensor_type)
 
 
+# What a builder takes as an input: a Node, or a Python number or list or a numpy
+# array (`make` turns those into constants); in eager mode, a Tensor. Builders return
+# a Node (in eager mode, a Tensor).
+Operand = Any
+Shape = int | Sequence[int]
+Axis = int | Sequence[int] | None
+DType = Any  # anything np.dtype() takes: np.float32, "float32", float
+
+
 def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
     """Build a Node for `op`, checking shapes now wherever they are already known.
 
@@ -834,49 +843,49 @@ register(OpDef("argmax", _argmax_compute, _argmax_infer, None, differentiable=Fa
 # Builders: the functions users (and gradients) call
 # ----------------------------------------------------------------------------------
 
-def add(a, b): return make("add", a, b)
-def sub(a, b): return make("sub", a, b)
-def mul(a, b): return make("mul", a, b)
-def div(a, b): return make("div", a, b)
-def power(a, b): return make("pow", a, b)
-def maximum(a, b): return make("maximum", a, b)
-def minimum(a, b): return make("minimum", a, b)
-def neg(x): return make("neg", x)
-def exp(x): return make("exp", x)
-def log(x): return make("log", x)
-def sqrt(x): return make("sqrt", x)
-def tanh(x): return make("tanh", x)
-def sigmoid(x): return make("sigmoid", x)
-def relu(x): return make("relu", x)
-def gelu(x): return make("gelu", x)
-def sign(x): return make("sign", x)
-def less(a, b): return make("less", a, b)
-def less_equal(a, b): return make("less_equal", a, b)
-def greater(a, b): return make("greater", a, b)
-def greater_equal(a, b): return make("greater_equal", a, b)
-def equal(a, b): return make("equal", a, b)
-def not_equal(a, b): return make("not_equal", a, b)
-def zeros_like(x): return make("zeros_like", x)
-def ones_like(x): return make("ones_like", x)
-def where(cond, a, b): return make("where", cond, a, b)
+def add(a: Operand, b: Operand) -> Node: return make("add", a, b)
+def sub(a: Operand, b: Operand) -> Node: return make("sub", a, b)
+def mul(a: Operand, b: Operand) -> Node: return make("mul", a, b)
+def div(a: Operand, b: Operand) -> Node: return make("div", a, b)
+def power(a: Operand, b: Operand) -> Node: return make("pow", a, b)
+def maximum(a: Operand, b: Operand) -> Node: return make("maximum", a, b)
+def minimum(a: Operand, b: Operand) -> Node: return make("minimum", a, b)
+def neg(x: Operand) -> Node: return make("neg", x)
+def exp(x: Operand) -> Node: return make("exp", x)
+def log(x: Operand) -> Node: return make("log", x)
+def sqrt(x: Operand) -> Node: return make("sqrt", x)
+def tanh(x: Operand) -> Node: return make("tanh", x)
+def sigmoid(x: Operand) -> Node: return make("sigmoid", x)
+def relu(x: Operand) -> Node: return make("relu", x)
+def gelu(x: Operand) -> Node: return make("gelu", x)
+def sign(x: Operand) -> Node: return make("sign", x)
+def less(a: Operand, b: Operand) -> Node: return make("less", a, b)
+def less_equal(a: Operand, b: Operand) -> Node: return make("less_equal", a, b)
+def greater(a: Operand, b: Operand) -> Node: return make("greater", a, b)
+def greater_equal(a: Operand, b: Operand) -> Node: return make("greater_equal", a, b)
+def equal(a: Operand, b: Operand) -> Node: return make("equal", a, b)
+def not_equal(a: Operand, b: Operand) -> Node: return make("not_equal", a, b)
+def zeros_like(x: Operand) -> Node: return make("zeros_like", x)
+def ones_like(x: Operand) -> Node: return make("ones_like", x)
+def where(cond: Operand, a: Operand, b: Operand) -> Node: return make("where", cond, a, b)
 
 
-def abs(x):  # noqa: A001 - tf.abs
+def abs(x: Operand) -> Node:  # noqa: A001 - tf.abs
     return make("abs", x)
 
 
 pow = power  # noqa: A001 - the `**` operator and tf.pow
 
 
-
-def cast(x, dtype):
+def cast(x: Operand, dtype: DType) -> Node:
     dtype = np.dtype(dtype)
     if isinstance(x, Node) and x.dtype == dtype:
         return x
     return make("cast", x, dtype=dtype.name)
 
 
-def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
+def matmul(a: Operand, b: Operand, transpose_a: bool = False, transpose_b: bool = False
+           ) -> Node:
     attrs = {}
     if transpose_a:
         attrs["transpose_a"] = True
@@ -885,7 +894,7 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
     return make("matmul", a, b, **attrs)
 
 
-def _axis_attr(axis):
+def _axis_attr(axis: Axis) -> int | tuple[int, ...] | None:
     if axis is None:
         return None
     if isinstance(axis, (list, tuple)):
@@ -893,41 +902,35 @@ def _axis_attr(axis):
     return int(axis)
 
 
-def reduce_sum(x, axis=None, keepdims=False):
+def reduce_sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     return make("sum", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
 
 
-def reduce_mean(x, axis=None, keepdims=False):
+def reduce_mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     if isinstance(x, Node) and x.dtype is not None and x.dtype.kind in "biu":
         x = cast(x, np.float32)  # the mean of booleans is a fraction (accuracy)
     return make("mean", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
 
 
-def reduce_max(x, axis=None, keepdims=False):
+def reduce_max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     return make("max", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
 
 
-def argmax(x, axis=None):
+def argmax(x: Operand, axis: int | None = None) -> Node:
     return make("argmax", x, axis=None if axis is None else int(axis))
 
 
-
-
-
-
-
-
-def _shape_attr(shape) -> tuple:
+def _shape_attr(shape: Shape) -> tuple:
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
     return tuple(int(d) for d in shape)
 
 
-def zeros(shape, dtype=np.float32, name=None):
+def zeros(shape: Shape, dtype: DType = np.float32, name: str | None = None) -> Node:
     return make("zeros", shape=_shape_attr(shape), dtype=np.dtype(dtype).name, name=name)
 
 
-def ones(shape, dtype=np.float32, name=None):
+def ones(shape: Shape, dtype: DType = np.float32, name: str | None = None) -> Node:
     return make("ones", shape=_shape_attr(shape), dtype=np.dtype(dtype).name, name=name)
 
 
@@ -958,12 +961,16 @@ def _next_seed(seed) -> tuple[int, int, int]:
     return (_graph_seed, op_seed, k)
 
 
-def random_normal(shape, mean=0.0, stddev=1.0, dtype=np.float32, seed=None, name=None):
+def random_normal(shape: Shape, mean: float = 0.0, stddev: float = 1.0,
+                  dtype: DType = np.float32, seed: int | None = None,
+                  name: str | None = None) -> Node:
     return make("random_normal", shape=_shape_attr(shape), dtype=np.dtype(dtype).name,
                 a=float(mean), b=float(stddev), seed=_next_seed(seed), name=name)
 
 
-def random_uniform(shape, minval=0.0, maxval=1.0, dtype=np.float32, seed=None, name=None):
+def random_uniform(shape: Shape, minval: float = 0.0, maxval: float = 1.0,
+                   dtype: DType = np.float32, seed: int | None = None,
+                   name: str | None = None) -> Node:
     return make("random_uniform", shape=_shape_attr(shape), dtype=np.dtype(dtype).name,
                 a=float(minval), b=float(maxval), seed=_next_seed(seed), name=name)
 
@@ -1028,4 +1035,4 @@ register(OpDef("erf", _erf_compute,
                doc="the Gauss error function"))
 
 
-def erf(x): return make("erf", x)
+def erf(x: Operand) -> Node: return make("erf", x)

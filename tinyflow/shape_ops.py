@@ -10,13 +10,18 @@ the same `REGISTRY` as the arithmetic ops of `ops.py`, which re-exports the buil
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tinyflow import backend
+from tinyflow.graph import Node
 from tinyflow.ops import (
+    Axis,
     OpDef,
+    Operand,
+    Shape,
     _axis_attr,
     _infer_like_second,
     _Mismatch,
@@ -389,7 +394,6 @@ register(OpDef("scatter_rows", _scatter_rows_compute,
                doc="gradient of gather: rows of g summed into zeros of params' shape"))
 
 
-
 # pad (the original TinyFlow's, after Torch's nn.Padding): |pad| zeros along one
 # dimension, after the data when pad > 0 and before it when pad < 0. Its gradient is
 # the slice that drops them again.
@@ -427,43 +431,43 @@ register(OpDef("pad", _pad_compute, _pad_infer, _pad_grad,
 
 # Builders
 
-def pad(x, dim: int = 0, pad: int = 0):  # noqa: A002 - the original's keyword names
+def pad(x: Operand, dim: int = 0, pad: int = 0) -> Node:  # noqa: A002 - the original's names
     """The original TinyFlow's tf.pad(x, dim=, pad=): add |pad| zeros along `dim`,
     after the data for pad > 0 and before it for pad < 0 (Torch's nn.Padding)."""
     return make("pad", x, dim=int(dim), pad=int(pad))
 
 
-def getitem(x, index):
+def getitem(x: Operand, index: Any) -> Node:
     return make("getitem", x, index=_encode_index(index))
 
 
-def reshape(x, shape):
+def reshape(x: Operand, shape: Shape) -> Node:
     return make("reshape", x, shape=tuple(int(d) for d in shape))
 
 
-def transpose(x, axes=None):
+def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
     return make("transpose", x, axes=None if axes is None else tuple(int(a) for a in axes))
 
 
-def broadcast_to(x, shape):
+def broadcast_to(x: Operand, shape: Shape) -> Node:
     return make("broadcast_to", x, shape=tuple(int(d) for d in shape))
 
 
-def expand_dims(x, axis):
+def expand_dims(x: Operand, axis: int) -> Node:
     return make("expand_dims", x, axis=_axis_attr(axis))
 
 
-def squeeze(x, axis=None):
+def squeeze(x: Operand, axis: Axis = None) -> Node:
     return make("squeeze", x, axis=_axis_attr(axis))
 
 
-def concat(values, axis):
+def concat(values: Sequence[Operand], axis: int) -> Node:
     if not values:
         raise ValueError("concat needs at least one value to join")
     return make("concat", *values, axis=int(axis))
 
 
-def gather(params, indices): return make("gather", params, indices)
+def gather(params: Operand, indices: Operand) -> Node: return make("gather", params, indices)
 
 
-def reshape_like(x, ref): return make("reshape_like", x, ref)
+def reshape_like(x: Operand, ref: Operand) -> Node: return make("reshape_like", x, ref)

@@ -19,6 +19,10 @@
 # **Read along:** `tinyflow/passes.py`: the module docstring, `simplify`, `cse`,
 # `fuse_dense`, `PIPELINE` and `explain`; `tinyflow/rules.py`: the rule table
 # `RULES`, `add_rule` and `new_node`; the fused ops are in `tinyflow/fusion.py`.
+# Passes ask the registry (`tinyflow/registry.py`) what an op is: `pure`,
+# `elementwise`, `mutates` (writes a variable), `dense_activation` (fuse_dense may
+# absorb it), `reshape` (the rule that merges reshapes); `tf.compile`'s phases are
+# the functions right after `compile` in `tinyflow/executor.py`.
 
 # %%
 import numpy as np
