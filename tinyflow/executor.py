@@ -1,19 +1,29 @@
 """Compile a graph into a Program once; run the Program many times.
 
 `compile(fetches, feeds, variables, **options)` is the whole pipeline of
-shared/DESIGN.md in one function you can read top to bottom:
+shared/DESIGN.md; its phases are the functions that follow it, in this order (as
+the Setup* methods of tqchen/tinyflow's Session):
 
-1. specialize the graph to the fed shapes and run the passes (passes.py);
-2. schedule: topological order, a stream for each step and the events between
-   streams (streams.py);
-3. plan memory: one arena, each intermediate an offset in it (memory.py), checked by
-   the plan validator; each step's output is bound to its view of the arena, and
-   kernels write there through `out=` (destination passing, as in CSE 599W's dlsys);
-4. bind each node to its kernel: a Program is a flat list of steps.
+1. `_optimize`: specialize the graph to the fed shapes and run the passes
+   (passes.py);
+2. `_make_steps`: a slot per value, a Step per computed node (sources are bound,
+   not run: the registry's `OpDef.source` says which);
+3. `_schedule`: a stream for each step and the events between streams
+   (streams.py), checked by `validate_schedule`;
+4. `_bind_kernels`: each step's kernel specialized to its static shapes
+   (`OpDef.bind`); a variable writer (`OpDef.mutates`) bound to its variable;
+5. `_plan_memory`: one arena, each intermediate an offset in it (memory.py),
+   checked by the plan validator; each step's output is bound to its view of the
+   arena, and kernels write there through `out=` (destination passing, as in CSE
+   599W's dlsys);
+6. `_make_runner`: with several streams, a runner (threads, or CUDA streams).
 
-Running is one loop over the steps (the lesson of TF1's Session: build once, run
-many times); with several streams, one loop per stream on its own thread. Options
-turn on a timeline, value summaries, NaN checks and poisoning of freed memory.
+Running is one loop over the steps through one kernel runner, `_execute` (the
+lesson of TF1's Session: build once, run many times); with several streams, one
+loop per stream. Options turn on a timeline, value summaries, NaN checks and
+poisoning of freed memory, through one instrumented wrapper, `_run_step`.
+Everything the hardware decides (numpy or CuPy, uploads, the stream runner, the
+clock) is asked of one `backend.Device`, so this file reads as CPU code.
 `Session.run` compiles per set of fetches and fed shapes and caches the Program, so
 a `None` batch dimension specializes at run time.
 """
