@@ -99,7 +99,7 @@ def _keep(node: Node, x: Node) -> Node | None:
     """`x` replaces `node` when it has node's shape and dtype. Never a variable: a
     consumer of `node` that also depends on an assign to that variable would then
     read it directly (see `_AfterAssign`); a reader node in between is cheap."""
-    return x if same_type(node, x) and x.op != "variable" else None
+    return x if same_type(node, x) and source_kind(x) != "variable" else None
 
 
 def _other_operand(node: Node, value: float) -> Node | None:
