@@ -73,12 +73,13 @@ class PlanError(TinyFlowError):
     """A memory plan that is unsafe or does not fit its steps (names the tensors)."""
 
 
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB': sizes as a person reads them."""
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB': sizes as a person reads them (TinyFlow's one byte
+    formatter; the debugger's too)."""
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
 
