@@ -25,7 +25,7 @@ from tinyflow.eager import CachingAllocator, EagerError, GraphBreak, Tensor
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tutorials"))
 
-from test_ops import GRAD_CASES, Fixed, _rng_for  # noqa: E402
+from test_ops import GRAD_CASES, Fixed, _rng_for
 
 F64 = np.float64
 

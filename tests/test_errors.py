@@ -43,7 +43,7 @@ def test_operator_sugar_reports_the_users_line():
     a = tf.placeholder(tf.float32, (2, 3))
     b = tf.placeholder(tf.float32, (4,))
     with pytest.raises(ShapeError) as info:
-        a + b  # noqa: B018  # the plus
+        a + b  # the plus
     message = str(info.value)
     assert message.startswith("add:") and "(2, 3)" in message and "(4,)" in message
     assert where("the plus") in message

@@ -312,3 +312,17 @@ def test_nodes_named_alike_get_unique_names_in_the_program(tmp_path):
     names = [n.name for n in sess.last_program.graph.nodes]
     assert len(names) == len(set(names)) and {"W", "W_1"} <= set(names)
     tf.trace.load(path)  # validates: every node id unique, every reference resolves
+
+
+def test_one_program_writes_the_store_each_run_is_given():
+    """The variable store is an input of the run (Program.run's `store`, read by the
+    writers through the program's store slot), not state bound at compile time."""
+    v = tf.Variable(np.zeros(2, np.float32))
+    step = tf.assign(v, v + 1.0)
+    program = tf.compile([step], {}, {v: ((2,), np.float32)})
+    first, second = {v: np.zeros(2, np.float32)}, {v: np.full(2, 10.0, np.float32)}
+    program.run({}, first)
+    program.run({}, first)
+    program.run({}, second)
+    np.testing.assert_array_equal(first[v], [2.0, 2.0])
+    np.testing.assert_array_equal(second[v], [11.0, 11.0])

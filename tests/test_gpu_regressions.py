@@ -60,7 +60,7 @@ def test_float16_composite_ops_round_every_step_as_numpy_does(op):
     ((("mul", ("x0", "x0"), ()), ("sum", ("t0", "x0"), ())), ["float32"], "one operand"),
 ])
 def test_malformed_programs_are_a_kernel_generation_error(program, dtypes, message):
-    """Never the op rule's internal error (KeyError, TypeError, ops._Mismatch)."""
+    """Never the op rule's internal error (KeyError, TypeError, ops.Mismatch)."""
     with pytest.raises(gpu.KernelGenerationError, match=message) as caught:
         gpu.kernel_source(program, dtypes)
     assert isinstance(caught.value, TinyFlowError)

@@ -119,13 +119,13 @@ def test_item5_int_tensor_times_int_literal_stays_int32_and_float_tensor_stays_f
 def test_item5_none_operand_is_a_build_error_naming_op_and_line():
     x = tf.placeholder(tf.float32, (3,))
     with pytest.raises(TinyFlowError, match=rf"add.*None.*{HERE}:\d+"):
-        x + None  # noqa: B018
+        x + None
 
 
 def test_item5_out_of_range_literal_is_a_clear_error():
     xi = tf.placeholder(tf.int32, (2,))
     with pytest.raises(TinyFlowError, match=rf"add.*1099511627776.*int32.*{HERE}:\d+"):
-        xi + 2**40  # noqa: B018
+        xi + 2**40
 
 
 def test_item5_embedding_of_a_float_list_gives_floats():

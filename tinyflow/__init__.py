@@ -4,6 +4,7 @@
 placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimizer`,
 `tf.nn.*`. The layers underneath, one module each, bottom to top:
 
+    registry.py             OpDef and the registry: every fact about an op
     graph.py                the IR: Node, Graph, topological order
     ops.py, shape_ops.py,   the op registry: compute, gradient, shape/dtype rule and
       nn_ops.py, backend.py   flags per op; numpy/CuPy shims

@@ -16,6 +16,7 @@ import numpy as np
 from tinyflow import ops
 from tinyflow.graph import Node, ShapeError, topological_order, user_source_line
 from tinyflow.ops import constant, infer_node, make
+from tinyflow.registry import source_kind
 
 float16, float32, float64 = np.float16, np.float32, np.float64
 int32, int64, bool_ = np.int32, np.int64, np.bool_
@@ -85,7 +86,7 @@ def Variable(initial_value: Any = None, name: str | None = None, dtype: Any = No
 
 def assign(ref: Node, value: Any) -> Node:
     """Write `value` into Variable `ref` when run; its value is the new value."""
-    if not isinstance(ref, Node) or ref.op != "variable":
+    if not isinstance(ref, Node) or source_kind(ref) != "variable":
         raise TypeError(f"tf.assign needs a Variable as its target, got {ref!r}")
     return make("assign", ref, value)
 
@@ -135,7 +136,8 @@ def infer_variable_shapes(net: Node, feed_dict: dict[Node, Sequence[int]]
         if node in feed_dict:
             known[node], dtypes[node] = tuple(feed_dict[node]), node.dtype
             continue
-        if node.op == "variable":
+        kind = source_kind(node)
+        if kind == "variable":
             shape = node.shape
             if (shape is None or None in shape) and node in deferred_shapes:
                 source, rule = deferred_shapes[node]
@@ -143,7 +145,7 @@ def infer_variable_shapes(net: Node, feed_dict: dict[Node, Sequence[int]]
                     shape = rule(known[source])
             known[node], dtypes[node] = shape, node.dtype
             continue
-        if node.op == "placeholder":
+        if kind == "feed":
             known[node], dtypes[node] = node.shape, node.dtype
             continue
         known[node], dtypes[node] = infer_node(
@@ -151,7 +153,7 @@ def infer_variable_shapes(net: Node, feed_dict: dict[Node, Sequence[int]]
             shapes=[known[i] for i in node.inputs], dtypes=[dtypes[i] for i in node.inputs])
     _initialize_fills(known)
     for node in topological_order([net]):
-        if node.op != "variable" or node in deferred_fills:
+        if source_kind(node) != "variable" or node in deferred_fills:
             continue
         shape = known[node]
         if shape is None or None in shape:

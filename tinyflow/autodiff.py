@@ -43,13 +43,7 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
     ys = [ys] if isinstance(ys, Node) else list(ys)
     single_x = isinstance(xs, Node)
     xs = [xs] if single_x else list(xs)
-    if grad_ys is None:
-        grad_ys = [ones_like(y) for y in ys]
-    elif len(grad_ys) != len(ys):  # zip would silently drop the extra ones
-        raise TinyFlowError(f"gradients: {len(ys)} ys but {len(grad_ys)} grad_ys")
-    else:
-        grad_ys = [ones_like(y) if gy is None else gy for y, gy in zip(ys, grad_ys)]
-
+    grad_ys = _seeds(ys, grad_ys)
     order = topological_order(ys)
     on_path = _depends_on(order, xs)
 
@@ -69,22 +63,37 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
         grads[id(node)] = total
         if not node.inputs or not any(id(i) in on_path for i in node.inputs):
             continue
-        opdef = REGISTRY[node.op]
-        if opdef.gradient is None:
-            raise TinyFlowError(
-                f"op {node.op} ({node.name}, created at {node.where}) has no gradient, "
-                "but it lies between the variables and the loss")
-        input_grads = opdef.gradient(node, total)
-        if len(input_grads) != len(node.inputs):
-            raise TinyFlowError(f"gradient of {node.op} returned {len(input_grads)} "
-                                f"values for {len(node.inputs)} inputs")
-        for inp, g in zip(node.inputs, input_grads):
+        for inp, g in zip(node.inputs, _input_gradients(node, total)):
             if g is not None and id(inp) in on_path:
                 pending.setdefault(id(inp), []).append(g)
 
     result = [grads.get(id(x)) for x in xs]
     _mark_backward([g for g in result if g is not None], first_new_id)
     return result
+
+
+def _seeds(ys: list[Node], grad_ys: Sequence[Node | None] | None) -> list[Node]:
+    """The gradient each y starts with: `grad_ys`, or ones where it says None."""
+    if grad_ys is None:
+        return [ones_like(y) for y in ys]
+    if len(grad_ys) != len(ys):  # zip would silently drop the extra ones
+        raise TinyFlowError(f"gradients: {len(ys)} ys but {len(grad_ys)} grad_ys")
+    return [ones_like(y) if gy is None else gy for y, gy in zip(ys, grad_ys)]
+
+
+def _input_gradients(node: Node, grad: Node) -> list[Node | None]:
+    """The gradient of each input of `node`, from its op's rule and the gradient
+    `grad` of its output; an op with no rule on the path is an error naming it."""
+    opdef = REGISTRY[node.op]
+    if opdef.gradient is None:
+        raise TinyFlowError(
+            f"op {node.op} ({node.name}, created at {node.where}) has no gradient, "
+            "but it lies between the variables and the loss")
+    input_grads = opdef.gradient(node, grad)
+    if len(input_grads) != len(node.inputs):
+        raise TinyFlowError(f"gradient of {node.op} returned {len(input_grads)} "
+                            f"values for {len(node.inputs)} inputs")
+    return input_grads
 
 
 def _mark_backward(grads: list[Node], first_new_id: int) -> None:

@@ -18,6 +18,11 @@ each shim takes `xp` first and does the plain numpy thing when ``xp is numpy``::
     device_copy    the array itself                    one cached device copy
     step_clock     time.perf_counter                   CUDA events
 
+The executor sees one `Device` object (`device(name)`), which gathers what a
+program needs of its hardware: the array module, feed uploads, where a variable's
+value must live, the multi-stream runner and the step clock. So executor.py has no
+``xp is np`` or ``device == "cuda"`` branch, and reads as CPU code.
+
 Installing: ``pip install 'tinyflow[gpu]'`` installs ``cupy-cuda12x``, the CuPy
 wheel built for CUDA 12.x (it needs an NVIDIA driver that supports CUDA 12). On a
 machine with CUDA 11.x, install ``cupy-cuda11x`` instead. Without CuPy or without
@@ -36,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow.errors import TinyFlowError
+from tinyflow.streams import CpuStreams, CudaStreams, Schedule
 
 
 def gpu_available() -> bool:
@@ -293,6 +299,75 @@ class CudaClock:
 def step_clock(xp: Any) -> HostClock | CudaClock:
     """The clock a timeline of a program on `xp` is timed with."""
     return HostClock() if xp is np else CudaClock(xp)
+
+
+# ----------------------------------------------------------------------------------
+# Devices: what the executor asks of the hardware a program runs on
+# ----------------------------------------------------------------------------------
+
+class CpuDevice:
+    """numpy on the host: feeds and variables are used as they are, several streams
+    are threads (CpuStreams), and steps are timed by the host clock."""
+
+    name = "cpu"
+    xp: Any = np
+    # Dropping a value once its last reader is issued is safe: on the CPU, issued
+    # is done.
+    frees_across_streams = True
+
+    def upload(self, array: np.ndarray) -> Any:
+        """A checked feed as the kernels take it (on the CPU: itself)."""
+        return array
+
+    def resident(self, value: Any) -> Any:
+        """A variable's value where kernels can use it (on the CPU: itself)."""
+        return value
+
+    def stream_runner(self, schedule: Schedule, node_names: Sequence[str],
+                      timeout: float) -> CpuStreams:
+        return CpuStreams(schedule, node_names, timeout=timeout)
+
+    def clock(self) -> HostClock:
+        return HostClock()
+
+
+class CudaDevice:
+    """CuPy on an NVIDIA GPU: feeds are uploaded once per run (through pinned
+    buffers), a value the user set on the host is copied over once, streams are
+    CUDA streams, and steps are timed by CUDA events."""
+
+    name = "cuda"
+    # On a GPU with several streams, dropping a value once its last reader is
+    # *issued* would let CuPy's pool hand its memory to another stream while the
+    # reader still runs: values then live to the end of the run.
+    frees_across_streams = False
+
+    def __init__(self) -> None:
+        self.xp = cuda_array_module()
+        self.upload = Uploader(self.xp)  # one per program: its pinned buffers
+
+    def resident(self, value: Any) -> Any:
+        return value if is_device_array(value) else self.xp.asarray(value)
+
+    def stream_runner(self, schedule: Schedule, node_names: Sequence[str],
+                      timeout: float) -> CudaStreams:
+        return CudaStreams(schedule, node_names, timeout=timeout)
+
+    def clock(self) -> CudaClock:
+        return CudaClock(self.xp)
+
+
+Device = CpuDevice | CudaDevice
+
+
+def device(name: str) -> Device:
+    """The Device called `name`: "cpu" (numpy) or "cuda" (CuPy; a TinyFlowError
+    saying what is missing when no GPU can be used)."""
+    if name == "cpu":
+        return CpuDevice()
+    if name == "cuda":
+        return CudaDevice()
+    raise ValueError(f"unknown device {name!r}; use 'cpu' or 'cuda'")
 
 
 # ----------------------------------------------------------------------------------

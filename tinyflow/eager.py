@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow import api, debug, ops, shape_ops
+from tinyflow.registry import source_kind
 from tinyflow.graph import Node, TinyFlowError, topological_order, user_source_line
 from tinyflow.ops import REGISTRY, Mismatch, shape_error
 
@@ -651,7 +652,7 @@ def _constant_tensor(op: str, value: Any, like: Any) -> Tensor:
     # A literal's array is made once and shared (read-only), outside the allocator:
     # the static plan keeps constants outside its arena too.
     if isinstance(value, Node):  # tf.constant(...) beside Tensors: its value
-        if value.op != "constant":
+        if source_kind(value) != "constant":
             raise EagerError(f"{op} at {user_source_line()} mixes eager Tensors with the "
                              f"graph node {value.name} ({value.op}); eager ops take "
                              "Tensors, arrays, numbers and tf.constant values")
@@ -1078,7 +1079,7 @@ def to_eager(model: Any, dtype: Any = None) -> Any:
     session = Session()
 
     def convert(value: Any) -> Any:
-        if isinstance(value, Node) and value.op == "variable":
+        if isinstance(value, Node) and source_kind(value) == "variable":
             if value not in replaced:
                 if value not in initializers:
                     raise EagerError(f"variable {value.name} has no initial value to "

@@ -1,19 +1,29 @@
 """Compile a graph into a Program once; run the Program many times.
 
 `compile(fetches, feeds, variables, **options)` is the whole pipeline of
-shared/DESIGN.md in one function you can read top to bottom:
+shared/DESIGN.md; its phases are the functions that follow it, in this order (as
+the Setup* methods of tqchen/tinyflow's Session):
 
-1. specialize the graph to the fed shapes and run the passes (passes.py);
-2. schedule: topological order, a stream for each step and the events between
-   streams (streams.py);
-3. plan memory: one arena, each intermediate an offset in it (memory.py), checked by
-   the plan validator; each step's output is bound to its view of the arena, and
-   kernels write there through `out=` (destination passing, as in CSE 599W's dlsys);
-4. bind each node to its kernel: a Program is a flat list of steps.
+1. `_optimize`: specialize the graph to the fed shapes and run the passes
+   (passes.py);
+2. `_make_steps`: a slot per value, a Step per computed node (sources are bound,
+   not run: the registry's `OpDef.source` says which);
+3. `_schedule`: a stream for each step and the events between streams
+   (streams.py), checked by `validate_schedule`;
+4. `_bind_kernels`: each step's kernel specialized to its static shapes
+   (`OpDef.bind`); a variable writer (`OpDef.mutates`) bound to its variable;
+5. `_plan_memory`: one arena, each intermediate an offset in it (memory.py),
+   checked by the plan validator; each step's output is bound to its view of the
+   arena, and kernels write there through `out=` (destination passing, as in CSE
+   599W's dlsys);
+6. `_make_runner`: with several streams, a runner (threads, or CUDA streams).
 
-Running is one loop over the steps (the lesson of TF1's Session: build once, run
-many times); with several streams, one loop per stream on its own thread. Options
-turn on a timeline, value summaries, NaN checks and poisoning of freed memory.
+Running is one loop over the steps through one kernel runner, `_execute` (the
+lesson of TF1's Session: build once, run many times); with several streams, one
+loop per stream. Options turn on a timeline, value summaries, NaN checks and
+poisoning of freed memory, through one instrumented wrapper, `_run_step`.
+Everything the hardware decides (numpy or CuPy, uploads, the stream runner, the
+clock) is asked of one `backend.Device`, so this file reads as CPU code.
 `Session.run` compiles per set of fetches and fed shapes and caches the Program, so
 a `None` batch dimension specializes at run time.
 """
@@ -34,17 +44,16 @@ import numpy as np
 from tinyflow import backend, fusion, memory, sublinear
 from tinyflow import passes as passes_mod
 from tinyflow.graph import (
-    VARIABLE_WRITERS,
     FeedError,
     Graph,
     Node,
     TinyFlowError,
+    format_shape,
     ordering_dependencies,
 )
-from tinyflow.ops import REGISTRY
+from tinyflow.ops import REGISTRY, OpDef
+from tinyflow.registry import mutated_input, source_kind, written_variable
 from tinyflow.streams import (
-    CpuStreams,
-    CudaStreams,
     Schedule,
     assign_streams,
     build_schedule,
@@ -78,10 +87,8 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
         ok = len(node.shape) == array.ndim and all(
             d is None or d == s for d, s in zip(node.shape, array.shape))
         if not ok:
-            declared = "(" + ", ".join(str(d) for d in node.shape) + \
-                ("," if len(node.shape) == 1 else "") + ")"
             raise FeedError(f"feed for placeholder {node.name!r} (created at {node.where}) "
-                            f"has shape {array.shape}, expected {declared}")
+                            f"has shape {array.shape}, expected {format_shape(node.shape)}")
     return array
 
 
@@ -109,7 +116,6 @@ def _cast_in_range(node: Node, array: np.ndarray, want: np.dtype) -> np.ndarray:
     return cast
 
 
-NO_ARENA_OPS = memory.NO_ARENA_OPS  # an assign's value is the variable's own buffer
 
 @dataclass
 class DebugHooks:
@@ -135,6 +141,7 @@ class NumericsError(ExecutionError):
 class Step:
     """One step of a Program: run `node`'s kernel on the values in `inputs` slots.
 
+    index         the step's position in the program (and in its timeline)
     planned       the output lives in the arena: the kernel gets it as `out=`
     free_after    (unplanned runs) slots whose last reader is this step
     copy_views    (unplanned runs) the step reads a variable: a view it returns
@@ -149,6 +156,7 @@ class Step:
     inputs: tuple[int, ...]
     output: int
     attrs: dict
+    index: int = 0
     stream: int = 0
     planned: bool = False
     free_after: tuple[int, ...] = ()
@@ -162,11 +170,18 @@ class Step:
 class Program:
     """A compiled graph: steps bound to kernels and memory, a schedule, a plan.
 
+    `compile` makes an empty Program and its phases fill it in, in this order.
+
     graph          the specialized, optimized graph the steps come from
+    target         the Device it runs on (backend.py): array module, uploads, clock
     steps          in schedule order; step k runs on stream schedule.stream_of[k]
+    values         slots: one per node of the schedule's order, and `store_slot`,
+                   which holds the Session's variable store during a run (the steps
+                   that write variables read it, as any step reads its inputs)
     schedule       streams, events (waits) and vector clocks (streams.py)
     memory_plan    the MemoryPlan (memory.py), or None when memory=None
     arena          the one buffer every planned intermediate is a view of
+    runner         the multi-stream runner (None: one stream, a plain loop)
     ctx            pass records and per-pass snapshots (passes.py)
     timelines      the timelines of recent traced runs (trace=True); last_timeline
                    is the latest: [{step, node, op, stream, start, end, bytes,
@@ -174,22 +189,20 @@ class Program:
     """
 
     graph: Graph
-    steps: list[Step]
-    feed_slots: list[tuple[Node, int]]        # (user node, slot)
-    variable_slots: list[tuple[Node, int, bool]]  # (user variable, slot, only written)
-    fetch_slots: list[int]
     ctx: passes_mod.PassContext
-    schedule: Schedule
+    target: backend.Device
+    options: dict
+    steps: list[Step] = field(default_factory=list)
+    feed_slots: list[tuple[Node, int]] = field(default_factory=list)  # (user node, slot)
+    # (user variable, slot, only written: a first tf.assign gives it its value)
+    variable_slots: list[tuple[Node, int, bool]] = field(default_factory=list)
+    fetch_slots: list[int] = field(default_factory=list)
+    slot_template: list = field(default_factory=list)  # values bound before any run
+    store_slot: int = 0
+    schedule: Schedule | None = None
     memory_plan: Any = None
     arena: Any = None
-    slot_template: list = field(default_factory=list)
-    options: dict = field(default_factory=dict)
-    device: str = "cpu"
-    xp: Any = np
     runner: Any = None
-    uploader: Any = None            # host -> device copies of feeds (GPU only)
-    # The Session's variable store, shared with the assign kernels (set by `run`).
-    store_ref: list = field(default_factory=lambda: [None])
     timelines: list = field(default_factory=list)
     runs: int = 0
     check_failure: dict | None = None
@@ -202,6 +215,14 @@ class Program:
     # graph's node of each such slot
     source_slots: dict = field(default_factory=dict)
     graph_node_of_slot: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return self.target.name
+
+    @property
+    def xp(self) -> Any:
+        return self.target.xp
 
     @property
     def last_timeline(self) -> list[dict] | None:
@@ -222,12 +243,28 @@ class Program:
                 self.runner.close()
 
     def _run(self, feeds: dict[Node, np.ndarray], store: dict[Node, np.ndarray]) -> list:
-        self.store_ref[0] = store
+        values = self._bind_inputs(feeds, store)
+        reads = {slot: backend.to_host(values[slot]) for slot in self.fetched_before_writes
+                 if values[slot] is not None}
+        self.runs += 1
+        opts = self.options
+        if opts["check_numerics"]:
+            self._check_sources(values)
+        if opts["trace"] or opts["poison"] or opts["check_numerics"]:
+            self._run_instrumented(values)
+        else:
+            self._run_steps(values, self._execute)
+        return [reads[s] if s in reads else None if values[s] is None
+                else backend.to_host(values[s]) for s in self.fetch_slots]
+
+    def _bind_inputs(self, feeds: dict[Node, np.ndarray], store: dict[Node, np.ndarray]
+                     ) -> list:
+        """This run's slots: the compiled ones (constants, arena views), the feeds,
+        the variables' buffers, and the store itself."""
         values = list(self.slot_template)
-        xp = self.xp
+        values[self.store_slot] = store
         for node, slot in self.feed_slots:
-            # On a GPU, feeds go to the device once per run (through pinned buffers).
-            values[slot] = feeds[node] if xp is np else self.uploader(feeds[node])
+            values[slot] = self.target.upload(feeds[node])  # (a GPU copies it over)
         for var, slot, write_only in self.variable_slots:
             if var not in store:
                 if write_only:  # a first tf.assign gives it a value
@@ -235,95 +272,65 @@ class Program:
                 raise ExecutionError(f"variable {var.name!r} (created at {var.where}) is "
                                      "used before it has a value; run "
                                      "tf.global_variables_initializer() first")
-            value = store[var]
-            if xp is not np and not backend.is_device_array(value):
-                value = store[var] = xp.asarray(value)  # a value the user set on the host
+            value = self.target.resident(store[var])
+            if value is not store[var]:  # a value the user set on the host, now on the GPU
+                store[var] = value
             values[slot] = value
-        reads = {slot: backend.to_host(values[slot]) for slot in self.fetched_before_writes
-                 if values[slot] is not None}
-        self.runs += 1
-        opts = self.options
-        if opts["check_numerics"]:
-            self._check_sources(values)
-        if self.runner is None and not (opts["trace"] or opts["poison"]
-                                        or opts["check_numerics"]):
-            self._run_serial(values)
-        elif not (opts["trace"] or opts["poison"] or opts["check_numerics"]):
-            self.runner.run(lambda k: self._run_lean_step(k, values))
-        else:
-            timeline: list[dict] | None = [] if opts["trace"] else None
-            clock = backend.step_clock(xp)  # host time on the CPU, CUDA events on a GPU
-            clock.start()
-            run_step = lambda k: self._run_step(k, values, timeline, clock)  # noqa: E731
-            try:
-                if self.runner is None:
-                    for k in range(len(self.steps)):
-                        run_step(k)
-                else:
-                    self.runner.run(run_step)
-            finally:
-                # Kept also when a step failed: the steps before a NaN show how it came.
-                if timeline is not None:
-                    clock.resolve(timeline)
-                    timeline.sort(key=lambda e: e["start"])
-                    self.timelines.append(timeline)
-                    del self.timelines[:-MAX_KEPT_TIMELINES]
-        return [reads[s] if s in reads else None if values[s] is None
-                else backend.to_host(values[s]) for s in self.fetch_slots]
+        return values
 
-    def _run_serial(self, values: list) -> None:
-        """The plain loop: one stream, no tracing. It is `_execute` written inline,
-        since it is the hot path (a method call per step would cost ~10% on tiny ops)."""
-        xp = self.xp
-        step = None
-        try:
+    def _run_steps(self, values: list, execute: Any) -> None:
+        """The one loop: `execute(step, values)` for every step, in order on one
+        stream, or each stream in its order on the runner (threads, CUDA streams)."""
+        if self.runner is None:
             for step in self.steps:
-                args = [values[i] for i in step.inputs]
-                if step.planned:
-                    out = values[step.output]
-                    result = step.compute(xp, *args, out=out, **step.attrs)
-                    if result is not out:  # the kernel could not write into `out`
-                        out[...] = result
-                else:
-                    result = _materialize(xp, step, step.compute(xp, *args, **step.attrs))
-                    values[step.output] = result
-                    for slot in step.free_after:
-                        values[slot] = None
-        except TinyFlowError:
-            raise
-        except Exception as err:
-            raise _kernel_error(step, err) from err
+                execute(step, values)
+        else:
+            steps = self.steps
+            self.runner.run(lambda k: execute(steps[k], values))
 
     def _execute(self, step: Step, values: list) -> Any:
-        """Run one step's kernel into its slot (or its arena view) and return the
-        value; kernel errors come back naming the node, its line and its stream."""
+        """The kernel runner: run one step's kernel into its slot (or its arena view),
+        drop the values it was the last reader of, and return its value. A kernel's
+        error comes back naming the node, its line (and its stream, if several)."""
         try:
             args = [values[i] for i in step.inputs]
             if step.planned:
-                out = values[step.output]
-                result = step.compute(self.xp, *args, out=out, **step.attrs)
-                if result is not out:
-                    out[...] = result
-                return out
-            result = _materialize(self.xp, step, step.compute(self.xp, *args, **step.attrs))
-            values[step.output] = result
-            return result
+                result = values[step.output]
+                written = step.compute(self.target.xp, *args, out=result, **step.attrs)
+                if written is not result:  # the kernel could not write into `out`
+                    result[...] = written
+            else:
+                result = _materialize(self.target.xp, step,
+                                      step.compute(self.target.xp, *args, **step.attrs))
+                values[step.output] = result
         except TinyFlowError:
             raise
         except Exception as err:
-            raise _kernel_error(step, err, self.schedule.names[step.stream]) from err
-
-    def _run_lean_step(self, k: int, values: list) -> None:
-        """One step on a stream, without instrumentation (the multi-stream hot path)."""
-        step = self.steps[k]
-        self._execute(step, values)
+            stream = self.schedule.names[step.stream] if self.runner is not None else None
+            raise _kernel_error(step, err, stream) from err
         for slot in step.free_after:
             values[slot] = None
+        return result
 
-    def _run_step(self, k: int, values: list, timeline: list | None, clock: Any) -> None:
-        """Run step k with the instrumentation the options ask for (any stream)."""
-        step = self.steps[k]
-        xp = self.xp
+    def _run_instrumented(self, values: list) -> None:
+        """Run every step through `_run_step`: a timeline, value summaries, NaN
+        checks, poisoning, as the options ask."""
+        timeline: list[dict] | None = [] if self.options["trace"] else None
+        clock = self.target.clock()  # host time on the CPU, CUDA events on a GPU
+        clock.start()
+        try:
+            self._run_steps(values, lambda step, values: self._run_step(step, values,
+                                                                         timeline, clock))
+        finally:
+            # Kept also when a step failed: the steps before a NaN show how it came.
+            if timeline is not None:
+                clock.resolve(timeline)
+                timeline.sort(key=lambda e: e["start"])
+                self.timelines.append(timeline)
+                del self.timelines[:-MAX_KEPT_TIMELINES]
+
+    def _run_step(self, step: Step, values: list, timeline: list | None, clock: Any) -> None:
+        """The instrumented wrapper of `_execute` (any stream)."""
         began = clock.mark()
         # Check mode reports NaN/Inf itself, naming the node: numpy's warnings would
         # only repeat it without saying where.
@@ -331,17 +338,15 @@ class Program:
             result = self._execute(step, values)
         summary = None
         if self.options["trace_values"] or self.options["check_numerics"]:
-            summary = value_summary(xp, result)
+            summary = value_summary(self.target.xp, result)
             if self.options["check_numerics"] and summary and (summary["nan"] or
                                                                summary["inf"]):
                 self._numerics_failure(step, result, summary)
         if timeline is not None:
-            timeline.append({"step": k, "node": step.node.name, "op": step.node.op,
-                             "stream": step.stream, "start": began,
+            timeline.append({"step": step.index, "node": step.node.name,
+                             "op": step.node.op, "stream": step.stream, "start": began,
                              "end": clock.mark(), "bytes": step.nbytes,
                              "summary": summary if self.options["trace_values"] else None})
-        for slot in step.free_after:
-            values[slot] = None
         for offset, nbytes in step.poison_after:
             self.arena[offset:offset + nbytes].fill(POISON_BYTE)
 
@@ -428,38 +433,23 @@ def _kernel_error(step: Step | None, err: Exception, stream: str | None = None
                           f"{type(err).__name__}: {err}")
 
 
-def _make_assign(store_ref: list, var: Node):
-    """An assign kernel bound to user variable `var`: writes into the Session's store.
-
-    A variable keeps its buffer across runs (the planner relies on it), so an assign
-    of the same shape writes in place; a first assign, or one that changes the shape
-    (tf.infer_variable_shapes programs), rebinds the buffer.
-    """
-    def assign(xp, current, value, out=None):
-        store = store_ref[0]
-        held = store.get(var)
-        if held is not None and held.shape == value.shape and held.dtype == value.dtype:
-            held[...] = value
-            return held
-        store[var] = xp.array(value, dtype=var.dtype or value.dtype, copy=True)
-        return store[var]
-    return assign
-
-
-def _make_fused_assign(store_ref: list, var: Node, kernel: Any, node: Node):
-    """A fused_assign kernel bound to user variable `var`: `kernel` computes the update
-    straight into the Session's buffer of `var`, which keeps its identity (the planner
-    relies on it). Should that buffer not be of the compiled shape and dtype, or not
-    exist yet (a variable only written), the update goes to a new buffer instead."""
+def _variable_writer(kernel: Any, var: Node, node: Node) -> Any:
+    """A kernel of an op that writes a variable in place (OpDef.mutates: tf.assign,
+    fused_assign), bound to user variable `var`. The Session's store comes in as its
+    first input (the program's `store_slot`); `kernel` writes straight into the
+    store's buffer of `var`, which keeps its identity across runs (the planner relies
+    on it). Should that buffer not exist yet (a variable only written) or not be of
+    the compiled shape and dtype (an assign that changes a variable's shape, as
+    tf.infer_variable_shapes programs do), the variable gets a new buffer first."""
     shape, dtype = node.shape, node.dtype
 
-    def fused_assign(xp, current, *arrays, out=None, **attrs):
-        store = store_ref[0]
+    def write_variable(xp: Any, store: dict, current: Any, *arrays: Any, out: Any = None,
+                       **attrs: Any) -> Any:
         held = store.get(var)
         if held is None or held.shape != shape or held.dtype != dtype:
             held = store[var] = xp.empty(shape, dtype=dtype)
         return kernel(xp, held, *arrays, **attrs)
-    return fused_assign
+    return write_variable
 
 
 node_nbytes = memory.node_nbytes  # bytes of a node's value (shapes are concrete here)
@@ -564,21 +554,43 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
     wait_timeout   seconds a stream may wait for another before it is an error
 
     Options are checked by `validate_options` (OptionError names the valid values).
+    The phases below fill in one Program, as the Setup* methods of tqchen/tinyflow's
+    Session do: optimize, make the steps, schedule them, bind their kernels, plan
+    memory, make the runner.
     """
     opts = validate_options(options)
     if opts["debug"]:
         opts["trace"] = True
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
-    xp = np
-    if device == "cuda":
-        from tinyflow.backend import cuda_array_module
-        xp = cuda_array_module()
-    fetches = list(fetches)
-    sources = {**(variables or {}), **(feeds or {})}
+    target = backend.device(device)
+    graph, user_of, ctx = _optimize(list(fetches), feeds or {}, variables or {},
+                                    target.name, opts)
+    program = Program(graph, ctx, target, opts)
+    # The order of the steps: with a memory plan, the topological order with the
+    # lowest peak of live bytes (sublinear.memory_order, as XLA picks among orders).
+    order = graph.nodes if opts["memory"] is None else sublinear.memory_order(graph)
+    _make_steps(program, order, user_of, generators)
+    _schedule(program)
+    _bind_kernels(program, user_of)
+    if opts["memory"] is not None:
+        _plan_memory(program, order)
+    else:
+        _free_values(program)
+    _make_runner(program)
+    if opts["check_numerics"]:
+        _name_sources(program, order)
+    if opts["debug"]:
+        DEBUG_HOOKS.attach(program, opts["debug"])
+    return program
+
+
+def _optimize(fetches: list[Node], feeds: dict, variables: dict, device: str,
+              opts: dict) -> tuple[Graph, dict[int, Node], passes_mod.PassContext]:
+    """Phase 1: the graph specialized to the fed and held shapes (user nodes are
+    cloned; `user_of` maps id(clone) back), then the pass pipeline (passes.py)."""
+    sources = {**variables, **feeds}
     sources = {n: (tuple(s), np.dtype(d)) for n, (s, d) in sources.items()}
     graph, clones = passes_mod.specialize(fetches, sources,
-                                          fed=frozenset(id(n) for n in feeds or {}))
+                                          fed=frozenset(id(n) for n in feeds))
     ctx = passes_mod.PassContext(device=device, options=opts)
     disable = tuple(opts["disable"])
     if opts["check_numerics"]:
@@ -589,115 +601,133 @@ def compile(fetches: Sequence[Node], feeds: dict[Node, tuple[tuple, Any]] | None
         disable += tuple(p.name for p in PIPELINE
                          if p.name.startswith("fuse") or p.name == "fold")
     graph = passes_mod.run_pipeline(graph, ctx, passes=opts["passes"], disable=disable)
-    # The schedule: with a memory plan, the topological order with the lowest peak
-    # of live bytes (sublinear.memory_order, as XLA picks among orders).
-    order = graph.nodes if opts["memory"] is None else sublinear.memory_order(graph)
-    slot_of = {id(n): i for i, n in enumerate(order)}
-    user_of = {id(clone): user for user, clone in clones.items()}
-    users = graph.consumers()
-    store_ref: list = [None]
-    steps: list[Step] = []
-    feed_slots, variable_slots = [], []
-    slot_template: list = [None] * len(order)   # values bound before any run
-    for node in order:
-        slot = slot_of[id(node)]
-        if node.op == "constant":  # bound once, here: not a step, not in the arena
-            slot_template[slot] = REGISTRY["constant"].compute(xp, **node.attrs)
-            continue
-        if node.op == "placeholder":
-            feed_slots.append((user_of[id(node)], slot))
-            continue
-        if node.op == "variable":
-            # Only written (a first tf.assign gives it its value): no reader, and not
-            # fetched (a fetch reads it, TF1's FailedPrecondition when it has no value).
-            write_only = node not in graph.outputs and all(
-                u.op in VARIABLE_WRITERS and u.inputs[0] is node
-                and all(i is not node for i in u.inputs[1:]) for u in users[node])
-            variable_slots.append((user_of[id(node)], slot, write_only))
-            continue
-        compute = REGISTRY[node.op].compute
-        if node.op in VARIABLE_WRITERS:
-            target = node.inputs[0]
-            if target.op == "placeholder" and user_of[id(target)].op == "variable":
-                raise FeedError(f"variable {target.name!r} is fed in this run and also "
-                                f"assigned (at {node.where}): a fed variable is only "
-                                "read; feed it or update it, not both")
-            if target.op != "variable":
-                raise TinyFlowError(f"tf.assign at {node.where}: the target must be a "
-                                    f"Variable, got {target.op}")
-        if node.op == "assign":
-            compute = _make_assign(store_ref, user_of[id(target)])
-        attrs = dict(node.attrs)
-        if REGISTRY[node.op].random:  # its kernel draws from the Session's streams
-            attrs["generators"] = generators
-        nbytes = node_nbytes(node) + sum(node_nbytes(i) for i in node.inputs)
-        steps.append(Step(node, compute, tuple(slot_of[id(i)] for i in node.inputs), slot,
-                          attrs, nbytes=nbytes, sources=ctx.sources.get(node.name, ())))
+    return graph, {id(clone): user for user, clone in clones.items()}, ctx
 
-    schedule, deps = _schedule(steps, opts["streams"])
-    workspaces: list[dict] = [{} for _ in schedule.names]  # scratch, one per stream
-    for step, stream in zip(steps, schedule.stream_of):
-        step.stream = stream
-        bind = REGISTRY[step.node.op].bind
-        if bind is not None:  # a kernel specialized to its static shapes, if the op can
-            inputs = step.node.inputs
-            step.compute = bind(xp, [i.shape for i in inputs], [i.dtype for i in inputs],
-                                step.attrs, workspaces[stream]) or step.compute
-        if step.node.op == "fused_assign":  # its kernel, bound to the variable store
-            step.compute = _make_fused_assign(store_ref, user_of[id(step.node.inputs[0])],
-                                              step.compute, step.node)
-    node_names = [s.node.name for s in steps]
-    validate_schedule(schedule, deps, node_names)
-    keep = {slot_of[id(f)] for f in graph.outputs}
-    plan = arena = None
-    if opts["memory"] is not None:
-        plan, arena = _plan_and_bind(graph, order, steps, schedule, keep, slot_template,
-                                     opts, xp)
-    elif device != "cuda" or len(set(schedule.stream_of)) == 1:
-        # (On a GPU with several streams, dropping a value once its last reader is
-        # *issued* would let CuPy's pool hand its memory to another stream while the
-        # reader still runs: values then live to the end of the run.)
-        _free_after_last_use(steps, keep, schedule)
-    if opts["memory"] is None:
-        for step in steps:
-            step.copy_views = (step.node.op not in NO_ARENA_OPS and
-                               any(i.op == "variable" for i in step.node.inputs))
-    runner = None
-    if len(set(schedule.stream_of)) > 1:  # (a chain keeps to one stream: no threads)
-        runner_class = CudaStreams if device == "cuda" else CpuStreams
-        runner = runner_class(schedule, node_names, timeout=opts["wait_timeout"])
-    program = Program(graph, steps, feed_slots, variable_slots,
-                      [slot_of[id(f)] for f in graph.outputs], ctx, schedule, plan, arena,
-                      slot_template, opts, device, xp, runner,
-                      backend.Uploader(xp) if device == "cuda" else None, store_ref)
+
+def _make_steps(program: Program, order: list[Node], user_of: dict[int, Node],
+                generators: dict | None) -> None:
+    """Phase 2: a slot per node of `order` (and one for the variable store); a
+    Step per computed node. Sources are bound, not run: a constant's value once,
+    here; feeds and variables at every run (`Program._bind_inputs`)."""
+    graph = program.graph
+    slot_of = {id(n): i for i, n in enumerate(order)}
+    program.store_slot = len(order)
+    program.slot_template = [None] * (len(order) + 1)
+    users = graph.consumers()
+    for node in order:
+        slot, opdef = slot_of[id(node)], REGISTRY[node.op]
+        if opdef.source == "constant":
+            program.slot_template[slot] = opdef.compute(program.xp, **node.attrs)
+        elif opdef.source == "feed":
+            program.feed_slots.append((user_of[id(node)], slot))
+        elif opdef.source == "variable":
+            write_only = node not in graph.outputs and all(
+                _only_writes(user, node) for user in users[node])
+            program.variable_slots.append((user_of[id(node)], slot, write_only))
+        else:
+            program.steps.append(_make_step(node, opdef, slot_of, program, user_of,
+                                            generators))
+    program.fetch_slots = [slot_of[id(f)] for f in graph.outputs]
     # A fetched variable that this program also writes is a read like any other: it
     # shows the value from before the run's updates (the buffer changes in place).
-    written = {id(s.node.inputs[0]) for s in steps if s.node.op in VARIABLE_WRITERS}
+    written = {id(v) for s in program.steps if (v := written_variable(s.node)) is not None}
     program.fetched_before_writes = tuple(
-        slot_of[id(f)] for f in graph.outputs if f.op == "variable" and id(f) in written)
-    if opts["check_numerics"]:
-        for user, slot in feed_slots:
-            what = "variable (fed)" if user.op == "variable" else "feed for placeholder"
-            program.source_slots[slot] = (user, what)
-        for user, slot, _ in variable_slots:
-            program.source_slots[slot] = (user, "variable")
-        program.graph_node_of_slot = {slot: order[slot] for slot in program.source_slots}
-    if opts["debug"]:
-        DEBUG_HOOKS.attach(program, opts["debug"])
-    return program
+        slot_of[id(f)] for f in graph.outputs
+        if source_kind(f) == "variable" and id(f) in written)
 
 
-def _schedule(steps: list[Step], num_streams: int) -> tuple[Schedule, list[list[int]]]:
-    """Dependencies between steps (inputs, and variable readers before writers),
-    the stream of each step, and the events between streams."""
+def _only_writes(user: Node, variable: Node) -> bool:
+    """`user` writes `variable` and reads it in no other input (a variable that only
+    such users have gets its first value from them: no run needs one before)."""
+    target = mutated_input(user)
+    return (target is not None and user.inputs[target] is variable
+            and all(i is not variable for k, i in enumerate(user.inputs) if k != target))
+
+
+def _make_step(node: Node, opdef: OpDef, slot_of: dict[int, int], program: Program,
+               user_of: dict[int, Node], generators: dict | None) -> Step:
+    """The Step of computed `node`: its kernel (not yet bound), its input slots
+    (a variable writer first reads the store), its static attributes."""
+    inputs = tuple(slot_of[id(i)] for i in node.inputs)
+    if opdef.mutates is not None:
+        _check_writer(node, node.inputs[opdef.mutates], user_of)
+        inputs = (program.store_slot, *inputs)
+    attrs = dict(node.attrs)
+    if opdef.random:  # its kernel draws from the Session's streams
+        attrs["generators"] = generators
+    nbytes = node_nbytes(node) + sum(node_nbytes(i) for i in node.inputs)
+    return Step(node, opdef.compute, inputs, slot_of[id(node)], attrs,
+                index=len(program.steps), nbytes=nbytes,
+                sources=program.ctx.sources.get(node.name, ()))
+
+
+def _check_writer(node: Node, target: Node, user_of: dict[int, Node]) -> None:
+    """A writer's target must be a variable, and not one fed in this run."""
+    if source_kind(target) == "feed" and source_kind(user_of[id(target)]) == "variable":
+        raise FeedError(f"variable {target.name!r} is fed in this run and also "
+                        f"assigned (at {node.where}): a fed variable is only "
+                        "read; feed it or update it, not both")
+    if source_kind(target) != "variable":
+        raise TinyFlowError(f"tf.assign at {node.where}: the target must be a "
+                            f"Variable, got {target.op}")
+
+
+def _schedule(program: Program) -> None:
+    """Phase 3: dependencies between steps (inputs, and variable readers before
+    writers), the stream of each step, and the events between streams; checked."""
+    steps = program.steps
     index = {id(s.node): k for k, s in enumerate(steps)}
     ordering = ordering_dependencies([s.node for s in steps])
     deps: list[list[int]] = []
     for step in steps:
         before = list(step.node.inputs) + ordering.get(step.node, [])
         deps.append(sorted({index[id(n)] for n in before if id(n) in index}))
-    stream_of, names = assign_streams([s.node for s in steps], deps, num_streams)
-    return build_schedule(stream_of, names, deps), deps
+    stream_of, names = assign_streams([s.node for s in steps], deps,
+                                      program.options["streams"])
+    program.schedule = build_schedule(stream_of, names, deps)
+    for step, stream in zip(steps, stream_of):
+        step.stream = stream
+    validate_schedule(program.schedule, deps, [s.node.name for s in steps])
+
+
+def _bind_kernels(program: Program, user_of: dict[int, Node]) -> None:
+    """Phase 4: each step's kernel specialized to its static shapes, where its op
+    can (OpDef.bind, with scratch space shared by the steps of one stream, which
+    never run at once); a variable writer's kernel bound to its variable."""
+    workspaces: list[dict] = [{} for _ in program.schedule.names]
+    for step in program.steps:
+        opdef, inputs = REGISTRY[step.node.op], step.node.inputs
+        if opdef.bind is not None:
+            step.compute = opdef.bind(program.xp, [i.shape for i in inputs],
+                                      [i.dtype for i in inputs], step.attrs,
+                                      workspaces[step.stream]) or step.compute
+        if opdef.mutates is not None:
+            var = user_of[id(inputs[opdef.mutates])]
+            step.compute = _variable_writer(step.compute, var, step.node)
+
+
+def _multi_stream(program: Program) -> bool:
+    return len(set(program.schedule.stream_of)) > 1
+
+
+def _make_runner(program: Program) -> None:
+    """Phase 6: a runner for several streams (threads on the CPU, CUDA streams on
+    a GPU); a chain keeps to one stream, and the plain loop of `_run_steps`."""
+    if _multi_stream(program):
+        program.runner = program.target.stream_runner(
+            program.schedule, [s.node.name for s in program.steps],
+            program.options["wait_timeout"])
+
+
+def _name_sources(program: Program, order: list[Node]) -> None:
+    """Check mode: what to call a NaN fed or held by a variable (`_check_sources`)."""
+    for user, slot in program.feed_slots:
+        what = ("variable (fed)" if source_kind(user) == "variable"
+                else "feed for placeholder")
+        program.source_slots[slot] = (user, what)
+    for user, slot, _ in program.variable_slots:
+        program.source_slots[slot] = (user, "variable")
+    program.graph_node_of_slot = {slot: order[slot] for slot in program.source_slots}
 
 
 def _final_reader(readers: list[int], schedule: Schedule) -> int | None:
@@ -718,66 +748,86 @@ def _readers(steps: list[Step]) -> dict[int, list[int]]:
     return readers
 
 
-def _free_after_last_use(steps: list[Step], keep: set[int], schedule: Schedule) -> None:
-    """Unplanned runs drop each intermediate after its last reader, so a program
-    holds only what is still needed (what the arena does, without the planning)."""
+def _dead_after(program: Program, dead: Any) -> dict[int, list]:
+    """{step: [dead(slot)...]} for every value whose final reader is that step and
+    for which `dead(slot)` is not None (fetched values are never dead)."""
+    keep = set(program.fetch_slots)
+    after: dict[int, list] = {}
+    for slot, readers in _readers(program.steps).items():
+        what = dead(slot) if slot not in keep else None
+        final = _final_reader(readers, program.schedule) if what is not None else None
+        if final is not None:
+            after.setdefault(final, []).append(what)
+    return after
+
+
+def _free_values(program: Program) -> None:
+    """Phase 5 without a plan: each step allocates its value; each intermediate is
+    dropped after its last reader, so a program holds only what is still needed
+    (what the arena does, without the planning). A step that reads a variable
+    copies a view it returns (`Step.copy_views`)."""
+    steps = program.steps
+    for step in steps:
+        step.copy_views = (mutated_input(step.node) is None and
+                           any(source_kind(i) == "variable" for i in step.node.inputs))
+    if _multi_stream(program) and not program.target.frees_across_streams:
+        return
     computed = {s.output for s in steps}
-    frees: dict[int, list[int]] = {}
-    for slot, readers in _readers(steps).items():
-        final = _final_reader(readers, schedule)
-        if slot in computed and slot not in keep and final is not None:
-            frees.setdefault(final, []).append(slot)
+    frees = _dead_after(program, lambda slot: slot if slot in computed else None)
     for k, step in enumerate(steps):
         step.free_after = tuple(frees.get(k, ()))
 
 
-def _plan_and_bind(graph: Graph, order: list[Node], steps: list[Step], schedule: Schedule,
-                   keep: set[int], slot_template: list, opts: dict, xp: Any):
-    """Plan the arena (memory.py), check the plan, and bind each planned step's
-    output slot to its view of the arena; set up poisoning when asked."""
+def _plan_memory(program: Program, order: list[Node]) -> None:
+    """Phase 5: plan the arena (memory.py), check the plan, and bind each planned
+    step's output slot to its view of the arena; set up poisoning when asked."""
+    steps, schedule = program.steps, program.schedule
     # The planner's steps are the program's steps (feeds and variables are external).
-    plan_steps, external, keep_names = memory.steps_from_graph(graph, order)
+    plan_steps, external, keep_names = memory.steps_from_graph(program.graph, order)
     for plan_step, step in zip(plan_steps, steps, strict=True):
         plan_step.stream = step.stream
-    name_of_slot = {s.output: s.node.name for s in steps}
-    multi = len(schedule.names) > 1
-    happens_before = schedule.happens_before if multi else None
-    strategy = "auto" if opts["memory"] is True else opts["memory"]
+    happens_before = schedule.happens_before if len(schedule.names) > 1 else None
+    strategy = "auto" if program.options["memory"] is True else program.options["memory"]
     plan = memory.plan_memory(plan_steps, external=external, keep=keep_names,
                               strategy=strategy, happens_before=happens_before)
     memory.validate_plan(plan, plan_steps, happens_before=happens_before)
-    writes_variable = {s.node.name for s in steps if s.node.op in NO_ARENA_OPS}
+    outside = {s.node.name for s in steps if not memory.in_arena(s.node)}
     for tensor in plan.tensors:  # (0 bytes to the planner; say what they really are)
-        if tensor.name in writes_variable:
+        if tensor.name in outside:
             tensor.offset = None
             tensor.reason = "the variable's own buffer, written in place: not in the arena"
-    arena = xp.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
-    if opts["poison"]:
-        arena.fill(POISON_BYTE)
+    arena = program.xp.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
     placed = {t.name: t for t in plan.tensors}
     for step in steps:
         tensor = placed.get(step.node.name)
-        if step.node.op in NO_ARENA_OPS or tensor is None or tensor.offset is None:
-            continue
-        node = step.node
-        view = arena[tensor.offset:tensor.offset + node_nbytes(node)]
-        slot_template[step.output] = view.view(node.dtype).reshape(node.shape)
-        step.planned = True
-    if opts["poison"]:
-        has_inplace_child = {t.inplace_of for t in plan.tensors if t.inplace_of}
-        poison: dict[int, list[tuple[int, int]]] = {}
-        for slot, readers in _readers(steps).items():
-            name = name_of_slot.get(slot)
-            tensor = placed.get(name)
-            if (tensor is None or tensor.offset is None or slot in keep
-                    or name in has_inplace_child or not tensor.nbytes):
-                continue
-            final = _final_reader(readers, schedule)
-            if final is not None:
-                poison.setdefault(final, []).append((tensor.offset, tensor.nbytes))
-        for k, step in enumerate(steps):
-            step.poison_after = tuple(poison.get(k, ()))
-    return plan, arena
+        if tensor is not None and tensor.offset is not None:
+            node = step.node
+            view = arena[tensor.offset:tensor.offset + node_nbytes(node)]
+            program.slot_template[step.output] = view.view(node.dtype).reshape(node.shape)
+            step.planned = True
+    program.memory_plan, program.arena = plan, arena
+    if program.options["poison"]:
+        _plan_poison(program, placed)
+
+
+def _plan_poison(program: Program, placed: dict) -> None:
+    """Poison mode: fill the arena, and after each step the bytes of the values it
+    was the last reader of, with POISON_BYTE (a plan that frees too early then
+    reads NaN, not a lucky leftover)."""
+    program.arena.fill(POISON_BYTE)
+    has_inplace_child = {t.inplace_of for t in program.memory_plan.tensors if t.inplace_of}
+    name_of_slot = {s.output: s.node.name for s in program.steps}
+
+    def dead_bytes(slot: int) -> tuple[int, int] | None:
+        name = name_of_slot.get(slot)
+        tensor = placed.get(name)
+        if (tensor is None or tensor.offset is None or name in has_inplace_child
+                or not tensor.nbytes):
+            return None
+        return tensor.offset, tensor.nbytes
+    poison = _dead_after(program, dead_bytes)
+    for k, step in enumerate(program.steps):
+        step.poison_after = tuple(poison.get(k, ()))
 
 
 class SessionClosedError(TinyFlowError, RuntimeError):
@@ -860,7 +910,7 @@ class Session:
             if recorder is not None:
                 recorder.add_run(program)
         # Running an op for its effect (tf.group) gives None, as in TF1.
-        results = [None if n.op == "group" else r for n, r in zip(flat, results)]
+        results = [None if REGISTRY[n.op].effect_only else r for n, r in zip(flat, results)]
         return _unflatten(structure, iter(results))
 
     def program_for(self, fetches: list[Node], feeds: dict[Node, np.ndarray],
@@ -902,7 +952,7 @@ class Session:
         if variables is None:
             from tinyflow.graph import reachable
             variables = [n for n in reachable(fetches, frozenset(id(n) for n in feeds))
-                         if n.op == "variable" and n not in feeds]
+                         if source_kind(n) == "variable" and n not in feeds]
             self._variables_read[key] = variables
         specs = {}
         for node in variables:

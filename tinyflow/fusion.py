@@ -55,16 +55,12 @@ from tinyflow.ops import (
     _matmul_infer,
     Mismatch,
     broadcast_shapes,
+    matmul_cost,
     register,
 )
 
 Instruction = tuple[str, tuple[str, ...], tuple[tuple[str, Any], ...]]
 Program = tuple[Instruction, ...]
-
-# Activations fuse_dense may absorb: unary elementwise ops whose compute can run in
-# place on the layer's output.
-DENSE_ACTIVATIONS = ("relu", "tanh", "sigmoid", "gelu")
-
 
 # ----------------------------------------------------------------------------------
 # Programs: building, reading, printing
@@ -396,9 +392,9 @@ def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
 
 
 # The executor binds a fused_assign to the Session's variable store, as it does an
-# assign (graph.VARIABLE_WRITERS): input 0 is the variable, the rest the program's.
+# assign (both mutate input 0, the variable; the rest are the program's inputs).
 register(OpDef("fused_assign", _fused_assign_compute, _fused_assign_infer, None,
-               pure=False, differentiable=False, bind=_fused_assign_bind,
+               pure=False, differentiable=False, bind=_fused_assign_bind, mutates=0,
                doc="write the value of a fused elementwise program straight into "
                    "variable input 0 (attribute: program; inputs 1.. are its x0, x1..)"))
 
@@ -431,4 +427,5 @@ def _dense_compute(xp, a, w, bias, out=None, transpose_a=False, transpose_b=Fals
 
 
 register(OpDef("fused_dense", _dense_compute, _dense_infer, None, differentiable=False,
+               cost=matmul_cost,
                doc="activation(matmul(a, w) + bias) as one node"))

@@ -19,8 +19,9 @@ from collections import Counter
 from collections.abc import Callable
 
 from tinyflow import fusion
-from tinyflow.graph import VARIABLE_WRITERS, Graph, Node
+from tinyflow.graph import Graph, Node
 from tinyflow.ops import REGISTRY
+from tinyflow.registry import mutated_input
 from tinyflow.rewrite import AfterAssign, PassContext, finish, new_node, sweep
 from tinyflow.rules import same_type
 
@@ -68,7 +69,7 @@ def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
             continue
         root, act = adder, False
         reader = _only_consumer(adder, users, outputs)
-        if (reader is not None and reader.op in fusion.DENSE_ACTIVATIONS
+        if (reader is not None and REGISTRY[reader.op].dense_activation
                 and same_type(reader, adder)):
             root, act = reader, True
         if not after_assign.fresh_read_is_safe([*node.inputs, *adder.inputs], [root], root):
@@ -210,7 +211,7 @@ def fuse_assign(graph: Graph, ctx: PassContext) -> Graph:
     * the value is a fused_elementwise (or one elementwise op) that nothing else
       reads or fetches, with the variable's shape and dtype;
     * the program reads no variable but v, and this assign is v's only writer: the
-      fused node is a writer (graph.VARIABLE_WRITERS) and runs where the assign ran,
+      fused node is a writer (OpDef.mutates) and runs where the assign ran,
       after every other reader of v, so it still reads v's value from before the
       run; a read of another variable, or a second writer of v, would lose its order;
     * the last instruction may overwrite v where it reads it (`_last_op_may_overwrite`);
@@ -220,7 +221,7 @@ def fuse_assign(graph: Graph, ctx: PassContext) -> Graph:
     users = graph.consumers()
     outputs = {id(o) for o in graph.outputs}
     writers = Counter(id(n.inputs[0]) for n in graph.nodes
-                      if n.op in VARIABLE_WRITERS and n.inputs)
+                      if mutated_input(n) is not None and n.inputs)
     updates: set[int] = set()  # ids of the assigns to fuse
     for node in graph.nodes:
         if node.op != "assign" or len(node.inputs) != 2:

@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow.graph import TinyFlowError
-from tinyflow.ops import _GELU_A, _GELU_C, REGISTRY, _Mismatch
+from tinyflow.ops import _GELU_A, _GELU_C, REGISTRY, Mismatch
 
 Program = tuple  # ((op, (operand, ...), ((attr, value), ...)), ...), as fusion.py
 
@@ -337,7 +337,7 @@ def _result_dtype(k: int, op: str, operands: Sequence[str], attrs: Sequence,
     try:
         _, result = REGISTRY[op].infer([()] * len(have), list(have), dict(attrs))
         result = np.dtype(result)
-    except (TinyFlowError, _Mismatch, LookupError, TypeError, ValueError) as err:
+    except (TinyFlowError, Mismatch, LookupError, TypeError, ValueError) as err:
         raise KernelGenerationError(f"{where} on {', '.join(d.name for d in have)}: "
                                     f"{type(err).__name__}: {err}") from None
     c_type(result)

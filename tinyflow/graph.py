@@ -16,6 +16,7 @@ Two details make the IR safe for real programs:
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -24,13 +25,8 @@ from typing import Any
 import numpy as np
 
 from tinyflow.errors import FeedError, ShapeError, TinyFlowError  # noqa: F401  (public here too)
+from tinyflow.registry import mutated_input, source_kind, written_variable
 
-# Ops that write the variable given as their first input (tf.assign, and the
-# fused_assign the fuse_assign pass makes of an assign and its update, which also
-# reads that variable and no other). The order rule in `topological_order` keeps
-# TF1's semantics for them: inside one run, every other reader of a variable sees
-# the value from *before* the run's updates.
-VARIABLE_WRITERS = {"assign", "fused_assign"}
 
 # The op builders behind Node's Python operators (`x + y` is OPERATOR_BUILDERS["add"]
 # (x, y)), filled in by ops.py and shape_ops.py, the layer above, when they load.
@@ -39,6 +35,22 @@ OPERATOR_BUILDERS: dict[str, Callable[..., Any]] = {}
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _ids = itertools.count()
+
+
+def format_shape(shape: Sequence | None) -> str:
+    """(2, ?) for a shape with an unknown dim, (3,) for one dim, (?) when even the
+    rank is unknown: the one way TinyFlow's messages write a shape."""
+    if shape is None:
+        return "(?)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + \
+        ("," if len(shape) == 1 else "") + ")"
+
+
+def tensor_nbytes(shape: Sequence | None, dtype: Any) -> int | None:
+    """Bytes of a tensor of `shape` and `dtype`; None when either is not fully known."""
+    if shape is None or dtype is None or any(d is None for d in shape):
+        return None
+    return math.prod(shape) * np.dtype(dtype).itemsize
 
 
 def next_node_id() -> int:
@@ -157,24 +169,25 @@ def ordering_dependencies(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
 
     Returns {writer: [readers that must run first]}. Without these edges, a
     `tf.assign(W, ...)` could run before another op that reads W in the same
-    step, and that op would see the updated value. A writer's input 0 is its
-    target, not a read; its other inputs are reads like any node's, so
-    `tf.assign(U, W)` runs before W's writer and copies W's old value. Writers of
-    the same variable are not ordered among themselves (TF1 leaves two updates of
-    one variable in one run unordered too).
+    step, and that op would see the updated value. A writer (an op whose OpDef
+    `mutates` an input: tf.assign, fused_assign) does not read its target; its
+    other inputs are reads like any node's, so `tf.assign(U, W)` runs before W's
+    writer and copies W's old value. Writers of the same variable are not ordered
+    among themselves (TF1 leaves two updates of one variable in one run unordered
+    too).
     """
     readers: dict[Node, list[Node]] = {}
     for node in nodes:
-        reads = node.inputs[1:] if node.op in VARIABLE_WRITERS else node.inputs
-        for inp in reads:
-            if inp.op == "variable":
+        target = mutated_input(node)
+        for k, inp in enumerate(node.inputs):
+            if k != target and source_kind(inp) == "variable":
                 readers.setdefault(inp, []).append(node)
     extra: dict[Node, list[Node]] = {}
     for node in nodes:
-        if node.op in VARIABLE_WRITERS and node.inputs:
-            target = node.inputs[0]
+        target = written_variable(node)
+        if target is not None:
             extra[node] = [r for r in readers.get(target, ()) if r is not node
-                           and not (r.op in VARIABLE_WRITERS and r.inputs[0] is target)]
+                           and written_variable(r) is not target]
     return extra
 
 

@@ -58,8 +58,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tinyflow.graph import Graph, Node, TinyFlowError
+from tinyflow.graph import Graph, Node, TinyFlowError, tensor_nbytes
 from tinyflow.ops import REGISTRY
+from tinyflow.registry import mutated_input, source_kind
 
 ALIGNMENT = 64       # bytes; every offset is a multiple (cache lines, SIMD loads)
 MATCH_RANGE = 16     # NNVM: a free block is reused for requests within 16x its size
@@ -72,12 +73,13 @@ class PlanError(TinyFlowError):
     """A memory plan that is unsafe or does not fit its steps (names the tensors)."""
 
 
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB': sizes as a person reads them."""
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB': sizes as a person reads them (TinyFlow's one byte
+    formatter; the debugger's too)."""
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
 
@@ -212,9 +214,16 @@ def liveness(steps: Sequence[PlanStep],
     """
     kinds = dict(external) if isinstance(external, Mapping) else \
         dict.fromkeys(external, "feed")
-    keep = set(keep)
-    hb = happens_before or (lambda a, b: a < b)
-    last = len(steps) - 1
+    index, uses = _writers_and_uses(steps, kinds)
+    specs = _lifetimes(steps, kinds, set(keep), index, uses)
+    _grant_inplace(steps, specs, kinds, happens_before or (lambda a, b: a < b))
+    return specs
+
+
+def _writers_and_uses(steps: Sequence[PlanStep], kinds: Mapping[str, str]
+                      ) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """({tensor: the step that writes it}, {tensor: the steps that read it}),
+    checking that names are unique and every input was written (or is external)."""
     index: dict[str, int] = {}
     uses: dict[str, list[int]] = {}
     for k, step in enumerate(steps):
@@ -227,7 +236,15 @@ def liveness(steps: Sequence[PlanStep],
                                 "step writes and which is not external")
             uses.setdefault(name, []).append(k)
         index[step.name] = k
+    return index, uses
 
+
+def _lifetimes(steps: Sequence[PlanStep], kinds: Mapping[str, str], keep: set[str],
+               index: dict[str, int], uses: dict[str, list[int]]) -> dict[str, TensorSpec]:
+    """Each tensor's first and last step: an intermediate lives from its writer to
+    its last reader, a fetched one to the end, an external one outside the arena
+    (a variable to the end: the Session keeps it)."""
+    last = len(steps) - 1
     specs: dict[str, TensorSpec] = {}
 
     def add_external(name: str) -> None:
@@ -252,7 +269,13 @@ def liveness(steps: Sequence[PlanStep],
         else:
             specs[step.name] = TensorSpec(step.name, step.nbytes, k, max(read, default=k),
                                           defined_at=k, uses=tuple(read))
+    return specs
 
+
+def _grant_inplace(steps: Sequence[PlanStep], specs: dict[str, TensorSpec],
+                   kinds: Mapping[str, str], hb: HappensBefore) -> None:
+    """Mark the in-place requests that are safe (see `liveness`): each parent is
+    overwritten at most once."""
     overwritten: set[str] = set()
     for k, step in enumerate(steps):
         i = step.inplace_input
@@ -267,7 +290,6 @@ def liveness(steps: Sequence[PlanStep],
                 and all(u == k or hb(u, k) for u in parent.uses)):
             specs[step.name].inplace_of = parent.name
             overwritten.add(parent.name)
-    return specs
 
 
 # ----------------------------------------------------------------------------------
@@ -649,8 +671,17 @@ def plan_memory(steps: Sequence[PlanStep],
     # The smallest arena wins; on a tie, anything that shares beats "naive".
     best = min(tried, key=lambda name: (tried[name][0], name == "naive"))
     blocks = separate if best == "naive" else shared
-    offsets = tried[best][1]
+    tensors = _placed_tensors(specs, blocks, tried[best][1], naive=best == "naive")
+    kinds = {s.name: s.kind for s in specs.values() if s.kind not in ARENA_KINDS}
+    return MemoryPlan(tensors, tried[best][0], sum(b.size for b in separate),
+                      lower_bound(shared), best, {n: a for n, (a, _) in tried.items()},
+                      alignment, kinds, frozenset(s.name for s in specs.values()
+                                                  if s.kind == "output"))
 
+
+def _placed_tensors(specs: dict[str, TensorSpec], blocks: list[Block],
+                    offsets: list[int], naive: bool) -> list[TensorSpec]:
+    """Every tensor with its offset (arena tensors) and why it got it."""
     reasons = _reasons(blocks, offsets, specs)
     offset_of = {name: off for block, off in zip(blocks, offsets) for name in block.names}
     tensors = []
@@ -658,14 +689,10 @@ def plan_memory(steps: Sequence[PlanStep],
         if spec.kind not in ARENA_KINDS:
             tensors.append(replace(spec))
             continue
-        reason = "naive: its own bytes, no reuse" if best == "naive" else reasons[spec.name]
+        reason = "naive: its own bytes, no reuse" if naive else reasons[spec.name]
         tensors.append(replace(spec, offset=offset_of[spec.name], reason=reason,
-                               inplace_of=None if best == "naive" else spec.inplace_of))
-    kinds = {s.name: s.kind for s in specs.values() if s.kind not in ARENA_KINDS}
-    return MemoryPlan(tensors, tried[best][0], sum(b.size for b in separate),
-                      lower_bound(shared), best, {n: a for n, (a, _) in tried.items()},
-                      alignment, kinds, frozenset(s.name for s in specs.values()
-                                                  if s.kind == "output"))
+                               inplace_of=None if naive else spec.inplace_of))
+    return tensors
 
 
 # ----------------------------------------------------------------------------------
@@ -699,34 +726,52 @@ def validate_plan(plan: MemoryPlan, steps: Sequence[PlanStep],
                 raise PlanError(f"{spec.name} is a {spec.kind} (outside the arena) but the "
                                 f"plan puts it at offset {mine.offset}")
             continue
-        if mine.offset is None:
-            raise PlanError(f"{spec.name} (step {spec.defined_at}) has no offset in the arena")
-        if mine.nbytes != spec.nbytes:
-            raise PlanError(f"the plan gives {spec.name} {mine.nbytes} bytes, its step "
-                            f"writes {spec.nbytes}")
-        if mine.offset < 0 or mine.offset % plan.alignment:
-            raise PlanError(f"{spec.name} has offset {mine.offset}, not a non-negative "
-                            f"multiple of the alignment {plan.alignment}")
-        if mine.offset + mine.nbytes > plan.arena_bytes:
-            raise PlanError(f"{spec.name} at [{mine.offset}, {mine.offset + mine.nbytes}) "
-                            f"runs past the end of the {plan.arena_bytes}-byte arena")
-        if (mine.first_step, mine.last_step) != (spec.first_step, spec.last_step):
-            raise PlanError(f"the plan says {spec.name} is alive over steps "
-                            f"{mine.first_step}..{mine.last_step}, but the steps say "
-                            f"{spec.first_step}..{spec.last_step}")
-        if mine.inplace_of is not None:
-            if mine.inplace_of != spec.inplace_of:
-                why = ("its step declares no such in-place input, or the input is still "
-                       "read afterwards, fetched, or of another size")
-                raise PlanError(f"{spec.name} is planned in place over {mine.inplace_of}, "
-                                f"which is not legal: {why}")
-            if placed[mine.inplace_of].offset != mine.offset:
-                raise PlanError(f"{spec.name} is in place over {mine.inplace_of} but at "
-                                f"another offset ({mine.offset} vs "
-                                f"{placed[mine.inplace_of].offset})")
+        _check_placement(plan, spec, mine)
+        _check_inplace(placed, spec, mine)
         if spec.nbytes:
             arena.append(replace(spec, offset=mine.offset, inplace_of=mine.inplace_of))
+    _check_sharing(arena, happens_before, steps)
 
+
+def _check_placement(plan: MemoryPlan, spec: TensorSpec, mine: TensorSpec) -> None:
+    """The plan's entry `mine` for arena tensor `spec`: an aligned offset inside the
+    arena, the step's size, the true lifetime."""
+    if mine.offset is None:
+        raise PlanError(f"{spec.name} (step {spec.defined_at}) has no offset in the arena")
+    if mine.nbytes != spec.nbytes:
+        raise PlanError(f"the plan gives {spec.name} {mine.nbytes} bytes, its step "
+                        f"writes {spec.nbytes}")
+    if mine.offset < 0 or mine.offset % plan.alignment:
+        raise PlanError(f"{spec.name} has offset {mine.offset}, not a non-negative "
+                        f"multiple of the alignment {plan.alignment}")
+    if mine.offset + mine.nbytes > plan.arena_bytes:
+        raise PlanError(f"{spec.name} at [{mine.offset}, {mine.offset + mine.nbytes}) "
+                        f"runs past the end of the {plan.arena_bytes}-byte arena")
+    if (mine.first_step, mine.last_step) != (spec.first_step, spec.last_step):
+        raise PlanError(f"the plan says {spec.name} is alive over steps "
+                        f"{mine.first_step}..{mine.last_step}, but the steps say "
+                        f"{spec.first_step}..{spec.last_step}")
+
+
+def _check_inplace(placed: Mapping[str, TensorSpec], spec: TensorSpec,
+                   mine: TensorSpec) -> None:
+    """An in-place entry overwrites exactly the input liveness allows, at its offset."""
+    if mine.inplace_of is None:
+        return
+    if mine.inplace_of != spec.inplace_of:
+        why = ("its step declares no such in-place input, or the input is still "
+               "read afterwards, fetched, or of another size")
+        raise PlanError(f"{spec.name} is planned in place over {mine.inplace_of}, "
+                        f"which is not legal: {why}")
+    if placed[mine.inplace_of].offset != mine.offset:
+        raise PlanError(f"{spec.name} is in place over {mine.inplace_of} but at "
+                        f"another offset ({mine.offset} vs "
+                        f"{placed[mine.inplace_of].offset})")
+
+
+def _check_sharing(arena: list[TensorSpec], happens_before: HappensBefore | None,
+                   steps: Sequence[PlanStep]) -> None:
+    """Any two arena tensors sharing a byte are ordered in time."""
     # Tensors that share bytes must be ordered in time. That relation is transitive
     # (a dead before b is written, b dead before c is written: a dead before c), so
     # each tensor is checked only against the latest earlier tensor(s) on each of
@@ -790,19 +835,21 @@ def _check_pair(a: TensorSpec, b: TensorSpec, a_last: int,
 # Planner input from a graph (used by tests, benchmarks and the debugger)
 # ----------------------------------------------------------------------------------
 
-# Values that live outside the arena: feeds (the caller's arrays), variables (the
-# Session's store) and constants (bound once when the program is compiled).
-EXTERNAL_OPS = {"placeholder": "feed", "variable": "variable", "constant": "constant"}
-# An assign's value is the variable's own buffer (a fused_assign writes it directly).
-NO_ARENA_OPS = {"assign", "fused_assign"}
+def in_arena(node: Node) -> bool:
+    """Whether `node`'s value is an arena tensor. Sources are not (feeds are the
+    caller's arrays, variables the Session's store, constants bound once when the
+    program is compiled), nor is the value of an op that writes a variable in place
+    (OpDef.mutates: an assign's value is the variable's own buffer)."""
+    return source_kind(node) is None and mutated_input(node) is None
 
 
 def node_nbytes(node: Node) -> int:
     """Bytes of a node's value (its shape and dtype must be known)."""
-    if node.shape is None or node.dtype is None or None in node.shape:
+    nbytes = tensor_nbytes(node.shape, node.dtype)
+    if nbytes is None:
         raise PlanError(f"{node.name} ({node.op}, created at {node.where}) has no concrete "
                         "shape; plan a specialized graph (compile does that)")
-    return math.prod(node.shape) * node.dtype.itemsize
+    return nbytes
 
 
 def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
@@ -810,8 +857,8 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
     """(steps, external, keep) for plan_memory, from a specialized graph.
 
     The steps follow `order` (default: the graph's topological order); placeholders,
-    variables and constants are external (EXTERNAL_OPS); an assign's value is the
-    variable's buffer, so it needs 0 arena bytes (NO_ARENA_OPS). An op's in-place
+    variables and constants are external (OpDef.source); an assign's value is the
+    variable's buffer, so it needs 0 arena bytes (OpDef.mutates). An op's in-place
     input is offered when it has the output's shape and dtype and is not read twice
     by the op.
     """
@@ -819,17 +866,17 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
     external: dict[str, str] = {}
     steps: list[PlanStep] = []
     for node in order:
-        if node.op in EXTERNAL_OPS:
-            external[node.name] = EXTERNAL_OPS[node.op]
+        if source_kind(node) is not None:
+            external[node.name] = source_kind(node)
             continue
         inplace = REGISTRY[node.op].inplace
         if inplace is not None:
             source = node.inputs[inplace] if inplace < len(node.inputs) else None
-            if (source is None or source.op in EXTERNAL_OPS or source.op in NO_ARENA_OPS
+            if (source is None or not in_arena(source)
                     or source.shape != node.shape or source.dtype != node.dtype
                     or node.inputs.count(source) > 1):
                 inplace = None
-        nbytes = 0 if node.op in NO_ARENA_OPS else node_nbytes(node)
+        nbytes = node_nbytes(node) if in_arena(node) else 0
         steps.append(PlanStep(node.name, [i.name for i in node.inputs], nbytes, inplace))
-    keep = {o.name for o in graph.outputs if o.op not in EXTERNAL_OPS}
+    keep = {o.name for o in graph.outputs if source_kind(o) is None}
     return steps, external, keep

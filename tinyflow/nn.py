@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow import api, nn_ops, ops, shape_ops
+from tinyflow.registry import source_kind
 from tinyflow.graph import Node
 from tinyflow.nn_ops import avg_pool2d, dropout, layer_norm, log_softmax, max_pool2d, softmax
 from tinyflow.ops import gelu, relu, sigmoid, tanh
@@ -249,7 +250,7 @@ class Module:
     def parameters(self) -> list[Node]:
         params: list[Node] = []
         for value in vars(self).values():
-            if isinstance(value, Node) and value.op == "variable":
+            if isinstance(value, Node) and source_kind(value) == "variable":
                 params.append(value)
             elif isinstance(value, Module):
                 params.extend(value.parameters())

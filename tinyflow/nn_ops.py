@@ -11,6 +11,8 @@ heavy work is one BLAS call. Windows are strided views (no copy until the reshap
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from tinyflow import backend
@@ -18,8 +20,9 @@ from tinyflow.graph import Node, ShapeError, user_source_line
 from tinyflow.shape_ops import expand_dims
 from tinyflow.ops import (
     OpDef,
-    infer_same,
     Mismatch,
+    Operand,
+    infer_same,
     result_dtype,
     cast,
     exp,
@@ -253,7 +256,6 @@ def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
 
 
 
-
 # bias_add (the original TinyFlow's): add a (C,) bias along dimension 1, the channel
 # axis of NCHW images and the feature axis of (N, C) matrices.
 def _channel_view(b, ndim):
@@ -392,23 +394,40 @@ def _same_as_input_2(shapes, dtypes, attrs):
     return tuple(shapes[2]), dtypes[0]
 
 
+def conv_cost(node: Node) -> float | None:
+    """Flops of a convolution (or one of its gradients): 2 * output size * the
+    size of one filter (input 1's dims after the first)."""
+    if len(node.inputs) < 2 or not node.inputs[1].shape:
+        return None
+    size = 1
+    for d in node.shape or ():
+        size *= d or 1
+    kernel = 1
+    for d in node.inputs[1].shape[1:]:
+        kernel *= d or 1
+    return 2.0 * size * kernel
+
+
 register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
-               bind=_bind_scratch(_conv_compute, _conv_infer),
+               bind=_bind_scratch(_conv_compute, _conv_infer), cost=conv_cost,
                doc="2-D convolution, NCHW input, OIHW filters (im2col + one batched GEMM)",
                check=_window_check))
 register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _same_as_input_2,
                _conv_grad_input_grad,
                bind=_bind_scratch(_conv_grad_input_compute, _same_as_input_2),
+               cost=conv_cost,
                doc="gradient of conv2d with respect to its input",
                check=_window_check))
 register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _same_as_input_2,
                _conv_grad_filter_grad,
                bind=_bind_scratch(_conv_grad_filter_compute, _same_as_input_2),
+               cost=conv_cost,
                doc="gradient of conv2d with respect to its filters",
                check=_window_check))
 
 
-def conv2d(x, w, stride=(1, 1), padding=0) -> Node:
+def conv2d(x: Operand, w: Operand, stride: int | Sequence[int] = (1, 1),
+           padding: int | str | Sequence[int] = 0) -> Node:
     """Convolve x (N,C,H,W) with filters w (O,C,kh,kw); padding int, "SAME" or "VALID"."""
     if isinstance(stride, int):
         stride = (stride, stride)
@@ -571,11 +590,15 @@ def _pool(op, x, ksize, stride, padding):
                 padding=padding)
 
 
-def max_pool2d(x, ksize=2, stride=None, padding=0) -> Node:
+def max_pool2d(x: Operand, ksize: int | Sequence[int] = 2,
+               stride: int | Sequence[int] | None = None,
+               padding: int | str | Sequence[int] = 0) -> Node:
     return _pool("max_pool2d", x, ksize, stride, padding)
 
 
-def avg_pool2d(x, ksize=2, stride=None, padding=0) -> Node:
+def avg_pool2d(x: Operand, ksize: int | Sequence[int] = 2,
+               stride: int | Sequence[int] | None = None,
+               padding: int | str | Sequence[int] = 0) -> Node:
     return _pool("avg_pool2d", x, ksize, stride, padding)
 
 
@@ -672,15 +695,15 @@ register(OpDef("one_hot_like", _one_hot_like_compute,
                zero_gradient, doc="one-hot rows, classes = last dim of input 1"))
 
 
-def softmax(x) -> Node:
+def softmax(x: Operand) -> Node:
     return make("softmax", x)
 
 
-def log_softmax(x) -> Node:
+def log_softmax(x: Operand) -> Node:
     return make("log_softmax", x)
 
 
-def softmax_cross_entropy(logits, labels) -> Node:
+def softmax_cross_entropy(logits: Operand, labels: Operand) -> Node:
     """Per-example cross entropy of integer class `labels` (any numeric dtype)."""
     return make("softmax_cross_entropy", logits, labels)
 
@@ -732,7 +755,7 @@ register(OpDef("layer_norm", _layer_norm_compute, _layer_norm_infer, _layer_norm
                doc="normalise the last axis to mean 0, variance 1; then scale and shift"))
 
 
-def layer_norm(x, gamma, beta, eps: float = 1e-5) -> Node:
+def layer_norm(x: Operand, gamma: Operand, beta: Operand, eps: float = 1e-5) -> Node:
     return make("layer_norm", x, gamma, beta, eps=float(eps))
 
 
@@ -761,7 +784,8 @@ register(OpDef("dropout_mask", _dropout_mask_compute, infer_same, zero_gradient,
                check=_dropout_mask_check))
 
 
-def dropout(x, rate: float = 0.5, training: bool = True, seed: int | None = None) -> Node:
+def dropout(x: Operand, rate: float = 0.5, training: bool = True,
+            seed: int | None = None) -> Node:
     """Zero each element with probability `rate` (training), identity otherwise."""
     from tinyflow.ops import _next_seed
     if not 0.0 <= rate < 1.0:

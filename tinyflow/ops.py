@@ -29,55 +29,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tinyflow import backend
-from tinyflow.graph import OPERATOR_BUILDERS, Node, ShapeError, user_source_line
+from tinyflow.graph import OPERATOR_BUILDERS, Node, ShapeError, format_shape, user_source_line
+from tinyflow.registry import REGISTRY, OpDef, register
 
 # ----------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OpDef:
-    """One registry entry. Flags are read by passes; functions by the layers above."""
-
-    name: str
-    compute: Callable[..., Any]
-    infer: Callable[[list, list, dict], tuple]
-    gradient: Callable[[Node, Node], list] | None = None
-    elementwise: bool = False   # output[i] depends only on inputs[i] (after broadcast)
-    inplace: int | None = None  # index of an input the output may overwrite
-    pure: bool = True           # deterministic and side-effect free
-    commutative: bool = False   # f(a, b) == f(b, a)
-    differentiable: bool = True  # False: has no gradient (comparisons, argmax, ...)
-    random: bool = False        # draws random numbers: compute takes `generators`
-    doc: str = ""
-    # Optional: bind(xp, shapes, dtypes, attrs, workspace) -> a compute specialized to
-    # these static input shapes (or None). The executor calls it once per step when it
-    # compiles, so per-run work (finding a plan) disappears; `workspace` is a dict of
-    # scratch buffers shared by the steps of one stream, which never run at once.
-    bind: Callable[..., Any] | None = None
-    # Optional: check(attrs, dtypes) raises Mismatch for attributes or input dtypes no
-    # shape could make valid (a stride of 0, an unknown padding, float indices). Run
-    # at build time even when the input shapes are not known yet, so the error names
-    # the user's line.
-    check: Callable[[dict, list], None] | None = None
-
-
-REGISTRY: dict[str, OpDef] = {}
-
-
-def register(opdef: OpDef) -> OpDef:
-    """Add `opdef` to the registry (a name may be registered once)."""
-    if opdef.name in REGISTRY:
-        raise ValueError(f"op {opdef.name!r} is registered twice")
-    REGISTRY[opdef.name] = opdef
-    return opdef
 
 
 class Mismatch(Exception):
@@ -88,13 +50,6 @@ class Mismatch(Exception):
     cannot accept."""
 
 
-def _fmt_shape(shape: tuple | None) -> str:
-    if shape is None:
-        return "(?)"
-    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + \
-        ("," if len(shape) == 1 else "") + ")"
-
-
 def _fmt_attrs(attrs: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in attrs.items()) or "none"
 
@@ -102,12 +57,12 @@ def _fmt_attrs(attrs: dict) -> str:
 def check_dims(shape: Sequence | None) -> None:
     """Raise Mismatch for a negative dimension (None dims are unknown, fine)."""
     if shape is not None and any(d is not None and d < 0 for d in shape):
-        raise Mismatch(f"negative dimension in shape {_fmt_shape(tuple(shape))}")
+        raise Mismatch(f"negative dimension in shape {format_shape(tuple(shape))}")
 
 
 def shape_error(op: str, shapes: Sequence, why: str, where: str) -> ShapeError:
     """The one format of a shape error: op, every input shape, reason, user's line."""
-    shown = ", ".join(_fmt_shape(s) for s in shapes)
+    shown = ", ".join(format_shape(s) for s in shapes)
     return ShapeError(f"{op}: incompatible shapes {shown}: {why} (at {where})")
 
 
@@ -149,6 +104,15 @@ def set_eager_dispatch(apply: Callable[..., Any], tensor_type: type) -> None:
     """Route `make` calls that have an eager Tensor among their inputs to `apply`."""
     global _eager_dispatch
     _eager_dispatch = (apply, tensor_type)
+
+
+# What a builder takes as an input: a Node, or a Python number or list or a numpy
+# array (`make` turns those into constants); in eager mode, a Tensor. Builders return
+# a Node (in eager mode, a Tensor).
+Operand = Any
+Shape = int | Sequence[int]
+Axis = int | Sequence[int] | None
+DType = Any  # anything np.dtype() takes: np.float32, "float32", float
 
 
 def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
@@ -329,7 +293,7 @@ class ConstValue:
     def __repr__(self) -> str:
         if self.array.size <= 4:
             return repr(self.array.tolist())
-        return f"array{_fmt_shape(self.array.shape)}"
+        return f"array{format_shape(self.array.shape)}"
 
 
 def _source_infer(shapes, dtypes, attrs):
@@ -341,10 +305,11 @@ def _no_compute(xp, *arrays, out=None, **attrs):
     raise RuntimeError("placeholders and variables get their values from the executor")
 
 
-for _name, _doc in [("placeholder", "A value fed at run time (feed_dict)."),
-                    ("variable", "State that lives across runs (in the Session).")]:
+for _name, _kind, _doc in [
+        ("placeholder", "feed", "A value fed at run time (feed_dict)."),
+        ("variable", "variable", "State that lives across runs (in the Session).")]:
     register(OpDef(_name, _no_compute, _source_infer, None, pure=False,
-                   differentiable=False, doc=_doc))
+                   differentiable=False, source=_kind, doc=_doc))
 
 
 def _constant_compute(xp, out=None, value=None):
@@ -354,7 +319,8 @@ def _constant_compute(xp, out=None, value=None):
 
 register(OpDef("constant", _constant_compute,
                lambda s, d, a: (a["value"].array.shape, a["value"].array.dtype),
-               None, differentiable=False, doc="A fixed array baked into the graph."))
+               None, differentiable=False, source="constant",
+               doc="A fixed array baked into the graph."))
 
 
 def constant(value: Any, dtype: Any = None, name: str | None = None) -> Node:
@@ -443,9 +409,9 @@ def _group_compute(xp, *arrays, out=None):
 
 
 register(OpDef("assign", _assign_compute, _assign_infer, None, pure=False,
-               differentiable=False, doc="write input 1 into variable input 0"))
+               differentiable=False, mutates=0, doc="write input 1 into variable input 0"))
 register(OpDef("group", _group_compute, lambda s, d, a: ((), np.dtype(np.float32)), None,
-               pure=False, differentiable=False,
+               pure=False, differentiable=False, effect_only=True,
                doc="run every input for its effect (tf.group); the value is 0"))
 
 
@@ -506,13 +472,17 @@ def _binary(name, ufunc_name, grad, commutative=False, doc=""):
                    commutative=commutative, doc=doc))
 
 
-def _unary(name, compute, grad, doc="", inplace=0, dtype_like=None):
+def _unary(name: str, compute: Callable, grad: Callable | None, doc: str = "",
+           inplace: int | None = 0, dtype_like: str | None = None,
+           dense_activation: bool = False) -> None:
     """An elementwise op of one input; its dtype follows numpy's ufunc `dtype_like`
-    (exp: integers give floats), or stays the input's when that is None."""
+    (exp: integers give floats), or stays the input's when that is None.
+    `dense_activation`: fuse_dense may fold it into a dense layer."""
     def infer(shapes, dtypes, attrs):
         dtype = dtypes[0] if dtype_like is None else ufunc_dtype(dtype_like, dtypes)
         return tuple(shapes[0]), dtype
-    register(OpDef(name, compute, infer, grad, elementwise=True, inplace=inplace, doc=doc))
+    register(OpDef(name, compute, infer, grad, elementwise=True, inplace=inplace, doc=doc,
+                   dense_activation=dense_activation))
 
 
 # Gradients read the forward node's inputs (a, b) and, where it is cheaper, the
@@ -617,12 +587,14 @@ _unary("log", _ufunc_compute("log"), lambda n, g: [g / n.inputs[0]], "natural lo
 _unary("sqrt", _ufunc_compute("sqrt"), lambda n, g: [g / (2.0 * n)], "square root",
        dtype_like="sqrt")
 _unary("tanh", _ufunc_compute("tanh"), lambda n, g: [g * (1.0 - n * n)], "tanh",
-       dtype_like="tanh")
+       dtype_like="tanh", dense_activation=True)
 _unary("sigmoid", _sigmoid_compute, lambda n, g: [g * n * (1.0 - n)], "1 / (1 + e^-x)",
-       dtype_like="exp")
+       dtype_like="exp", dense_activation=True)
 _unary("relu", _relu_compute,
-       lambda n, g: [g * cast(n.inputs[0] > 0.0, g.dtype)], "max(x, 0)")
-_unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation", dtype_like="exp")
+       lambda n, g: [g * cast(n.inputs[0] > 0.0, g.dtype)], "max(x, 0)",
+       dense_activation=True)
+_unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation", dtype_like="exp",
+       dense_activation=True)
 _unary("abs", _ufunc_compute("absolute"), lambda n, g: [g * sign(n.inputs[0])], "|x|")
 
 
@@ -740,7 +712,24 @@ def _matmul_grad(n, g):
     return [unbroadcast(grad_a, a), unbroadcast(grad_b, b)]
 
 
-register(OpDef("matmul", _matmul_compute, _matmul_infer, _matmul_grad,
+def matmul_cost(node: Node) -> float | None:
+    """Flops of a matmul (or a fused dense layer): 2 * output size * inner dim."""
+    if not node.inputs or not node.inputs[0].shape:
+        return None
+    a_shape = node.inputs[0].shape
+    inner = a_shape[-2] if node.attrs.get("transpose_a") else a_shape[-1]
+    return 2.0 * _known_size(node.shape) * (inner or 1)
+
+
+def _known_size(shape: Sequence | None) -> int:
+    """The number of elements, counting an unknown dim as 1 (a cost estimate)."""
+    size = 1
+    for d in shape or ():
+        size *= d or 1
+    return size
+
+
+register(OpDef("matmul", _matmul_compute, _matmul_infer, _matmul_grad, cost=matmul_cost,
                doc="batched matrix product, batch dims broadcast like numpy"))
 
 
@@ -839,49 +828,49 @@ register(OpDef("argmax", _argmax_compute, _argmax_infer, None, differentiable=Fa
 # Builders: the functions users (and gradients) call
 # ----------------------------------------------------------------------------------
 
-def add(a, b): return make("add", a, b)
-def sub(a, b): return make("sub", a, b)
-def mul(a, b): return make("mul", a, b)
-def div(a, b): return make("div", a, b)
-def power(a, b): return make("pow", a, b)
-def maximum(a, b): return make("maximum", a, b)
-def minimum(a, b): return make("minimum", a, b)
-def neg(x): return make("neg", x)
-def exp(x): return make("exp", x)
-def log(x): return make("log", x)
-def sqrt(x): return make("sqrt", x)
-def tanh(x): return make("tanh", x)
-def sigmoid(x): return make("sigmoid", x)
-def relu(x): return make("relu", x)
-def gelu(x): return make("gelu", x)
-def sign(x): return make("sign", x)
-def less(a, b): return make("less", a, b)
-def less_equal(a, b): return make("less_equal", a, b)
-def greater(a, b): return make("greater", a, b)
-def greater_equal(a, b): return make("greater_equal", a, b)
-def equal(a, b): return make("equal", a, b)
-def not_equal(a, b): return make("not_equal", a, b)
-def zeros_like(x): return make("zeros_like", x)
-def ones_like(x): return make("ones_like", x)
-def where(cond, a, b): return make("where", cond, a, b)
+def add(a: Operand, b: Operand) -> Node: return make("add", a, b)
+def sub(a: Operand, b: Operand) -> Node: return make("sub", a, b)
+def mul(a: Operand, b: Operand) -> Node: return make("mul", a, b)
+def div(a: Operand, b: Operand) -> Node: return make("div", a, b)
+def power(a: Operand, b: Operand) -> Node: return make("pow", a, b)
+def maximum(a: Operand, b: Operand) -> Node: return make("maximum", a, b)
+def minimum(a: Operand, b: Operand) -> Node: return make("minimum", a, b)
+def neg(x: Operand) -> Node: return make("neg", x)
+def exp(x: Operand) -> Node: return make("exp", x)
+def log(x: Operand) -> Node: return make("log", x)
+def sqrt(x: Operand) -> Node: return make("sqrt", x)
+def tanh(x: Operand) -> Node: return make("tanh", x)
+def sigmoid(x: Operand) -> Node: return make("sigmoid", x)
+def relu(x: Operand) -> Node: return make("relu", x)
+def gelu(x: Operand) -> Node: return make("gelu", x)
+def sign(x: Operand) -> Node: return make("sign", x)
+def less(a: Operand, b: Operand) -> Node: return make("less", a, b)
+def less_equal(a: Operand, b: Operand) -> Node: return make("less_equal", a, b)
+def greater(a: Operand, b: Operand) -> Node: return make("greater", a, b)
+def greater_equal(a: Operand, b: Operand) -> Node: return make("greater_equal", a, b)
+def equal(a: Operand, b: Operand) -> Node: return make("equal", a, b)
+def not_equal(a: Operand, b: Operand) -> Node: return make("not_equal", a, b)
+def zeros_like(x: Operand) -> Node: return make("zeros_like", x)
+def ones_like(x: Operand) -> Node: return make("ones_like", x)
+def where(cond: Operand, a: Operand, b: Operand) -> Node: return make("where", cond, a, b)
 
 
-def abs(x):  # noqa: A001 - tf.abs
+def abs(x: Operand) -> Node:  # noqa: A001 - tf.abs
     return make("abs", x)
 
 
 pow = power  # noqa: A001 - the `**` operator and tf.pow
 
 
-
-def cast(x, dtype):
+def cast(x: Operand, dtype: DType) -> Node:
     dtype = np.dtype(dtype)
     if isinstance(x, Node) and x.dtype == dtype:
         return x
     return make("cast", x, dtype=dtype.name)
 
 
-def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
+def matmul(a: Operand, b: Operand, transpose_a: bool = False, transpose_b: bool = False
+           ) -> Node:
     attrs = {}
     if transpose_a:
         attrs["transpose_a"] = True
@@ -890,7 +879,7 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
     return make("matmul", a, b, **attrs)
 
 
-def _axis_attr(axis):
+def _axis_attr(axis: Axis) -> int | tuple[int, ...] | None:
     if axis is None:
         return None
     if isinstance(axis, (list, tuple)):
@@ -898,41 +887,35 @@ def _axis_attr(axis):
     return int(axis)
 
 
-def reduce_sum(x, axis=None, keepdims=False):
+def reduce_sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     return make("sum", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
 
 
-def reduce_mean(x, axis=None, keepdims=False):
+def reduce_mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     if isinstance(x, Node) and x.dtype is not None and x.dtype.kind in "biu":
         x = cast(x, np.float32)  # the mean of booleans is a fraction (accuracy)
     return make("mean", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
 
 
-def reduce_max(x, axis=None, keepdims=False):
+def reduce_max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     return make("max", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
 
 
-def argmax(x, axis=None):
+def argmax(x: Operand, axis: int | None = None) -> Node:
     return make("argmax", x, axis=None if axis is None else int(axis))
 
 
-
-
-
-
-
-
-def _shape_attr(shape) -> tuple:
+def _shape_attr(shape: Shape) -> tuple:
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
     return tuple(int(d) for d in shape)
 
 
-def zeros(shape, dtype=np.float32, name=None):
+def zeros(shape: Shape, dtype: DType = np.float32, name: str | None = None) -> Node:
     return make("zeros", shape=_shape_attr(shape), dtype=np.dtype(dtype).name, name=name)
 
 
-def ones(shape, dtype=np.float32, name=None):
+def ones(shape: Shape, dtype: DType = np.float32, name: str | None = None) -> Node:
     return make("ones", shape=_shape_attr(shape), dtype=np.dtype(dtype).name, name=name)
 
 
@@ -963,12 +946,16 @@ def _next_seed(seed) -> tuple[int, int, int]:
     return (_graph_seed, op_seed, k)
 
 
-def random_normal(shape, mean=0.0, stddev=1.0, dtype=np.float32, seed=None, name=None):
+def random_normal(shape: Shape, mean: float = 0.0, stddev: float = 1.0,
+                  dtype: DType = np.float32, seed: int | None = None,
+                  name: str | None = None) -> Node:
     return make("random_normal", shape=_shape_attr(shape), dtype=np.dtype(dtype).name,
                 a=float(mean), b=float(stddev), seed=_next_seed(seed), name=name)
 
 
-def random_uniform(shape, minval=0.0, maxval=1.0, dtype=np.float32, seed=None, name=None):
+def random_uniform(shape: Shape, minval: float = 0.0, maxval: float = 1.0,
+                   dtype: DType = np.float32, seed: int | None = None,
+                   name: str | None = None) -> Node:
     return make("random_uniform", shape=_shape_attr(shape), dtype=np.dtype(dtype).name,
                 a=float(minval), b=float(maxval), seed=_next_seed(seed), name=name)
 
@@ -1033,4 +1020,4 @@ register(OpDef("erf", _erf_compute,
                doc="the Gauss error function"))
 
 
-def erf(x): return make("erf", x)
+def erf(x: Operand) -> Node: return make("erf", x)

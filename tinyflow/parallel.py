@@ -34,7 +34,7 @@ import numpy as np
 
 from tinyflow import api, ops, shape_ops
 from tinyflow.allreduce import broadcast, ring_allreduce, ring_timeline_events
-from tinyflow.graph import Node, ShapeError, topological_order
+from tinyflow.graph import Node, ShapeError, tensor_nbytes, topological_order
 from tinyflow.ops import OpDef, make, register
 from tinyflow.transports import (  # noqa: F401  (COMMUNICATORS: public here too)
     COMMUNICATORS,
@@ -122,11 +122,12 @@ def timeline_with_ring_steps(timeline: list[dict], records: Sequence[dict]) -> l
 # ----------------------------------------------------------------------------------
 
 def _nbytes(var: Node) -> int:
-    if var.shape is None or None in var.shape:
+    nbytes = tensor_nbytes(var.shape, var.dtype or np.float32)
+    if nbytes is None:
         raise ShapeError(f"DistributedOptimizer needs the shape of {var.name} (created at "
                          f"{var.where}) to bucket its gradient; call "
                          "tf.infer_variable_shapes before minimize")
-    return math.prod(var.shape) * np.dtype(var.dtype or np.float32).itemsize
+    return nbytes
 
 
 def plan_buckets(grads_and_vars: Sequence[tuple[Node, Node]], loss: Node,

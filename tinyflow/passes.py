@@ -61,13 +61,13 @@ from tinyflow.graph import (
 )
 from tinyflow.ops import REGISTRY, ConstValue, infer_node
 from tinyflow.rewrite import (  # noqa: F401  (RewriteRecord, PassContext: public here too)
-    SOURCES,
     Adoptions,
     AfterAssign,
     PassContext,
     RewriteRecord,
     clone,
     finish,
+    is_bound_source,
     merged_phase,
     merged_provenance,
     new_node,
@@ -265,7 +265,7 @@ def dce(graph: Graph, ctx: PassContext) -> Graph:
 
     def visit(old: Node, node: Node) -> Node:
         opdef = REGISTRY[node.op]
-        has_effect = (not opdef.pure and node.op not in SOURCES) or any(
+        has_effect = (not opdef.pure and not is_bound_source(node)) or any(
             effect[id(i)] for i in node.inputs)
         if node.op == "group":
             keep = list(dict.fromkeys(i for i in node.inputs if effect[id(i)]))
@@ -300,7 +300,7 @@ def infer_shapes(graph: Graph, ctx: PassContext) -> Graph:
     """
     original = {n.name: n for n in ctx.snapshots[0][1].nodes} if ctx.snapshots else {}
     for node in graph.nodes:
-        if node.op in SOURCES or _unchanged(node, original.get(node.name)):
+        if is_bound_source(node) or _unchanged(node, original.get(node.name)):
             continue
         shape, dtype = infer_node(node.op, node.inputs, node.attrs, node.where)
         if tuple(shape) != node.shape or dtype != node.dtype:

@@ -28,13 +28,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyflow.graph import VARIABLE_WRITERS, Graph, Node, next_node_id
+from tinyflow.graph import Graph, Node, next_node_id
 from tinyflow.ops import infer_node
+from tinyflow.registry import mutated_input, source_kind
 
 # A rewrite: (node as it was, node with its inputs already rewritten) -> replacement.
 Rewrite = Callable[[Node, Node], Node]
 
-SOURCES = ("placeholder", "variable")  # bound by the executor by identity: never cloned
+
+
+def is_bound_source(node: Node) -> bool:
+    """A feed or a variable: the executor binds it by identity, so it is never cloned."""
+    return source_kind(node) in ("feed", "variable")
 
 
 @dataclass
@@ -158,7 +163,7 @@ class Adoptions:
         self.pending: dict[int, list[Node]] = {}
 
     def add(self, target: Node, merged: list[Node]) -> None:
-        if target.op in SOURCES:
+        if is_bound_source(target):
             return  # the executor binds placeholders and variables by identity
         if target.id >= self.first_new_id:
             target.provenance = merged_provenance(target, *merged)
@@ -179,7 +184,7 @@ def add_provenance(graph: Graph, extra: dict[int, list[Node]]) -> Graph:
 
     def merge(old: Node, node: Node) -> Node:
         others = extra.get(id(old))
-        if not others or node.op in SOURCES:
+        if not others or is_bound_source(node):
             return node
         return clone(node, node.inputs, merged_provenance(node, *others),
                       merged_phase(node, *others))
@@ -231,7 +236,8 @@ class AfterAssign:
                 stack.extend(missing)
                 continue
             stack.pop()
-            memo[id(top)] = top.op in VARIABLE_WRITERS or any(memo[id(i)] for i in top.inputs)
+            memo[id(top)] = (mutated_input(top) is not None
+                             or any(memo[id(i)] for i in top.inputs))
         return memo[id(node)]
 
     def fresh_read_is_safe(self, new_inputs: Sequence[Node], old_readers: Sequence[Node],

@@ -21,6 +21,7 @@ import numpy as np
 
 from tinyflow.graph import Node
 from tinyflow.ops import REGISTRY, ConstValue
+from tinyflow.registry import source_kind
 from tinyflow.rewrite import new_node
 
 
@@ -54,7 +55,7 @@ def _keep(node: Node, x: Node) -> Node | None:
     """`x` replaces `node` when it has node's shape and dtype. Never a variable: a
     consumer of `node` that also depends on an assign to that variable would then
     read it directly (see `rewrite.AfterAssign`); a reader node in between is cheap."""
-    return x if same_type(node, x) and x.op != "variable" else None
+    return x if same_type(node, x) and source_kind(x) != "variable" else None
 
 
 def _other_operand(node: Node, value: float) -> Node | None:
@@ -174,16 +175,12 @@ def _rule_transpose(node: Node) -> Node | None:
     return None
 
 
-# Ops that only change a shape (the elements keep their order in memory).
-RESHAPES = ("reshape", "reshape_like", "expand_dims", "squeeze")
-
-
 def _rule_reshape(node: Node) -> Node | None:
     """reshape of a reshape -> one reshape; a reshape to the same shape -> x."""
     x = node.inputs[0]
     if x.shape == node.shape:
         return _keep(node, x)
-    if x.op in RESHAPES:
+    if REGISTRY[x.op].reshape:  # (only changes a shape: the elements keep their order)
         return new_node("reshape", [x.inputs[0]], {"shape": tuple(node.shape)}, node, (x,))
     return None
 
@@ -274,7 +271,7 @@ RULES: list[Rule] = [
     Rule("cast(x) to x's dtype -> x", "cast", _rule_cast),
     Rule("transpose(transpose(x)) -> one transpose, or x", "transpose", _rule_transpose),
     *[Rule(f"{op} of a reshape -> one reshape; to x's own shape -> x", op, _rule_reshape)
-      for op in RESHAPES],
+      for op, opdef in REGISTRY.items() if opdef.reshape],
     *[Rule(f"{op}(x) to x's own shape -> x", op, _rule_same_shape)
       for op in ("broadcast_to", "broadcast_like", "sum_to_like")],
     Rule("reshape_like(x, ref) -> reshape(x, shape of ref)", "reshape_like",

@@ -59,6 +59,7 @@ import numpy as np
 
 from tinyflow import api
 from tinyflow.graph import Node, TinyFlowError
+from tinyflow.registry import source_kind
 
 FORMAT = "tinyflow.checkpoint"
 VERSION = 2          # 2: safetensors; 1: .npz + JSON manifest (read until TinyFlow 0.3)
@@ -101,7 +102,7 @@ class Saver:
             pairs = [(var.name, var) for var in var_list]
         seen: dict[str, Node] = {}
         for name, var in pairs:
-            if not isinstance(var, Node) or var.op != "variable":
+            if not isinstance(var, Node) or source_kind(var) != "variable":
                 raise CheckpointError(f"Saver: {name!r} is not a Variable ({var!r})")
             if name in seen:
                 raise CheckpointError(

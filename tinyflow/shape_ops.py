@@ -10,15 +10,19 @@ the other way), and ``tf.reshape`` & co. are these functions.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tinyflow import backend
-from tinyflow.graph import OPERATOR_BUILDERS
+from tinyflow.graph import OPERATOR_BUILDERS, Node
 from tinyflow.ops import (
     SHAPE_OP_BUILDERS,
+    Axis,
     OpDef,
+    Operand,
+    Shape,
     _axis_attr,
     _infer_like_second,
     Mismatch,
@@ -93,10 +97,10 @@ def _reshape_like_compute(xp, x, ref, out=None):
 
 register(OpDef("reshape", _reshape_compute, _reshape_infer,
                lambda n, g: [reshape_like(g, n.inputs[0])], doc="same data, new shape",
-               check=_reshape_check))
+               check=_reshape_check, reshape=True))
 register(OpDef("reshape_like", _reshape_like_compute, _infer_like_second,
                lambda n, g: [reshape_like(g, n.inputs[0]), None],
-               doc="reshape input 0 to the shape of input 1"))
+               doc="reshape input 0 to the shape of input 1", reshape=True))
 
 
 def _transpose_infer(shapes, dtypes, attrs):
@@ -183,9 +187,11 @@ def _squeeze_compute(xp, x, out=None, axis=None):
 
 
 register(OpDef("expand_dims", _expand_dims_compute, _expand_dims_infer,
-               lambda n, g: [reshape_like(g, n.inputs[0])], doc="insert size-1 axes"))
+               lambda n, g: [reshape_like(g, n.inputs[0])], doc="insert size-1 axes",
+               reshape=True))
 register(OpDef("squeeze", _squeeze_compute, _squeeze_infer,
-               lambda n, g: [reshape_like(g, n.inputs[0])], doc="remove size-1 axes"))
+               lambda n, g: [reshape_like(g, n.inputs[0])], doc="remove size-1 axes",
+               reshape=True))
 
 
 def _concat_infer(shapes, dtypes, attrs):
@@ -365,7 +371,6 @@ register(OpDef("scatter_rows", _scatter_rows_compute,
                doc="gradient of gather: rows of g summed into zeros of params' shape"))
 
 
-
 # pad (the original TinyFlow's, after Torch's nn.Padding): |pad| zeros along one
 # dimension, after the data when pad > 0 and before it when pad < 0. Its gradient is
 # the slice that drops them again.
@@ -400,46 +405,46 @@ register(OpDef("pad", _pad_compute, _pad_infer, _pad_grad,
 
 # Builders
 
-def pad(x, dim: int = 0, pad: int = 0):  # noqa: A002 - the original's keyword names
+def pad(x: Operand, dim: int = 0, pad: int = 0) -> Node:  # noqa: A002 - the original's names
     """The original TinyFlow's tf.pad(x, dim=, pad=): add |pad| zeros along `dim`,
     after the data for pad > 0 and before it for pad < 0 (Torch's nn.Padding)."""
     return make("pad", x, dim=int(dim), pad=int(pad))
 
 
-def getitem(x, index):
+def getitem(x: Operand, index: Any) -> Node:
     return make("getitem", x, index=_encode_index(index))
 
 
-def reshape(x, shape):
+def reshape(x: Operand, shape: Shape) -> Node:
     return make("reshape", x, shape=tuple(int(d) for d in shape))
 
 
-def transpose(x, axes=None):
+def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
     return make("transpose", x, axes=None if axes is None else tuple(int(a) for a in axes))
 
 
-def broadcast_to(x, shape):
+def broadcast_to(x: Operand, shape: Shape) -> Node:
     return make("broadcast_to", x, shape=tuple(int(d) for d in shape))
 
 
-def expand_dims(x, axis):
+def expand_dims(x: Operand, axis: int) -> Node:
     return make("expand_dims", x, axis=_axis_attr(axis))
 
 
-def squeeze(x, axis=None):
+def squeeze(x: Operand, axis: Axis = None) -> Node:
     return make("squeeze", x, axis=_axis_attr(axis))
 
 
-def concat(values, axis):
+def concat(values: Sequence[Operand], axis: int) -> Node:
     if not values:
         raise ValueError("concat needs at least one value to join")
     return make("concat", *values, axis=int(axis))
 
 
-def gather(params, indices): return make("gather", params, indices)
+def gather(params: Operand, indices: Operand) -> Node: return make("gather", params, indices)
 
 
-def reshape_like(x, ref): return make("reshape_like", x, ref)
+def reshape_like(x: Operand, ref: Operand) -> Node: return make("reshape_like", x, ref)
 
 
 OPERATOR_BUILDERS["getitem"] = getitem  # `x[1:, ::2]` on a Node

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow.graph import VARIABLE_WRITERS, FeedError, Graph, Node, topological_order
+from tinyflow.graph import FeedError, Graph, Node, topological_order
 from tinyflow.ops import infer_node
+from tinyflow.registry import mutated_input
 
 
 def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
@@ -88,7 +89,7 @@ def _first_written(order: list[Node], fetches: list[Node], sources: dict) -> dic
     readers: set[int] = set()
     writers: dict[int, int] = {}
     for node in order:
-        targets = node.inputs[:1] if node.op in VARIABLE_WRITERS else ()
+        targets = node.inputs[:1] if mutated_input(node) is not None else ()
         for inp in node.inputs:
             if inp.op == "variable" and inp not in sources:
                 if any(inp is t for t in targets) and inp not in node.inputs[1:]:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from tinyflow.errors import TinyFlowError
 from tinyflow.graph import Node
+from tinyflow.registry import opdef_of
 
 # Cost model for stream assignment, in "flop equivalents". Only ratios matter.
 # A numpy call costs a few microseconds of Python before any arithmetic, roughly
@@ -58,21 +59,16 @@ class StreamError(TinyFlowError, RuntimeError):
 
 
 def estimate_cost(node: Node) -> float:
-    """Rough flop count of `node` (matmul and conv by their arithmetic, the rest by
-    output size), plus the fixed per-step overhead."""
-    size = 1
-    for d in node.shape or ():
-        size *= d or 1
-    if node.op in ("matmul", "fused_dense") and node.inputs and node.inputs[0].shape:
-        a_shape = node.inputs[0].shape
-        inner = a_shape[-2] if node.attrs.get("transpose_a") else a_shape[-1]
-        return STEP_OVERHEAD + 2.0 * size * (inner or 1)
-    if node.op.startswith("conv2d") and len(node.inputs) > 1 and node.inputs[1].shape:
-        kernel = 1
-        for d in node.inputs[1].shape[1:]:
-            kernel *= d or 1
-        return STEP_OVERHEAD + 2.0 * size * kernel
-    return STEP_OVERHEAD + float(size)
+    """Rough flop count of `node` (its OpDef's `cost` where the arithmetic is not ~
+    the output size: matmul, convolution; else the output size), plus the fixed
+    per-step overhead."""
+    cost = opdef_of(node).cost
+    flops = cost(node) if cost is not None else None
+    if flops is None:
+        flops = 1.0
+        for d in node.shape or ():
+            flops *= d or 1
+    return STEP_OVERHEAD + float(flops)
 
 
 def assign_streams(nodes: Sequence[Node], deps: Sequence[Sequence[int]],
@@ -92,34 +88,18 @@ def assign_streams(nodes: Sequence[Node], deps: Sequence[Sequence[int]],
     if any(n.attrs.get("stream") == COMM_STREAM_NAME for n in nodes):
         names.append(COMM_STREAM_NAME)
     comm = len(names) - 1
-    # A step with no inputs (a constant, a random fill) follows its first consumer:
-    # placed on its own, it would land on an idle stream and cost an event.
-    first_consumer: dict[int, int] = {}
-    for b, needed in enumerate(deps):
-        for a in needed:
-            first_consumer.setdefault(a, b)
-    follows = {b for b, needed in enumerate(deps) if not needed and b in first_consumer
-               and nodes[b].attrs.get("stream") != COMM_STREAM_NAME}
+    first_consumer, follows = _followers(nodes, deps)
     stream_of: list[int] = [0] * len(nodes)
     finish: list[float] = [0.0] * len(nodes)
     free_at = [0.0] * len(names)          # when each stream runs out of work
     for b, node in enumerate(nodes):
         if b in follows:
             continue
-        if node.attrs.get("stream") == COMM_STREAM_NAME:
-            candidates = [comm]
-        else:
-            candidates = list(range(num_streams))
+        on_comm = node.attrs.get("stream") == COMM_STREAM_NAME
+        candidates = [comm] if on_comm else list(range(num_streams))
         producers = [a for a in deps[b] if a not in follows]
-        best_stream, best_start = candidates[0], None
-        for s in candidates:
-            # Ready when every input is done (plus a hand-off from another stream),
-            # and starts when the stream is free too.
-            ready = max((finish[a] + (0 if stream_of[a] == s else HANDOFF_COST)
-                         for a in producers), default=0.0)
-            start = max(ready, free_at[s])
-            if best_start is None or start < best_start:
-                best_stream, best_start = s, start
+        best_stream, best_start = _earliest_start(candidates, producers, stream_of,
+                                                  finish, free_at)
         stream_of[b] = best_stream
         finish[b] = best_start + estimate_cost(node)
         free_at[best_stream] = finish[b]
@@ -127,6 +107,35 @@ def assign_streams(nodes: Sequence[Node], deps: Sequence[Sequence[int]],
             if a in follows and first_consumer[a] == b:  # (never onto the comm stream)
                 stream_of[a] = best_stream if best_stream < num_streams else 0
     return stream_of, names
+
+
+def _followers(nodes: Sequence[Node], deps: Sequence[Sequence[int]]
+               ) -> tuple[dict[int, int], set[int]]:
+    """({step: its first consumer}, the steps that follow it). A step with no inputs
+    (a constant, a random fill) follows its first consumer onto its stream: placed
+    on its own, it would land on an idle stream and cost an event."""
+    first_consumer: dict[int, int] = {}
+    for b, needed in enumerate(deps):
+        for a in needed:
+            first_consumer.setdefault(a, b)
+    follows = {b for b, needed in enumerate(deps) if not needed and b in first_consumer
+               and nodes[b].attrs.get("stream") != COMM_STREAM_NAME}
+    return first_consumer, follows
+
+
+def _earliest_start(candidates: list[int], producers: list[int], stream_of: list[int],
+                    finish: list[float], free_at: list[float]) -> tuple[int, float]:
+    """The candidate stream on which a step starts first, and when: it is ready when
+    every input is done (plus a hand-off from another stream), and starts when the
+    stream is free too."""
+    best_stream, best_start = candidates[0], None
+    for s in candidates:
+        ready = max((finish[a] + (0 if stream_of[a] == s else HANDOFF_COST)
+                     for a in producers), default=0.0)
+        start = max(ready, free_at[s])
+        if best_start is None or start < best_start:
+            best_stream, best_start = s, start
+    return best_stream, best_start
 
 
 @dataclass
@@ -195,7 +204,8 @@ def build_schedule(stream_of: list[int], names: list[str],
         counters[s] += 1
     waits: list[list[int]] = []
     records = [False] * len(stream_of)
-    after: list[list[int]] = []
+    after: list[list[int]] = []          # clock once step b has finished
+    before: list[list[int]] = []         # clock at the start of step b (its waits done)
     stream_clock = [[-1] * num for _ in range(num)]
     for b, t in enumerate(stream_of):
         clock = list(stream_clock[t])
@@ -208,12 +218,14 @@ def build_schedule(stream_of: list[int], names: list[str],
             records[a] = True
             clock = [max(x, y) for x, y in zip(clock, after[a])]
         waits.append(mine)
+        before.append(clock)
         done = list(clock)
         done[t] = position[b]
         after.append(done)
         stream_clock[t] = done
-    clock = _clocks(stream_of, position, waits, num)
-    return Schedule(names, stream_of, position, waits, records, clock)
+    # (`before` is what _clocks computes from these waits; validate_schedule
+    # recomputes it with _clocks, so as not to trust this loop.)
+    return Schedule(names, stream_of, position, waits, records, before)
 
 
 def validate_schedule(schedule: Schedule, deps: Sequence[Sequence[int]],

@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tinyflow.graph import Graph, Node, ordering_dependencies
-from tinyflow.memory import (ALIGNMENT, EXTERNAL_OPS, NO_ARENA_OPS, format_bytes, liveness,
-                             lower_bound, make_blocks, node_nbytes, steps_from_graph)
+from tinyflow.memory import (ALIGNMENT, format_bytes, in_arena, liveness, lower_bound,
+                             make_blocks, node_nbytes, steps_from_graph)
 from tinyflow.ops import REGISTRY, OpDef, infer_same, make, register
+from tinyflow.registry import source_kind
 
 # ----------------------------------------------------------------------------------
 # A memory-aware schedule. The planner packs whatever lifetimes the schedule gives
@@ -79,63 +80,75 @@ def list_order(graph: Graph) -> list[Node]:
     A heap keeps the choice O(log n): a node's gain only rises, when it becomes the
     last reader of an input, and it is pushed again then (stale entries are skipped).
     """
-    nodes = graph.nodes
-    deps = _dependencies(graph)
-    by_id = {id(n): n for n in nodes}
-    position = {id(n): k for k, n in enumerate(nodes)}
-    size = {id(n): 0 if n.op in EXTERNAL_OPS or n.op in NO_ARENA_OPS else node_nbytes(n)
-            for n in nodes}
-    fetched = {id(o) for o in graph.outputs}
-    source = {id(n) for n in nodes if not deps[id(n)]}
-    readers: dict[int, list[Node]] = {id(n): [] for n in nodes}
-    successors: dict[int, list[Node]] = {id(n): [] for n in nodes}
-    waiting: dict[int, int] = {}
-    for node in nodes:
+    return _ListScheduler(graph).run()
+
+
+class _ListScheduler:
+    """The state of `list_order`: what each node waits for, who reads what, and a
+    heap of ready nodes keyed by (net bytes allocated, depth-first position)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.nodes = nodes = graph.nodes
+        self.deps = _dependencies(graph)
+        self.by_id = {id(n): n for n in nodes}
+        self.position = {id(n): k for k, n in enumerate(nodes)}
+        self.size = {id(n): node_nbytes(n) if in_arena(n) else 0 for n in nodes}
+        self.fetched = {id(o) for o in graph.outputs}
+        self.source = {id(n) for n in nodes if not self.deps[id(n)]}
+        self.readers: dict[int, list[Node]] = {id(n): [] for n in nodes}
+        self.successors: dict[int, list[Node]] = {id(n): [] for n in nodes}
+        self.waiting: dict[int, int] = {}
+        for node in nodes:
+            for i in set(node.inputs):
+                self.readers[id(i)].append(node)
+            for d in self.deps[id(node)]:
+                self.successors[id(d)].append(node)
+            self.waiting[id(node)] = sum(id(d) not in self.source for d in self.deps[id(node)])
+        self.readers_left = {key: len(r) for key, r in self.readers.items()}
+        self.done: set[int] = set()
+        self.order: list[Node] = []
+        self.heap: list[tuple[int, int, int]] = []
+
+    def run(self) -> list[Node]:
+        for node in self.nodes:
+            if id(node) not in self.source and self.waiting[id(node)] == 0:
+                self.push(node)
+        while self.heap:
+            key = heapq.heappop(self.heap)[2]
+            if key in self.done:
+                continue
+            for d in self.deps[key]:
+                if id(d) in self.source and id(d) not in self.done:
+                    self.emit(d)
+            self.emit(self.by_id[key])
+        for node in self.nodes:       # sources nobody reads (a fetched constant)
+            if id(node) not in self.done:
+                self.emit(node)
+        return self.order
+
+    def push(self, node: Node) -> None:
+        """Offer `node` (its inputs are ready), keyed by the bytes it would add."""
+        freed = sum(self.size[id(i)] for i in set(node.inputs)
+                    if self.readers_left[id(i)] == 1 and id(i) not in self.fetched)
+        heapq.heappush(self.heap, (self.size[id(node)] - freed, self.position[id(node)],
+                                   id(node)))
+
+    def emit(self, node: Node) -> None:
+        """Run `node`: its inputs lose a reader (a last reader gains), its
+        successors wait for one fewer."""
+        self.done.add(id(node))
+        self.order.append(node)
         for i in set(node.inputs):
-            readers[id(i)].append(node)
-        for d in deps[id(node)]:
-            successors[id(d)].append(node)
-        waiting[id(node)] = sum(id(d) not in source for d in deps[id(node)])
-    readers_left = {key: len(r) for key, r in readers.items()}
-    done: set[int] = set()
-    order: list[Node] = []
-    heap: list[tuple[int, int, int]] = []
-
-    def push(node: Node) -> None:
-        freed = sum(size[id(i)] for i in set(node.inputs)
-                    if readers_left[id(i)] == 1 and id(i) not in fetched)
-        heapq.heappush(heap, (size[id(node)] - freed, position[id(node)], id(node)))
-
-    def emit(node: Node) -> None:
-        done.add(id(node))
-        order.append(node)
-        for i in set(node.inputs):
-            readers_left[id(i)] -= 1
-            if readers_left[id(i)] == 1:     # its last reader would now free it
-                last = next(r for r in readers[id(i)] if id(r) not in done)
-                if waiting[id(last)] == 0:
-                    push(last)
-        if id(node) not in source:
-            for s in successors[id(node)]:
-                waiting[id(s)] -= 1
-                if waiting[id(s)] == 0:
-                    push(s)
-
-    for node in nodes:
-        if id(node) not in source and waiting[id(node)] == 0:
-            push(node)
-    while heap:
-        key = heapq.heappop(heap)[2]
-        if key in done:
-            continue
-        for d in deps[key]:
-            if id(d) in source and id(d) not in done:
-                emit(d)
-        emit(by_id[key])
-    for node in nodes:       # sources nobody reads (a fetched constant)
-        if id(node) not in done:
-            emit(node)
-    return order
+            self.readers_left[id(i)] -= 1
+            if self.readers_left[id(i)] == 1:     # its last reader would now free it
+                last = next(r for r in self.readers[id(i)] if id(r) not in self.done)
+                if self.waiting[id(last)] == 0:
+                    self.push(last)
+        if id(node) not in self.source:
+            for s in self.successors[id(node)]:
+                self.waiting[id(s)] -= 1
+                if self.waiting[id(s)] == 0:
+                    self.push(s)
 
 
 def peak_bytes(graph: Graph, order: Sequence[Node]) -> int:
@@ -178,9 +191,6 @@ def memory_order(graph: Graph) -> list[Node]:
 # reads a clone instead, computed from the kept values.
 # ----------------------------------------------------------------------------------
 
-SOURCE_OPS = {"placeholder", "variable", "constant"}
-
-
 def _identity_compute(xp: Any, x: Any, out: Any = None) -> Any:
     # Planned and in place, this copies nothing; unplanned, it returns a copy, never
     # an alias of x (x may be a variable that a later assign overwrites).
@@ -193,7 +203,7 @@ def _identity_compute(xp: Any, x: Any, out: Any = None) -> Any:
 # Not flagged elementwise, although it is: elementwise fusion would swallow the
 # marker, and with it the user's choice of boundary.
 register(OpDef("checkpoint", _identity_compute, infer_same, lambda node, g: [g],
-               inplace=0,
+               inplace=0, checkpoint_marker=True,
                doc="identity; marks its value as a kept boundary for gradient checkpointing"))
 
 
@@ -218,7 +228,7 @@ def _recomputable(nodes: Sequence[Node]) -> list[Node]:
     """Forward nodes the backward pass may recompute, in topological order: computed
     (not a source) and pure (recomputing a random mask would change the gradient)."""
     region = _forward_region(nodes)
-    return [n for n in nodes if id(n) in region and n.op not in SOURCE_OPS
+    return [n for n in nodes if id(n) in region and source_kind(n) is None
             and REGISTRY[n.op].pure]
 
 
@@ -252,7 +262,7 @@ def activation_bytes(graph: Graph) -> int:
     read = _backward_reads(graph.nodes)
     region = _forward_region(graph.nodes)
     return sum(node_nbytes(n) for n in graph.nodes
-               if id(n) in read and id(n) in region and n.op not in SOURCE_OPS)
+               if id(n) in read and id(n) in region and source_kind(n) is None)
 
 
 def _segments(forward: Sequence[Node], boundaries: set[int], stored: set[int],
@@ -324,7 +334,7 @@ def choose_checkpoints(graph: Graph, mode: str | int | None
     read = _backward_reads(nodes)
     sizes = {id(n): node_nbytes(n) for n in forward if id(n) in read}
     total = sum(sizes.values())
-    markers = {id(n) for n in forward if n.op == "checkpoint"}
+    markers = {id(n) for n in forward if REGISTRY[n.op].checkpoint_marker}
     outputs = {id(o) for o in graph.outputs}
     cuts = _cut_points(forward)
     if mode is None:
@@ -338,17 +348,9 @@ def choose_checkpoints(graph: Graph, mode: str | int | None
         if total <= mode:
             return None, (f"budget {format_bytes(mode)}: the activations "
                           f"({format_bytes(total)}) fit; nothing to do")
-        options = []
-        for k in range(40):   # per-segment budgets from everything down to ~nothing
-            chosen = _boundaries_for(forward, cuts, sizes, total / 1.5 ** k) | markers
-            kept, worst = _segments(forward, chosen, _keep_for(forward, chosen, outputs),
-                                    sizes)
-            options.append((kept + worst, kept, chosen))
-        fitting = [o for o in options if o[0] <= mode]
-        estimate, _, boundaries = max(fitting, key=lambda o: o[1]) if fitting else min(
-            options, key=lambda o: o[0])
+        boundaries, fits = _within_budget(forward, cuts, sizes, markers, outputs, mode)
         label = (f"budget {format_bytes(mode)} "
-                 f"({'fits' if fitting else 'cannot fit; smallest found'})")
+                 f"({'fits' if fits else 'cannot fit; smallest found'})")
     else:
         raise ValueError(f"checkpoint must be None, 'sqrt' or a positive byte budget, "
                          f"got {mode!r}")
@@ -361,6 +363,23 @@ def choose_checkpoints(graph: Graph, mode: str | int | None
                   f"{format_bytes(worst)} at a time")
 
 
+def _within_budget(forward: list[Node], cuts: set[int], sizes: dict[int, int],
+                   markers: set[int], outputs: set[int], budget: int) -> tuple[set[int], bool]:
+    """The boundaries that keep the most activations while stored + the largest
+    recomputed segment fit in `budget` (the smallest such total if none fits), and
+    whether they fit. Tries per-segment budgets from everything down to ~nothing."""
+    total = sum(sizes.values())
+    options = []
+    for k in range(40):
+        chosen = _boundaries_for(forward, cuts, sizes, total / 1.5 ** k) | markers
+        kept, worst = _segments(forward, chosen, _keep_for(forward, chosen, outputs), sizes)
+        options.append((kept + worst, kept, chosen))
+    fitting = [o for o in options if o[0] <= budget]
+    if fitting:
+        return max(fitting, key=lambda o: o[1])[2], True
+    return min(options, key=lambda o: o[0])[2], False
+
+
 def recompute(graph: Graph, keep: set[int], ctx: Any = None) -> Graph:
     """Rewrite `graph` so that backward nodes read recomputed clones of every
     recomputable forward value not in `keep` (ids). Clones are named
@@ -368,17 +387,39 @@ def recompute(graph: Graph, keep: set[int], ctx: Any = None) -> Graph:
     A RewriteRecord per recomputed segment goes to `ctx` when given."""
     nodes = graph.nodes
     forward = _recomputable(nodes)
+    needed = _needed_clones(nodes, forward, keep)
+    if not needed:
+        return graph
+    clone_of = _make_clones(forward, keep, needed, ctx)
+    # Rebuild the nodes downstream of a changed input (nodes are shared between
+    # graphs, so the original graph, and every earlier snapshot, stays as it was).
+    rebuilt: dict[int, Node] = {}
+    for node in nodes:
+        swap = clone_of if node.phase == "backward" else {}
+        inputs = [rebuilt.get(id(i), swap.get(id(i), i)) for i in node.inputs]
+        if any(a is not b for a, b in zip(inputs, node.inputs)):
+            rebuilt[id(node)] = Node(node.op, inputs, node.attrs, name=node.name,
+                                     shape=node.shape, dtype=node.dtype, where=node.where,
+                                     provenance=node.provenance, phase=node.phase)
+    return Graph([rebuilt.get(id(o), o) for o in graph.outputs])
+
+
+def _needed_clones(nodes: list[Node], forward: list[Node], keep: set[int]) -> set[int]:
+    """ids of the forward values to recompute: the movable (not kept) values that
+    backward nodes read, and, transitively, the movable values those read."""
     movable = {id(n) for n in forward} - keep
-    # Which clones are needed: the movable values backward nodes read, and,
-    # transitively, the movable values those read.
     needed = {id(i) for n in nodes if n.phase == "backward" for i in n.inputs
               if id(i) in movable}
     for node in reversed(forward):          # consumers come after their inputs
         if id(node) in needed:
             needed.update(id(i) for i in node.inputs if id(i) in movable)
-    if not needed:
-        return graph
+    return needed
 
+
+def _make_clones(forward: list[Node], keep: set[int], needed: set[int], ctx: Any
+                 ) -> dict[int, Node]:
+    """{id(forward node): its backward-phase clone}, each clone reading kept values
+    or other clones; a record per segment between kept boundaries goes to `ctx`."""
     clone_of: dict[int, Node] = {}
     segment: list[Node] = []     # clones since the last kept boundary, for the records
     anchor = "the inputs"
@@ -398,18 +439,7 @@ def recompute(graph: Graph, keep: set[int], ctx: Any = None) -> Graph:
         segment.append(clone)
     if segment and ctx is not None:
         _record_segment(ctx, segment, anchor)
-
-    # Rebuild the nodes downstream of a changed input (nodes are shared between
-    # graphs, so the original graph, and every earlier snapshot, stays as it was).
-    rebuilt: dict[int, Node] = {}
-    for node in nodes:
-        swap = clone_of if node.phase == "backward" else {}
-        inputs = [rebuilt.get(id(i), swap.get(id(i), i)) for i in node.inputs]
-        if any(a is not b for a, b in zip(inputs, node.inputs)):
-            rebuilt[id(node)] = Node(node.op, inputs, node.attrs, name=node.name,
-                                     shape=node.shape, dtype=node.dtype, where=node.where,
-                                     provenance=node.provenance, phase=node.phase)
-    return Graph([rebuilt.get(id(o), o) for o in graph.outputs])
+    return clone_of
 
 
 def _record_segment(ctx: Any, clones: list[Node], anchor: str) -> None:
@@ -431,7 +461,7 @@ def checkpoint_pass(graph: Graph, ctx: Any) -> Graph:
     """
     mode = ctx.options.get("checkpoint") if ctx.options else None
     nodes = graph.nodes
-    has_markers = any(n.op == "checkpoint" for n in nodes)
+    has_markers = any(REGISTRY[n.op].checkpoint_marker for n in nodes)
     if (mode is None and not has_markers) or not any(n.phase == "backward" for n in nodes):
         return graph
     if not getattr(ctx, "current_pass", ""):

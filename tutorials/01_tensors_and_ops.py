@@ -16,9 +16,9 @@
 #    an error that names the op, the shapes and your line of code.
 #
 # **Read along:** `tinyflow/graph.py` (`Node`, `user_source_line`),
-# `tinyflow/ops.py` (`OpDef`, `REGISTRY`, `make`, `infer_node`, `shape_error`; and
-# `Mismatch`, `infer_same`, `result_dtype`, which op modules such as
-# `shape_ops.py` and `nn_ops.py` build on), `tinyflow/errors.py` (`ShapeError`),
+# `tinyflow/registry.py` (`OpDef`, `REGISTRY`, `register`), `tinyflow/ops.py` (`make`,
+# `infer_node`, `shape_error`; and `Mismatch`, `infer_same`, `result_dtype`, which op
+# modules such as `shape_ops.py` and `nn_ops.py` build on), `tinyflow/errors.py` (`ShapeError`),
 # `tinyflow/api.py` (`placeholder`, `Variable`) and `Session.run` in
 # `tinyflow/executor.py`.
 #
@@ -85,8 +85,12 @@ print("same shapes reused the program; a new batch size compiled another")
 # `compute(xp, *arrays, out=None, **attrs)` function (`xp` is numpy, or cupy on a
 # GPU), the shape/dtype rule `infer`, the `gradient` rule, and flags. The layers
 # above never test op names one by one: CSE asks `pure`, fusion asks
-# `elementwise`, the memory planner asks `inplace`. This is NNVM's design (the IR
-# under the original TinyFlow): attributes registered beside each op.
+# `elementwise`, the memory planner asks `inplace`; the executor asks `source`
+# (is this a feed, a variable or a constant?) and `mutates` (does this op write a
+# variable in place, as `assign` does?), the stream scheduler asks `cost`. This is
+# NNVM's design (the IR under the original TinyFlow): attributes registered beside
+# each op, in one table (`tinyflow/registry.py`), so adding an op is one
+# `register` call.
 
 # %%
 print(f"{len(REGISTRY)} ops registered\n")

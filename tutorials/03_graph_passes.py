@@ -20,6 +20,10 @@
 # `PIPELINE` and `explain`; `tinyflow/fusion_passes.py`: `fuse_dense`;
 # `tinyflow/rules.py`: the rule table `RULES` and `add_rule`; `tinyflow/rewrite.py`:
 # `new_node` and the sweep under every pass; the fused ops run in `tinyflow/fusion.py`.
+# Passes ask the registry (`tinyflow/registry.py`) what an op is: `pure`,
+# `elementwise`, `mutates` (writes a variable), `dense_activation` (fuse_dense may
+# absorb it), `reshape` (the rule that merges reshapes); `tf.compile`'s phases are
+# the functions right after `compile` in `tinyflow/executor.py`.
 
 # %%
 import numpy as np

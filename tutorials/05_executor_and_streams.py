@@ -17,8 +17,11 @@
 # 4. let check mode (`check_numerics=True`) catch the first NaN, by op and line.
 #
 # **Read along:** `tinyflow/streams.py` (`assign_streams`, `build_schedule`,
-# `validate_schedule`, `CpuStreams`) and `Program.run` / `_run_step` in
-# `tinyflow/executor.py`.
+# `validate_schedule`, `CpuStreams`) and, in `tinyflow/executor.py`, `compile`'s
+# phases (`_optimize`, `_make_steps`, `_schedule`, `_bind_kernels`, `_plan_memory`,
+# `_make_runner`), `Program.run`, the one kernel runner `_execute` and its
+# instrumented wrapper `_run_step`; the hardware a program runs on is one `Device`
+# of `tinyflow/backend.py`.
 
 # %%
 import dataclasses

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tinyflow import trace
+from tinyflow.memory import format_bytes
 
 
 @dataclass
@@ -345,14 +346,8 @@ class RecordModel:
 
 
 def fmt_bytes(n: float | None) -> str:
-    """1536 -> '1.5 KiB'."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+    """1536 -> '1.5 KiB' (tinyflow's format_bytes); '-' for a size not known."""
+    return "-" if n is None else format_bytes(n)
 
 
 def fmt_time(seconds: float) -> str:
