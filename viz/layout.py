@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 BOX_H = 3          # rows of a box
 GAP = 2            # rows between layers: the channel row and the arrow row
-MAX_LABEL = 20     # widest box interior
+MAX_LABEL = 30     # widest box interior (op and shape must fit: "fused_dense 64x128")
 MAX_LAYOUT = 150   # more nodes than this: draw the outline instead
 
 UP, DOWN, LEFT, RIGHT = 1, 2, 4, 8
