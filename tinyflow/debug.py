@@ -136,6 +136,12 @@ class Recorder:
         record["live_lines"] = self._live_lines
         trace.save(record, self.path)
 
+    def flush(self) -> None:
+        """Live mode: write out what is buffered now (and the latest timeline)."""
+        if self._live_file is not None:
+            self._live_due = time.perf_counter() + 1.0 / LIVE_HZ
+            self._live_tick()
+
     def close_live(self) -> None:
         """End live mode: the final document holds everything, the lines file stays
         (its lines are all counted in ``live_lines``)."""

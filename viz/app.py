@@ -113,11 +113,17 @@ class DebuggerApp(App):
     #search.open { display: block; }
     """
     BINDINGS = [
-        Binding("1", "show('graph')", "graph"),
-        Binding("2", "show('timeline')", "timeline"),
-        Binding("3", "show('memory')", "memory"),
-        Binding("4", "show('curves')", "curves"),
-        Binding("5", "show('compare')", "compare"),
+        # First in the footer, so 80 columns never cut them off.
+        Binding("question_mark", "help", "help", key_display="?", priority=True),
+        Binding("q", "quit", "quit", priority=True),
+        # The views are listed with their numbers in the status line (the current one
+        # highlighted, with the graph's mode), so the footer keeps room for the keys
+        # of the current view.
+        Binding("1", "show('graph')", "graph", show=False),
+        Binding("2", "show('timeline')", "timeline", show=False),
+        Binding("3", "show('memory')", "memory", show=False),
+        Binding("4", "show('curves')", "curves", show=False),
+        Binding("5", "show('compare')", "compare", show=False),
         Binding("up", "move('up')", "move", key_display="↑↓←→"),
         Binding("down", "move('down')", "move", show=False),
         Binding("left", "move('left')", "move", show=False),
@@ -142,9 +148,6 @@ class DebuggerApp(App):
         Binding("r", "run_step(1)", "run"),
         Binding("R", "run_step(-1)", "previous run", show=False),
         Binding("d", "toggle_theme", "theme", show=False),
-        # priority: the footer keeps "? help" and "q quit" visible at 80 columns
-        Binding("question_mark", "help", "help", key_display="?", priority=True),
-        Binding("q", "quit", "quit", priority=True),
     ]
 
     def __init__(self, path: str | None = None, record: dict | None = None,
