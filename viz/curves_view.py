@@ -29,6 +29,7 @@ from viz.series import Series, ema, spikes, thin
 if TYPE_CHECKING:
     from viz.app import DebuggerApp
 
+HIRES = HiResMode.BRAILLE   # braille: 2x4 dots per cell
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)   # the EMA weights ``s`` cycles through
 COLORS = ("#7aa2f7", "#9ece6a", "#e0af68", "#bb9af7", "#7dcfff", "#f7768e")
 
@@ -54,6 +55,18 @@ class SeriesCache:
         cached = self._smooth.get(key)
         if cached is None or cached[0] != len(series.values):
             cached = self._smooth[key] = (len(series.values), ema(series.values, weight))
+        return cached[1]
+
+    def envelope(self, source: str, series: Series, weight: float, columns: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """The thinned points of the series (weight 0) or of its smoothing, kept
+        until the series grows or the plot changes width: a redraw only plots."""
+        key = ("envelope", source, series.name, weight, columns)
+        cached = self._smooth.get(key)
+        if cached is None or cached[0] != len(series.values):
+            values = self.smoothed(source, series, weight) if weight else series.values
+            cached = self._smooth[key] = (len(series.values),
+                                          thin(series.steps, values, columns))
         return cached[1]
 
     def spikes(self, source: str, series: Series) -> np.ndarray:
@@ -251,15 +264,12 @@ class CurvesView(Widget):
             return
         name = f"{label}:{series.name}" if label else series.name
         faint = f"{color} dim" if label != "B" else f"{color} dim italic"
-        if weight > 0:
-            xs, ys = thin(series.steps, series.values, columns)
-            plot.plot(xs, ys, line_style=faint, hires_mode=HiResMode.BRAILLE)
-            smooth = self.cache.smoothed(label, series, weight)
-            xs, ys = thin(series.steps, smooth, columns)
-        else:
-            xs, ys = thin(series.steps, series.values, columns)
+        if weight > 0:   # the raw envelope faint under the smoothed line
+            xs, ys = self.cache.envelope(label, series, 0.0, columns)
+            plot.plot(xs, ys, line_style=faint, hires_mode=HIRES)
+        xs, ys = self.cache.envelope(label, series, weight, columns)
         style = color if label != "B" else "#ff9e64"
-        plot.plot(xs, ys, line_style=style, hires_mode=HiResMode.BRAILLE, label=name)
+        plot.plot(xs, ys, line_style=style, hires_mode=HIRES, label=name)
         self.drawn.append(name)
         for step in series.bad_steps[:3].tolist():   # a few lines: more only clutter
             plot.add_v_line(step, "bold #ff5f5f", f"NaN {name}")

@@ -312,14 +312,17 @@ class GraphView(Widget):
         if selected is None:
             selected = overview.box_of(model.graphs[app.pass_index]["outputs"][0]) \
                 if model.graphs[app.pass_index]["outputs"] else None
-        key = ("overview", id(model), app.pass_index, frozenset(overview.expanded), selected,
+        # The layout does not depend on the selection: draw it once per set of
+        # expanded boxes, then restyle only the selected box (a cursor move costs a
+        # copy of three rows, not a layout).
+        key = ("overview", id(model), app.pass_index, frozenset(overview.expanded),
                app.run_index)
-        canvas = self._cache.get(key)
-        if canvas is None:
-            scene = GraphScene(model, app.pass_index, app.selected or "", 1, app.run_index) \
-                if app.selected in model.nodes(app.pass_index) else None
-            kind = scene.kind if scene is not None else (lambda i: "node")
-            canvas = self._cache[key] = overview.draw(kind, selected)
+        base = self._cache.get(key)
+        if base is None:
+            scene = GraphScene(model, app.pass_index, "", 1, app.run_index)
+            base = self._cache[key] = overview.draw(scene.kind, None)
+        canvas = layout.with_box_kind(base, selected, "sel") if selected in base.boxes \
+            else base
         self.canvas = canvas
         info = model.passes[app.pass_index]
         cap = Text(no_wrap=True, overflow="ellipsis")

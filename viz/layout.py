@@ -294,6 +294,23 @@ def _box(canvas: Canvas, box: Box) -> None:
     canvas.put(box.x, box.y + 2, "".join(bottom), box.kind)
 
 
+def with_box_kind(canvas: Canvas, key: str, kind: str) -> Canvas:
+    """A copy of `canvas` whose box `key` is drawn in style `kind` (the selection);
+    only that box's rows are copied, the rest is shared with `canvas`."""
+    box = canvas.boxes[key]
+    copy = Canvas.__new__(Canvas)
+    copy.width, copy.height = canvas.width, canvas.height
+    copy.chars = list(canvas.chars)
+    copy.styles = list(canvas.styles)
+    for y in range(box.y, min(box.y + BOX_H, canvas.height)):
+        copy.styles[y] = canvas.styles[y][:]
+        for x in range(box.x, min(box.x + box.w, canvas.width)):
+            copy.styles[y][x] = kind
+    copy.boxes = dict(canvas.boxes)
+    copy.boxes[key] = Box(box.key, box.title, box.label, kind, box.x, box.y, box.w)
+    return copy
+
+
 def box_width(title: str, label: str) -> int:
     return min(max(len(title), len(label), 6), MAX_LABEL) + 2
 

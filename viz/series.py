@@ -67,10 +67,10 @@ def ema(values: np.ndarray, weight: float) -> np.ndarray:
 
 def thin(steps: np.ndarray, values: np.ndarray, columns: int
          ) -> tuple[np.ndarray, np.ndarray]:
-    """At most about ``4 * columns`` points that draw like all of them: the series is
-    cut into ``2 * columns`` buckets and each bucket gives its min and max (in step
-    order, so the line goes through both). Short series come back unchanged."""
-    buckets = max(2 * columns, 1)
+    """About ``2 * columns`` points that draw like all of them: the series is cut
+    into one bucket per column and each bucket gives its min and max (the line goes
+    from one to the other, inside the column). Short series come back unchanged."""
+    buckets = max(columns, 1)
     if len(steps) <= 2 * buckets:
         return steps, values
     finite = np.where(np.isfinite(values), values, np.nan)
