@@ -113,7 +113,7 @@ def _mlp_loop(steps: int, path: str | None) -> float:
     feed = {x: rng.standard_normal((64, 64)).astype(np.float32), y: rng.integers(0, 10, 64)}
     with ExitStack() as stack:
         rec = stack.enter_context(tf.debug.record(path, live=True)) if path else None
-        for step in range(5):   # warm up: compile, first runs
+        for _ in range(5):   # warm up: compile, first runs
             sess.run([loss, train], feed)
         # CPU time of this process, not wall time: on a machine shared with other
         # work, wall time measures the scheduler (BLAS is held to one thread).
