@@ -15,7 +15,8 @@ count ``×6``. Expanding a box (Enter) lays out its nodes inside the picture.
 * **layer**: the name scope (``mlp1/dense/matmul`` -> ``mlp1``), or for an id
   without one a layer-like name prefix (``mlp1_w`` -> ``mlp1``, ``block3_ln`` ->
   ``block3``); a node with neither takes the layer of its inputs, preferring one
-  that names its layer (so ``relu(matmul(h0, mlp1_w))`` belongs to ``mlp1``).
+  that names its layer (so ``relu(matmul(h0, mlp1_w))`` belongs to ``mlp1``), and a
+  source with neither (a constant, the labels) joins the box of its first reader.
 
 Nothing here imports Textual: `Overview` computes the groups, `draw` the canvas.
 """
@@ -90,7 +91,8 @@ def layers(graph: dict) -> dict[str, str]:
             named[node["id"]] = own
             continue
         from_named = [named[i] for i in node["inputs"] if i in named]
-        from_any = [inherited[i] for i in node["inputs"] if i in inherited]
+        from_any = [inherited[i] for i in node["inputs"]
+                    if inherited.get(i, "(other)") != "(other)"]
         inherited[node["id"]] = (from_named or from_any or ["(other)"])[-1]
     return {**inherited, **named}
 
@@ -103,6 +105,17 @@ class Overview:
         self.graph = graph
         self.nodes = {n["id"]: n for n in graph["nodes"]}
         phase, layer = phases(graph), layers(graph)
+        # A source without a layer of its own (a constant, a placeholder such as the
+        # labels) joins the box of its first reader, rather than one "(other)" box
+        # whose edges would cross the whole picture.
+        first_reader: dict[str, str] = {}
+        for node in graph["nodes"]:
+            for inp in node["inputs"]:
+                first_reader.setdefault(inp, node["id"])
+        for node in graph["nodes"]:
+            reader = first_reader.get(node["id"])
+            if not node["inputs"] and layer_of_id(node["id"]) is None and reader:
+                layer[node["id"]], phase[node["id"]] = layer[reader], phase[reader]
         groups: dict[str, Group] = {}
         for node in graph["nodes"]:
             p, lay = phase[node["id"]], layer[node["id"]]
