@@ -158,6 +158,9 @@ def test_live_record_lines_and_final_document_agree(tmp_path):
     assert final["live_lines"] >= 12
     assert trace.load_live(path)["scalars"] == final["scalars"], "no line applied twice"
     assert len(final["scalars"]["loss"]) == 12
+    # Timelines are sampled (10 Hz) in live mode, each with the number of its run.
+    runs = [t["run"] for t in final["timelines"]]
+    assert runs and runs == sorted(set(runs)) and runs[-1] <= 12 and runs[0] >= 0
 
 
 def test_live_reader_rejects_bad_lines_and_waits_for_partial_ones(tmp_path):

@@ -63,6 +63,9 @@ class Recorder:
         self._live_lines = 0                 # lines written to it
         self._live_program: Any = None       # the program the document on disk holds
         self._live_due = 0.0                 # next time a timeline/flush is due
+        self._live_last = 0.0                # time of the previous run
+        self._live_timelines: list = []      # (program, run, events), sampled
+        self._live_sent: int | None = None   # run of the last timeline line written
         if self.live:
             self._start_live()
 
@@ -79,9 +82,8 @@ class Recorder:
         if program.check_failure and self.check is None:
             self.check = program.check_failure
             self._main = program
-        if self._live_file is not None and time.perf_counter() >= self._live_due:
-            self._live_due = time.perf_counter() + 1.0 / LIVE_HZ
-            self._live_tick()
+        if self._live_file is not None:
+            self._live_run(program)
 
     def scalar(self, name: str, step: int, value: float) -> None:
         """Log a per-training-step scalar (loss, accuracy) for the debugger.
@@ -101,6 +103,26 @@ class Recorder:
                                              value=point[1]))
 
     # -- live mode -------------------------------------------------------------------
+    #
+    # Timelines are sampled at LIVE_HZ: a traced run costs the training loop a clock
+    # read and a dict per step, so in live mode only the run that ends after the next
+    # tick is due is traced (the program's "trace" option is switched per run), and
+    # the Recorder keeps those sampled timelines with their run numbers itself.
+
+    def _live_run(self, program: Any) -> None:
+        now = time.perf_counter()
+        latest = program.timelines[-1] if program.timelines else None
+        if latest is not None and not (self._live_timelines and
+                                       self._live_timelines[-1][2] is latest):
+            self._live_timelines.append((program, program.runs - 1, latest))
+            del self._live_timelines[:-self.max_runs]
+        if now >= self._live_due:
+            self._live_due = now + 1.0 / LIVE_HZ
+            self._live_tick()
+        step = now - self._live_last if self._live_last else 0.0
+        self._live_last = now
+        program.options["trace"] = now + 1.5 * step >= self._live_due
+
 
     def _start_live(self) -> None:
         """Start the live file empty and the document with nothing yet."""
@@ -122,10 +144,13 @@ class Recorder:
         program = self.main_program()
         if program is not None and program is not self._live_program:
             self._write_document()
-        elif program is not None and program.timelines:
-            run = program.runs - 1
+        elif program is not None and self._live_timelines and \
+                self._live_timelines[-1][0] is program and \
+                self._live_timelines[-1][1] != self._live_sent:
+            _, run, events = self._live_timelines[-1]
             self._live_file.write(trace.live_line("timeline", timeline={
-                "run": run, "label": f"run {run}", "events": program.timelines[-1]}))
+                "run": run, "label": f"run {run}", "events": events}))
+            self._live_sent = run
             self._live_lines += 1
         self._live_file.flush()
 
@@ -170,6 +195,10 @@ class Recorder:
         else:
             record = program_record(program, self.title, command, self.max_runs)
         record["scalars"] = self.scalars
+        if self.live and program is not None:   # the sampled runs, numbered right
+            record["timelines"] = [{"run": run, "label": f"run {run}", "events": events}
+                                   for prog, run, events in self._live_timelines
+                                   if prog is program]
         if self.check is not None:
             record["check"] = self.check
         return record
