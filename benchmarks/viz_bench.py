@@ -152,7 +152,7 @@ def figures(quick: bool = False, only: str | None = None) -> list[dict]:
             times = asyncio.run(_curve_redraw(points))
             rows.append({"name": "curve_redraw_1m_ms", "value": statistics.median(times),
                          "goal": "< 100", "unit": "ms", "note": f"{points} points, textual-"
-                         "plot, min/max envelope of ~2 buckets per column, median of 5"})
+                         "plot, a min/max bucket per column (2 points), median of 5"})
         if want("record_overhead_mlp"):
             steps, rounds = (50, 2) if quick else (300, 5)
             ratios = []

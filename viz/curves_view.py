@@ -261,6 +261,7 @@ class CurvesView(Widget):
         if self.cursor_step is not None:
             plot.add_v_line(self.cursor_step, "bold #e0af68", f"step {self.cursor_step:g}")
         plot.set_xlabel("step")
+        plot.show_legend(is_visible=bool(self.drawn))
 
     def _draw_series(self, plot: PlotWidget, label: str, series: Series, color: str,
                      weight: float, columns: int) -> None:

@@ -136,7 +136,7 @@ class Overview:
             families.setdefault((group.phase, pattern, shape), []).append(group)
         out: dict[str, Group] = {}
         for (phase, pattern, _), family in families.items():
-            if len(family) < 3 or "#" not in pattern:   # 2 layers read fine unfolded
+            if len(family) < 2 or "#" not in pattern:
                 out.update((g.key, g) for g in family)
                 continue
             numbers = [DIGITS.findall(g.layer)[-1] for g in family]
