@@ -374,15 +374,21 @@ class GraphView(Widget):
             self._panel_key = panel_key
             self.query_one("#pass-list", Static).update(self.pass_list(model, index, styles))
             self.query_one("#rewrites", Static).update(self.rewrites(model, index, styles))
+        if center is None:
+            self.query_one("#graph-caption", Static).update(
+                Text("(empty graph)", style=styles["dim"]))
+            self.query_one("#graph-canvas", CanvasView).show(layout.Canvas(1, 1), styles)
+        elif self.overview_mode and not self.outline_mode:
+            self._draw_overview(styles)
+        else:
+            self._draw_neighbourhood(model, index, center, styles)
+
+    def _draw_neighbourhood(self, model: RecordModel, index: int, center: str,
+                            styles: dict) -> None:
+        """The k-hop drawing around `center` (or the outline), with its caption."""
+        app = self.tapp
         view = self.query_one("#graph-canvas", CanvasView)
         caption = self.query_one("#graph-caption", Static)
-        if self.overview_mode and not self.outline_mode and center is not None:
-            self._draw_overview(styles)
-            return
-        if center is None:
-            caption.update(Text("(empty graph)", style=styles["dim"]))
-            view.show(layout.Canvas(1, 1), styles)
-            return
         scene = GraphScene(model, index, center, self.hops, app.run_index)
         info = model.passes[index]
         cap = Text(no_wrap=True, overflow="ellipsis")
@@ -504,7 +510,11 @@ class GraphView(Widget):
             return None
         if self.overview_mode and not self.outline_mode:
             return self._move_overview(direction)
-        scene = GraphScene(model, index, center, self.hops, app.run_index)
+        return self._move_neighbourhood(model, index, center, direction)
+
+    def _move_neighbourhood(self, model: RecordModel, index: int, center: str,
+                            direction: str) -> str | None:
+        scene = GraphScene(model, index, center, self.hops, self.tapp.run_index)
         if direction == "up":
             inputs = scene.inputs(center)
             return inputs[0] if inputs else None
