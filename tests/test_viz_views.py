@@ -465,3 +465,32 @@ def test_snapshots(snap_compare, view, size):
     else:
         app = DebuggerApp(MLP, view="graph", theme="dark")   # opens on the overview
     assert snap_compare(app, terminal_size=size, run_before=_ready)
+
+
+# -- the command line --------------------------------------------------------------------
+
+def test_debug_command_passes_view_theme_two_records_and_check_numerics(tmp_path,
+                                                                       monkeypatch):
+    from tinyflow import cli
+    opened_with = []
+    monkeypatch.setattr(cli, "_viz", lambda arguments: opened_with.append(list(arguments))
+                        or 0)
+    assert cli.main(["debug", MLP, NAN, "--view", "curves", "--theme", "light"]) == 0
+    assert opened_with[-1] == [MLP, NAN, "--view", "curves", "--theme", "light"]
+    assert cli.main(["debug", "--follow", str(tmp_path / "live.json")]) == 0
+    assert opened_with[-1] == [str(tmp_path / "live.json"), "--follow"]
+    script = tmp_path / "nan.py"
+    seen = tmp_path / "env.txt"
+    script.write_text(
+        "import os, numpy as np, tinyflow as tf\n"
+        f"open({str(seen)!r}, 'w').write(os.environ.get('TINYFLOW_CHECK_NUMERICS', ''))\n"
+        "x = tf.placeholder(tf.float32, (2,), name='x')\n"
+        "try:\n"
+        "    tf.Session().run(tf.log(x), {x: np.array([1.0, -1.0], np.float32)})\n"
+        "except tf.TinyFlowError as err:\n"
+        "    print('stopped:', err)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    assert cli.main(["debug", "--run", "--check-numerics", str(script)]) == 0
+    assert seen.read_text() == "1"
+    record = trace.load(opened_with[-1][0])
+    assert record["check"] is not None, "check mode stopped at the NaN and recorded it"
