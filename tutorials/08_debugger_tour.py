@@ -203,6 +203,8 @@ else:
     text = report(RecordModel(record), RecordModel(trace.load(live_path)))
     print("\n".join(text.splitlines()[:12]))
     assert "matched" in text
+live_path.unlink()                          # the lesson keeps only its main record
+Path(trace.live_path(live_path)).unlink()
 
 # %% [markdown]
 # In the debugger: `1` to `4` switch between the graph, timeline, memory and curves
