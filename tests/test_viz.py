@@ -159,6 +159,8 @@ async def test_graph_view_steps_through_passes(model):
         await opened(pilot)
         graph = app.query_one(GraphView)
         assert app.pass_index == model.last and app.view == "graph"
+        await pilot.press("z")               # the k-hop neighbourhood mode
+        assert not graph.overview_mode
         visited = [app.pass_index]
         for _ in range(len(model.passes)):
             await pilot.press("left_square_bracket")
@@ -194,7 +196,9 @@ async def test_graph_cursor_keys_click_outline_and_hops(model):
     async with app.run_test(size=(120, 40)) as pilot:
         await opened(pilot)
         graph = app.query_one(GraphView)
-        start = app.selected
+        await pilot.press("z")               # the k-hop neighbourhood mode
+        start = model.schedule[0]["node"]
+        app.select(start)
         await pilot.press("down")
         assert app.selected == model.consumers()[start][0]
         await pilot.press("up")
@@ -221,6 +225,7 @@ async def test_timeline_select_a_bar_and_see_its_node(model):
     async with app.run_test(size=(120, 40)) as pilot:
         await opened(pilot)
         timeline = app.query_one(TimelineView)
+        app.select(model.schedule[0]["node"])
         first = timeline.current_event()
         assert first["node"] == app.selected
         lane = model.lanes(app.run_index)[first["stream"]]
@@ -256,7 +261,17 @@ async def test_timeline_select_a_bar_and_see_its_node(model):
         run = app.run_index
         await pilot.press("r")
         assert app.run_index == (run + 1) % len(model.timelines)
-        assert f"run {app.run_index + 1}/{len(model.timelines)}" in timeline.render().plain
+        # One run number in the header: the program's own, with the position in words.
+        header = timeline.render().plain.split("\n")[0]
+        label = model.timelines[app.run_index]["label"]
+        assert header.startswith(f"{label} (timeline {app.run_index + 1} of "
+                                 f"{len(model.timelines)})")
+        await pilot.press("R")                # and back
+        assert app.run_index == run
+        # The profiler's op table under the lanes, this run and then all runs.
+        assert "ops over this run" in timeline.render().plain
+        await pilot.press("a")
+        assert f"ops over all {len(model.timelines)} recorded runs" in timeline.render().plain
 
 
 @pilot_test
@@ -270,7 +285,8 @@ async def test_memory_select_a_block_and_see_its_sharers(model):
         await pilot.pause()
         text = memory.render().plain
         sharers = model.blame(target["node"]).sharers
-        assert f"shared its bytes with {len(sharers)}" in text
+        assert f"over the whole run {len(sharers)} tensors" in text.replace("\n  ", " ")
+        assert "alignment" in text and "(byte " in text   # MiB first, raw bytes after
         assert sharers[0]["node"] in text and f"why: {target['reason']}" in text
         # Right moves in time order, and the block is drawn where the plan put it.
         order = sorted(model.arena_tensors(), key=lambda t: (t["first_step"], t["offset"]))
@@ -294,6 +310,8 @@ async def test_one_cursor_links_the_three_views(model):
     app = DebuggerApp(MLP)
     async with app.run_test(size=(120, 40)) as pilot:
         await opened(pilot)
+        await pilot.press("z")               # the k-hop neighbourhood mode
+        app.select(model.schedule[0]["node"])
         await pilot.press("down")            # graph: move to a consumer
         chosen = app.selected
         await pilot.press("2")

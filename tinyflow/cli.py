@@ -1,8 +1,13 @@
 """The `tinyflow` command: train the small models, open the debugger, export, launch.
 
     tinyflow train NAME [args...]         run tutorials/train_NAME.py (mlp, cnn, charlm, ...)
-    tinyflow debug FILE                   open a DebugRecord in the terminal debugger
-    tinyflow debug --run SCRIPT [args]    run SCRIPT recording a trace, then open it
+    tinyflow train NAME --trace FILE --live   train with the debugger following the run
+    tinyflow debug FILE [--view V]        open a DebugRecord in the terminal debugger
+    tinyflow debug A B                    compare two records (curves overlaid, view 5)
+    tinyflow debug --follow FILE          follow a live record while a run writes it
+    tinyflow debug --run [--check-numerics] SCRIPT [args]
+                                          run SCRIPT recording a trace, then open it
+    tinyflow diff A B                     what changed between two records, as text
     tinyflow export FILE --dot OUT        the graph as Graphviz DOT (--after PASS)
     tinyflow export FILE --perfetto OUT   the timelines as Perfetto / chrome://tracing JSON
     tinyflow export FILE --onnx OUT.onnx  the recorded forward graph as ONNX (no weights)
@@ -119,7 +124,35 @@ def _train(args: argparse.Namespace) -> int:
                                "not with the wheel)")
         raise CommandError(f"no training script named {args.name!r}; available: "
                            f"{', '.join(scripts)}")
+    if "--live" in args.script_args:
+        return _train_live(scripts[args.name], list(args.script_args))
     return _run_script(scripts[args.name], args.script_args)
+
+
+def _train_live(path: Path, script_args: list[str]) -> int:
+    """`train NAME --trace FILE --live`: the script trains in a child process that
+    appends to FILE.live.jsonl (TINYFLOW_LIVE=1), its output going to FILE.log, while
+    the debugger follows FILE here; quitting the debugger lets training finish."""
+    script_args = [a for a in script_args if a != "--live"]
+    trace_file = next((script_args[k + 1] for k, a in enumerate(script_args[:-1])
+                       if a == "--trace"), None)
+    if trace_file is None:
+        raise CommandError("--live needs --trace FILE (the record the debugger follows)")
+    if importlib.util.find_spec("viz") is None:
+        raise CommandError(_VIZ_MISSING)
+    log_path = trace_file + ".log"
+    env = dict(os.environ, TINYFLOW_LIVE="1")
+    with open(log_path, "w") as log:
+        child = subprocess.Popen([sys.executable, str(path), *script_args], env=env,
+                                 stdout=log, stderr=subprocess.STDOUT)
+        print(f"tinyflow: training in process {child.pid} (output: {log_path})",
+              file=sys.stderr)
+        status = _viz([trace_file, "--follow"])
+        if child.poll() is None:
+            print("tinyflow: the debugger closed; waiting for training to finish "
+                  "(Ctrl-C stops it)", file=sys.stderr)
+        code = child.wait()
+    return code or status
 
 
 def _run_script(path: Path, script_args: Sequence[str]) -> int:
@@ -140,7 +173,18 @@ def _viz(arguments: Sequence[str]) -> int:
     """Run `python -m viz ARGUMENTS` and return its exit status."""
     if importlib.util.find_spec("viz") is None:
         raise CommandError(_VIZ_MISSING)
-    return subprocess.call([sys.executable, "-m", "viz", *arguments])
+    env = dict(os.environ, VIZ_PROG="tinyflow")   # messages say `tinyflow export: ...`
+    return subprocess.call([sys.executable, "-m", "viz", *arguments], env=env)
+
+
+def _view_options(args: argparse.Namespace) -> list[str]:
+    """The debugger's own options, passed through (`--view`, `--theme`)."""
+    out = []
+    if args.view:
+        out += ["--view", args.view]
+    if args.theme:
+        out += ["--theme", args.theme]
+    return out
 
 
 def _check(path: str) -> int:
@@ -162,16 +206,23 @@ def _debug(args: argparse.Namespace) -> int:
     if args.run is None:
         if args.file is None:
             raise CommandError("debug needs a DebugRecord FILE, or --run SCRIPT [args]")
-        if not Path(args.file).is_file():
-            raise CommandError(f"no such file: {args.file}")
+        if args.follow:
+            if args.other is not None:
+                raise CommandError("--follow takes one record")
+            return _viz([args.file, "--follow", *_view_options(args)])
+        for path in (args.file, args.other):
+            if path is not None and not Path(path).is_file():
+                raise CommandError(f"no such file: {path}")
         if args.file.endswith(".onnx"):
             return _debug_onnx(args)
-        return _viz([args.file])
+        return _viz([args.file, *([args.other] if args.other else []), *_view_options(args)])
 
     # --run SCRIPT: the script runs in a child process with TINYFLOW_TRACE set, which
     # makes tinyflow.debug record every Session.run into that file.
     if args.file is not None:
         raise CommandError("debug takes a FILE or --run SCRIPT, not both")
+    if args.run and args.run[0] == "--check-numerics":   # `--run --check-numerics SCRIPT`
+        args.run, args.check_numerics = args.run[1:], True
     if not args.run:
         raise CommandError("debug --run needs a SCRIPT")
     if importlib.util.find_spec("viz") is None:
@@ -184,15 +235,24 @@ def _debug(args: argparse.Namespace) -> int:
     try:
         trace = folder / f"{script.stem}.trace.json"
         env = dict(os.environ, TINYFLOW_TRACE=str(trace))
+        if args.check_numerics:   # trace values and stop at the first NaN/Inf
+            env["TINYFLOW_CHECK_NUMERICS"] = "1"
         status = subprocess.call([sys.executable, str(script), *script_args], env=env)
         if not trace.is_file():
-            raise CommandError(f"{script} wrote no trace (exit status {status}); did it run "
-                               "a tf.Session?")
+            raise CommandError(f"{script} wrote no trace to {trace} (exit status {status}); "
+                               "did it run a tf.Session?")
         print(f"tinyflow: trace of {script} in {trace} (removed when the debugger closes; "
               "to keep one, set TINYFLOW_TRACE=FILE and run the script)", file=sys.stderr)
-        return _viz([str(trace)])
+        return _viz([str(trace), *_view_options(args)])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _diff(args: argparse.Namespace) -> int:
+    for path in (args.a, args.b):
+        if not Path(path).is_file():
+            raise CommandError(f"no such file: {path}")
+    return _viz(["diff", args.a, args.b])
 
 
 def _onnx_io() -> Any:
@@ -299,6 +359,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Open FILE (a DebugRecord) in the terminal debugger, or with --run "
         "run SCRIPT with tracing on and then open what it recorded.")
     debug.add_argument("file", nargs="?", metavar="FILE")
+    debug.add_argument("other", nargs="?", metavar="FILE_B",
+                       help="a second record: compare FILE with it")
+    debug.add_argument("--follow", action="store_true", help="follow a live record "
+                       "(tinyflow train NAME --trace FILE --live writes one)")
+    debug.add_argument("--view", choices=("graph", "timeline", "memory", "curves",
+                                          "compare"), help="the view to open on")
+    debug.add_argument("--theme", choices=("dark", "light"))
+    debug.add_argument("--check-numerics", action="store_true",
+                       help="with --run: trace values and stop at the first NaN/Inf")
     debug.add_argument("--run", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
                        help="run SCRIPT (with ARGS) recording a trace, then open it")
     debug.add_argument("--batch", type=int, default=1, metavar="N",
@@ -308,6 +377,15 @@ def build_parser() -> argparse.ArgumentParser:
     debug.add_argument("--check", action="store_true", help="check FILE against the "
                        "DebugRecord schema and print every problem (exit 1 if any)")
     debug.set_defaults(handler=_debug)
+
+    diff = commands.add_parser(
+        "diff", help="what changed between two DebugRecords, as text",
+        description="Compare record A with record B: graphs after each pass (nodes "
+        "matched by op and source line, with the rewrites that explain each difference), "
+        "memory plans, timelines per node, scalars.")
+    diff.add_argument("a", metavar="A")
+    diff.add_argument("b", metavar="B")
+    diff.set_defaults(handler=_diff)
 
     export = commands.add_parser(
         "export", help="export a DebugRecord as Graphviz DOT, Perfetto JSON, ONNX or TensorBoard")

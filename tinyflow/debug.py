@@ -13,19 +13,32 @@ written: its graph after every pass with the rewrite records, the schedule and
 streams, the memory plan and the timelines of its last runs, plus the scalars.
 `compile(..., debug=PATH)` writes the record of one program, and the environment
 variable ``TINYFLOW_TRACE=PATH`` records a whole script (``tinyflow debug --run``).
+
+Live recording (``record(PATH, live=True)``, or ``TINYFLOW_LIVE=1`` as set by
+``tinyflow train NAME --trace PATH --live``) also appends every scalar and, at most
+`LIVE_HZ` times a second, the latest timeline to ``PATH.live.jsonl`` (the format is
+described in trace.py), and rewrites PATH when the recorded program changes, so
+``tinyflow debug --follow PATH`` shows the run while it trains. Lines are written
+through a buffer flushed at the same rate: the training loop pays a dict and a
+``json.dumps`` per scalar, not a system call.
 """
 
 from __future__ import annotations
 
 import atexit
+import numbers
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from tinyflow import executor, trace
+from tinyflow.graph import TinyFlowError
+
+LIVE_HZ = 10.0   # live mode: timelines and flushes per second, at most
 
 
 class Recorder:
@@ -33,8 +46,9 @@ class Recorder:
 
     def __init__(self, path: str | os.PathLike, title: str | None = None,
                  trace_values: bool = False, check_numerics: bool = False,
-                 max_runs: int = 20) -> None:
+                 max_runs: int = 20, live: bool | None = None) -> None:
         self.path = os.fspath(path)
+        self.live = os.environ.get("TINYFLOW_LIVE") == "1" if live is None else live
         self.title = title or os.path.basename(sys.argv[0] or "tinyflow")
         self.trace_values = trace_values
         self.check_numerics = check_numerics
@@ -45,6 +59,15 @@ class Recorder:
         self.check: dict | None = None
         self._main: Any = None               # the program whose check failed
         self.eager_log: Any = None           # eager ops recorded (eager.EagerLog)
+        self._live_file: Any = None          # PATH.live.jsonl, open while live
+        self._live_lines = 0                 # lines written to it
+        self._live_program: Any = None       # the program the document on disk holds
+        self._live_due = 0.0                 # next time a timeline/flush is due
+        self._live_last = 0.0                # time of the previous run
+        self._live_timelines: list = []      # (program, run, events), sampled
+        self._live_sent: int | None = None   # run of the last timeline line written
+        if self.live:
+            self._start_live()
 
     @property
     def compile_options(self) -> dict:
@@ -59,10 +82,98 @@ class Recorder:
         if program.check_failure and self.check is None:
             self.check = program.check_failure
             self._main = program
+        if self._live_file is not None:
+            self._live_run(program)
 
     def scalar(self, name: str, step: int, value: float) -> None:
-        """Log a per-training-step scalar (loss, accuracy) for the debugger."""
-        self.scalars.setdefault(str(name), []).append([int(step), float(value)])
+        """Log a per-training-step scalar (loss, accuracy) for the debugger.
+
+        The order is (name, step, value), as every script since the first
+        tutorial calls it; `step` must be a whole number, which catches the
+        swapped call ``scalar("loss", 0.42, 7)``.
+        """
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) and not (
+                isinstance(step, numbers.Real) and float(step).is_integer()):
+            raise TinyFlowError(f"debug.scalar({name!r}, step, value): step must be a whole "
+                                f"number, got {step!r} (the order is name, step, value)")
+        point = [int(step), float(value)]
+        self.scalars.setdefault(str(name), []).append(point)
+        if self._live_file is not None:
+            self._write_line(trace.live_line("scalar", name=str(name), step=point[0],
+                                             value=point[1]))
+
+    # -- live mode -------------------------------------------------------------------
+    #
+    # Timelines are sampled at LIVE_HZ: a traced run costs the training loop a clock
+    # read and a dict per step, so in live mode only the run that ends after the next
+    # tick is due is traced (the program's "trace" option is switched per run), and
+    # the Recorder keeps those sampled timelines with their run numbers itself.
+
+    def _live_run(self, program: Any) -> None:
+        now = time.perf_counter()
+        latest = program.timelines[-1] if program.timelines else None
+        if latest is not None and not (self._live_timelines and
+                                       self._live_timelines[-1][2] is latest):
+            self._live_timelines.append((program, program.runs - 1, latest))
+            del self._live_timelines[:-self.max_runs]
+        if now >= self._live_due:
+            self._live_due = now + 1.0 / LIVE_HZ
+            self._live_tick()
+        step = now - self._live_last if self._live_last else 0.0
+        self._live_last = now
+        program.options["trace"] = now + 1.5 * step >= self._live_due
+
+
+    def _start_live(self) -> None:
+        """Start the live file empty and the document with nothing yet."""
+        self._live_file = open(trace.live_path(self.path), "w", encoding="utf-8",
+                               buffering=1 << 16)
+        self._write_document()
+
+    def _write_line(self, line: str) -> None:
+        self._live_file.write(line)
+        self._live_lines += 1
+        now = time.perf_counter()
+        if now >= self._live_due:
+            self._live_due = now + 1.0 / LIVE_HZ
+            self._live_tick()
+
+    def _live_tick(self) -> None:
+        """At most LIVE_HZ times a second: rewrite the document if the program to
+        show changed, else append its latest timeline; then flush."""
+        program = self.main_program()
+        if program is not None and program is not self._live_program:
+            self._write_document()
+        elif program is not None and self._live_timelines and \
+                self._live_timelines[-1][0] is program and \
+                self._live_timelines[-1][1] != self._live_sent:
+            _, run, events = self._live_timelines[-1]
+            self._live_file.write(trace.live_line("timeline", timeline={
+                "run": run, "label": f"run {run}", "events": events}))
+            self._live_sent = run
+            self._live_lines += 1
+        self._live_file.flush()
+
+    def _write_document(self) -> None:
+        self._live_file.flush()
+        self._live_program = self.main_program()
+        record = self.to_record()
+        record["live_lines"] = self._live_lines
+        trace.save(record, self.path)
+
+    def flush(self) -> None:
+        """Live mode: write out what is buffered now (and the latest timeline)."""
+        if self._live_file is not None:
+            self._live_due = time.perf_counter() + 1.0 / LIVE_HZ
+            self._live_tick()
+
+    def close_live(self) -> None:
+        """End live mode: the final document holds everything, the lines file stays
+        (its lines are all counted in ``live_lines``)."""
+        if self._live_file is not None:
+            self._live_file.flush()
+            self._live_file.close()
+            self._live_file = None
 
     def main_program(self) -> Any:
         """The program to show: the one that failed a check, else the one run most
@@ -84,12 +195,21 @@ class Recorder:
         else:
             record = program_record(program, self.title, command, self.max_runs)
         record["scalars"] = self.scalars
+        if self.live and program is not None:   # the sampled runs, numbered right
+            record["timelines"] = [{"run": run, "label": f"run {run}", "events": events}
+                                   for prog, run, events in self._live_timelines
+                                   if prog is program]
         if self.check is not None:
             record["check"] = self.check
         return record
 
     def save(self) -> str:
-        trace.save(self.to_record(), self.path)
+        record = self.to_record()
+        if self._live_file is not None:
+            self._live_file.flush()
+            record["live_lines"] = self._live_lines
+        trace.save(record, self.path)
+        self.close_live()
         return self.path
 
 
@@ -108,10 +228,12 @@ def current() -> Recorder | None:
 @contextmanager
 def record(path: str | os.PathLike, *, title: str | None = None,
            trace_values: bool = False, check_numerics: bool = False,
-           max_runs: int = 20) -> Iterator[Recorder]:
+           max_runs: int = 20, live: bool | None = None) -> Iterator[Recorder]:
     """Record every Session.run in the block; write the DebugRecord at its end
-    (also when the block raises, so a NaN found by check_numerics is kept)."""
-    recorder = Recorder(path, title, trace_values, check_numerics, max_runs)
+    (also when the block raises, so a NaN found by check_numerics is kept).
+    `live=True` also streams scalars and timelines while the block runs (see the
+    module docstring); None means the TINYFLOW_LIVE environment variable decides."""
+    recorder = Recorder(path, title, trace_values, check_numerics, max_runs, live)
     if not hasattr(_local, "stack"):
         _local.stack = []
     _local.stack.append(recorder)
@@ -123,7 +245,10 @@ def record(path: str | os.PathLike, *, title: str | None = None,
 
 
 def scalar(name: str, step: int, value: float) -> None:
-    """Log a scalar to the active recorder; does nothing when none is active."""
+    """Log one point of a scalar series (loss, accuracy, learning rate) at training
+    step `step` to the active recorder; the debugger's curves view (``4``) draws
+    every series. Does nothing when no recorder is active, so scripts can call it
+    unconditionally. Example: ``tf.debug.scalar("loss", step, loss_value)``."""
     recorder = current()
     if recorder is not None:
         recorder.scalar(name, step, value)
@@ -142,7 +267,11 @@ def start_from_environment() -> None:
             f"TINYFLOW_TRACE={path}: " + ("is a folder, not a file name" if os.path.isdir(path)
                                           else f"no such folder {folder}")
             + "; set it to a file in an existing folder")
-    recorder = Recorder(path, trace_values=os.environ.get("TINYFLOW_TRACE_VALUES") == "1")
+    # TINYFLOW_CHECK_NUMERICS=1 (`tinyflow debug --run --check-numerics`) traces
+    # values and stops at the first NaN/Inf, so `N` in the debugger can find it.
+    check = os.environ.get("TINYFLOW_CHECK_NUMERICS") == "1"
+    recorder = Recorder(path, trace_values=check or os.environ.get("TINYFLOW_TRACE_VALUES")
+                        == "1", check_numerics=check)
     _global_recorder.append(recorder)
     atexit.register(_save_at_exit, recorder)
 

@@ -540,6 +540,138 @@ def check_file(path: str | os.PathLike) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------
+# Live records: the v1 document plus an append-only JSON-lines file beside it
+# ----------------------------------------------------------------------------------
+#
+# Which versions load: `load` reads version 1 documents (plain or gzip). A live run
+# (`tf.debug.record(PATH, live=True)`, `tinyflow train NAME --trace PATH --live`)
+# writes, beside the version 1 document PATH, the file PATH + LIVE_SUFFIX: one JSON
+# object per line, appended while training runs, so a viewer can follow it without
+# re-reading the whole record:
+#
+#     {"kind": "scalar", "name": str, "step": int, "value": float | null}
+#     {"kind": "timeline", "timeline": {"run": int, "label": str, "events": [...]}}
+#
+# The document is (re)written whenever the program being recorded changes and at the
+# end; its optional key ``"live_lines": N`` says that it already holds the first N
+# lines, so a reader applies only the lines after them. A timeline line refers to
+# the schedule of the document written before it. `LiveReader` follows both files;
+# `load_live` reads them once. A last line without its newline is still being
+# written and is left for the next read.
+
+LIVE_SUFFIX = ".live.jsonl"
+
+
+def live_path(path: str | os.PathLike) -> str:
+    """The JSON-lines file that goes with the record at `path`."""
+    return os.fspath(path) + LIVE_SUFFIX
+
+
+def live_line(kind: str, **fields: Any) -> str:
+    """One line of the live file (with its newline); NaN/Inf written as null."""
+    return json.dumps(_without_nonfinite({"kind": kind, **fields}), allow_nan=False,
+                      separators=(",", ":")) + "\n"
+
+
+class LiveReader:
+    """Follows a live record: `poll()` reads what was appended since the last call
+    and returns True when the record changed. `record` is the current state: the
+    document with every later line applied (the last `max_runs` timelines kept)."""
+
+    def __init__(self, path: str | os.PathLike, max_runs: int = 20) -> None:
+        self.path = os.fspath(path)
+        self.lines_path = live_path(path)
+        self.max_runs = max_runs
+        self.record: dict | None = None
+        self._doc_stamp: tuple | None = None
+        self._offset = 0        # bytes of the lines file already read
+        self._lines = 0         # complete lines read so far
+        self.scalars_seen = 0   # scalar points applied (for tests and the status line)
+
+    def _stamp(self) -> tuple | None:
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (info.st_mtime_ns, info.st_size)
+
+    def poll(self) -> bool:
+        """Read new data; True when `record` changed. Raises RecordError for a line
+        that is not valid JSON or not a known kind (naming the line)."""
+        changed = False
+        stamp = self._stamp()
+        if stamp is not None and stamp != self._doc_stamp:
+            self.record = load(self.path)
+            self._doc_stamp = stamp
+            self._offset = self._lines = 0     # re-apply the lines after its own
+            changed = True
+        if self.record is None:
+            if not os.path.exists(self.lines_path):
+                return False
+            self.record = empty_record(os.path.basename(self.path))
+            changed = True
+        return self._read_lines() or changed
+
+    def _read_lines(self) -> bool:
+        try:
+            with open(self.lines_path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return False
+        end = data.rfind(b"\n")
+        if end < 0:
+            return False
+        self._offset += end + 1
+        skip = self.record.get("live_lines", 0) if self.record else 0
+        changed = False
+        for raw in data[:end].split(b"\n"):
+            self._lines += 1
+            if self._lines <= skip or not raw.strip():
+                continue
+            self._apply(raw, self._lines)
+            changed = True
+        return changed
+
+    def _apply(self, raw: bytes, number: int) -> None:
+        where = f"{self.lines_path}: line {number}"
+        try:
+            line = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RecordError(f"{where}: not JSON ({err})") from None
+        if not isinstance(line, dict):
+            raise _fail(where, "a JSON object", line)
+        record = self.record
+        if line.get("kind") == "scalar":
+            name = _str(_need(line, "name", where), f"{where}.name")
+            step = _int(_need(line, "step", where), f"{where}.step")
+            value = _need(line, "value", where)
+            _num_or_null(value, f"{where}.value")
+            record["scalars"].setdefault(name, []).append([step, value])
+            self.scalars_seen += 1
+        elif line.get("kind") == "timeline":
+            timeline = _need(line, "timeline", where)
+            candidate = {**record, "graphs": record["graphs"][-1:], "rewrites": [],
+                         "timelines": [timeline], "scalars": {}, "check": None}
+            try:
+                validate(candidate)
+            except RecordError as err:
+                raise RecordError(f"{where}: {err}") from None
+            record["timelines"] = (record["timelines"] + [timeline])[-self.max_runs:]
+        else:
+            raise _fail(f"{where}.kind", "'scalar' or 'timeline'", line.get("kind"))
+
+
+def load_live(path: str | os.PathLike) -> dict:
+    """The record at `path` with its live lines applied (what `LiveReader` shows)."""
+    reader = LiveReader(path)
+    reader.poll()
+    if reader.record is None:
+        raise RecordError(f"{os.fspath(path)}: no such file (nor {live_path(path)})")
+    return reader.record
+
+
+# ----------------------------------------------------------------------------------
 # Perfetto / Chrome trace export
 # ----------------------------------------------------------------------------------
 

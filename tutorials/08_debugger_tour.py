@@ -163,7 +163,53 @@ print(f"  python -m viz {record_path}")
 print(f"  tinyflow export {record_path} --dot graph.svg     # the graph, with Graphviz")
 
 # %% [markdown]
-# In the debugger: `1` `2` `3` switch between the graph, timeline and memory views;
+# ## 4. Watching a run live, and comparing two runs
+#
+# `tf.debug.record(path, live=True)` also appends every scalar, and ten times a
+# second the latest timeline, to `path + ".live.jsonl"` (one JSON object a line),
+# so `tinyflow debug --follow path` can watch the run while it trains.
+# `trace.LiveReader` is what the debugger polls; `trace.load_live` reads it once.
+# `tf.debug.scalar(name, step, value)` logs to whichever recorder is active.
+
+# %%
+live_path = folder / "live.tfdbg.json"
+with tf.debug.record(live_path, title="lesson 8 live", live=True) as rec:
+    for step in range(6):
+        batch = rng.choice(256, 64, replace=False)
+        step_loss, _ = sess.run([loss, train_op], {x: points[batch], y: labels[batch]})
+        tf.debug.scalar("loss", step, step_loss)
+        tf.debug.scalar("lr", step, 0.1)
+    rec.flush()
+    reader = trace.LiveReader(live_path)
+    reader.poll()                      # what a viewer sees before the block ends
+    print(f"while training: {reader.scalars_seen} scalar points, "
+          f"{len(reader.record['timelines'])} timeline(s)")
+    assert len(reader.record["scalars"]["loss"]) == 6
+print("after:", sorted(trace.load(live_path)["scalars"]))
+
+# %% [markdown]
+# Two records compare node by node: ids differ between runs, so nodes are matched by
+# op and source line (`viz.compare.match`); what is left over is the difference, and
+# the rewrite records say why. `tinyflow diff A B` prints this report and
+# `tinyflow debug A B` shows it as view `5`, with the curves of both overlaid.
+
+# %%
+try:
+    from viz.compare import report
+    from viz.model import RecordModel
+except ImportError as missing:
+    print(f"viz is not installed ({missing}); pip install 'tinyflow[viz]'")
+else:
+    text = report(RecordModel(record), RecordModel(trace.load(live_path)))
+    print("\n".join(text.splitlines()[:12]))
+    assert "matched" in text
+live_path.unlink()                          # the lesson keeps only its main record
+Path(trace.live_path(live_path)).unlink()
+
+# %% [markdown]
+# In the debugger: `1` to `4` switch between the graph, timeline, memory and curves
+# views (`5` compares two records); the graph opens on the loss as a folded overview
+# of layers and phases (`enter` expands a box, `z` shows a node's neighbourhood);
 # `[` and `]` step through the passes (added nodes green, removed red); the arrow
 # keys move one shared cursor, so the node you select in the graph is also
 # highlighted in the timeline and in the arena; `N` jumps to the first NaN; `?`
@@ -205,7 +251,8 @@ else:
 # ## What to remember
 #
 # * `with tf.debug.record(path):` around your training loop records everything;
-#   `tinyflow debug path` opens it.
+#   `tinyflow debug path` opens it; `live=True` (or `tinyflow train NAME --trace
+#   path --live`) lets the debugger follow the run; `tinyflow diff a b` compares two.
 # * The record is versioned JSON with a documented schema (`trace.py`): load it,
 #   validate it, compute with it, export it.
 #

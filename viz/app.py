@@ -1,4 +1,4 @@
-"""The debugger app: three views of one record, one shared cursor.
+"""The debugger app: five views of one or two records, one shared cursor.
 
 A student asks three questions of a compiled program: what did the passes do to my
 graph, what ran where and when, and where did the memory go. Tools answer them
@@ -11,6 +11,11 @@ The record is read by a worker thread, so a big record never freezes the screen;
 bad, truncated or newer record ends in a plain message, not a traceback. Keys are
 listed in the footer and in the help screen (``?``). The layout adapts: at 80x24
 the inspector sits under the views, from 140 columns on beside them.
+
+Beyond one post-hoc record: the curves view (``4``) plots the record's scalars;
+``follow=True`` re-reads a live record (trace.LiveReader) four times a second, so
+new scalars, runs and timelines appear while the script trains; a second record
+(`other`) opens the compare view (``5``) and overlays its curves.
 """
 
 from __future__ import annotations
@@ -24,39 +29,51 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import ContentSwitcher, Footer, Static
+from textual.widgets import ContentSwitcher, Footer, Input, Static
 
 from tinyflow import trace
 from viz import palette
+from viz.compare_view import CompareView
+from viz.curves_view import CurvesView
 from viz.graph_view import GraphView
 from viz.inspector import Inspector
 from viz.memory_view import MemoryView
 from viz.model import RecordModel
 from viz.timeline_view import TimelineView
 
-VIEWS = ("graph", "timeline", "memory")
+VIEWS = ("graph", "timeline", "memory", "curves", "compare")
+FOLLOW_SECONDS = 0.25   # how often --follow looks for new lines
 WIDE = 140   # from this many columns on, the inspector goes beside the views
 
 HELP = """\
-[b]tinyflow debug[/b]: three views of one DebugRecord, one shared cursor.
+[b]tinyflow debug[/b]: five views of a DebugRecord, one shared cursor.
 A node selected in one view is selected in the others.
 
 [b]Views[/b]
-  1  graph     the graph after each pass; added nodes green, removed red
-  2  timeline  one lane per stream, bars to scale, ━ marks the critical path
+  1  graph     overview: layers and phases as boxes (×N = N repeated layers
+               folded into one box); z: k-hop neighbourhood of one node
+  2  timeline  lanes per stream, ━ critical path; below: the per-op table
   3  memory    the arena, offset by step; ▓ = shared the selected bytes
+  4  curves    every scalar series (loss, accuracy, ...), smoothed
+  5  compare   two records (tinyflow debug A B): graphs, memory, timelines
 
 [b]Everywhere[/b]
   ↑ ↓ ← →   move the cursor (graph: ↑ input, ↓ consumer, ← → same row)
   [ ]       previous / next pass (no-op passes are skipped; f shows them)
+  /         search nodes by name, op or source line; n next match
   N         jump to the first node whose value held a NaN or Inf
-  r         next run (when the record holds several)
+  r R       next / previous run (when the record holds several)
   d         dark / light theme
   ?         this help          q  quit
 
-[b]Graph[/b]   + -  more / fewer hops around the node   o  outline
-[b]Timeline[/b]  + -  zoom   , .  pan   0  fit the whole run
+[b]Graph[/b]     z  overview / neighbourhood   enter  expand/collapse a box
+           + -  more / fewer hops   o  outline   f  show no-op passes
+[b]Timeline[/b]  + -  zoom   , .  pan   0  fit   a  op table: this run / all runs
+[b]Curves[/b]    ↑ ↓  series   ← →  step cursor (selects that run)
+           space  show/hide series   s  smoothing (EMA weight)
 Mouse: click a box, a bar or a block to select it.
+Values are traced (min/max/mean/NaN per node) with
+  tinyflow debug --run --check-numerics SCRIPT
 """
 
 
@@ -92,11 +109,21 @@ class DebuggerApp(App):
                               border-top: hkey $foreground 25%; text-wrap: nowrap;
                               text-overflow: ellipsis; }
     #loading, #error { padding: 1 2; }
+    #search { display: none; height: 1; border: none; padding: 0 1; }
+    #search.open { display: block; }
     """
     BINDINGS = [
-        Binding("1", "show('graph')", "graph"),
-        Binding("2", "show('timeline')", "timeline"),
-        Binding("3", "show('memory')", "memory"),
+        # First in the footer, so 80 columns never cut them off.
+        Binding("question_mark", "help", "help", key_display="?", priority=True),
+        Binding("q", "quit", "quit", priority=True),
+        # The views are listed with their numbers in the status line (the current one
+        # highlighted, with the graph's mode), so the footer keeps room for the keys
+        # of the current view.
+        Binding("1", "show('graph')", "graph", show=False),
+        Binding("2", "show('timeline')", "timeline", show=False),
+        Binding("3", "show('memory')", "memory", show=False),
+        Binding("4", "show('curves')", "curves", show=False),
+        Binding("5", "show('compare')", "compare", show=False),
         Binding("up", "move('up')", "move", key_display="↑↓←→"),
         Binding("down", "move('down')", "move", show=False),
         Binding("left", "move('left')", "move", show=False),
@@ -108,25 +135,37 @@ class DebuggerApp(App):
         Binding("comma", "pan(-0.25)", "pan", key_display=",."),
         Binding("full_stop", "pan(0.25)", "pan right", show=False),
         Binding("0", "fit", "fit", show=False),
-        Binding("o", "outline", "outline"),
+        Binding("z", "overview", "overview"),
+        Binding("enter", "expand", "expand", show=False),
+        Binding("o", "outline", "outline", show=False),
         Binding("f", "fold", "fold", show=False),
+        Binding("a", "op_table_scope", "ops", show=False),
+        Binding("space", "toggle_series", "series", show=False),
+        Binding("s", "smoothing", "smooth"),
+        Binding("slash", "search", "search", key_display="/"),
+        Binding("n", "next_match", "next match", show=False),
         Binding("N", "first_nonfinite", "NaN"),
-        Binding("r", "next_run", "run"),
-        Binding("d", "toggle_theme", "theme"),
-        Binding("question_mark", "help", "help", key_display="?"),
-        Binding("q", "quit", "quit"),
+        Binding("r", "run_step(1)", "run"),
+        Binding("R", "run_step(-1)", "previous run", show=False),
+        Binding("d", "toggle_theme", "theme", show=False),
     ]
 
     def __init__(self, path: str | None = None, record: dict | None = None,
-                 view: str = "graph", theme: str | None = None) -> None:
+                 view: str = "graph", theme: str | None = None, follow: bool = False,
+                 other: str | dict | None = None) -> None:
         super().__init__()
         if view not in VIEWS:
             raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
         self.path = path
         self._record = record
-        self.first_view = view
-        self.view = view
+        self._other_source = other
+        self.follow = follow
+        self.reader: trace.LiveReader | None = None
+        self.first_view = "compare" if other is not None and view == "graph" else view
+        self.view = self.first_view
         self.model: RecordModel | None = None
+        self.other: RecordModel | None = None    # the B record of a comparison
+        self.matches: list[str] = []             # the last search's hits
         self.error: str | None = None
         self.selected: str | None = None
         self.pass_index = 0
@@ -147,7 +186,11 @@ class DebuggerApp(App):
                 yield GraphView(id="graph")
                 yield TimelineView(id="timeline")
                 yield MemoryView(id="memory")
+                yield CurvesView(id="curves")
+                yield CompareView(id="compare")
             yield Inspector(id="inspector")
+        yield Input(placeholder="search: name, op or file:line (enter; escape cancels)",
+                    id="search", disabled=True)   # disabled: never takes the focus closed
         yield Footer()
 
     def on_mount(self) -> None:
@@ -162,6 +205,7 @@ class DebuggerApp(App):
         narrow = width < WIDE
         self.query_one("#body").set_class(narrow, "narrow")
         self.query_one(GraphView).set_class(width < 100, "tiny")
+        self.query_one(CurvesView).set_class(width < 100, "tiny")
         if self.model is not None:
             self.sync()
 
@@ -175,10 +219,22 @@ class DebuggerApp(App):
     def load_record(self) -> None:
         start = time.perf_counter()
         try:
-            record = self._record if self._record is not None else trace.load(self.path)
             if self._record is not None:
+                record = self._record
                 trace.validate(record)
+            elif self.follow:
+                self.reader = trace.LiveReader(self.path)
+                self.reader.poll()
+                record = self.reader.record or trace.empty_record(
+                    os.path.basename(self.path), command="(waiting for the run to start)")
+            else:
+                record = trace.load(self.path)
             model = RecordModel(record, self.path or "")
+            if self._other_source is not None:
+                other = self._other_source if isinstance(self._other_source, dict) \
+                    else trace.load(self._other_source)
+                trace.validate(other)
+                self.other = RecordModel(other, other_name(self._other_source))
             # Warm the indexes the first screen needs, here rather than in the UI.
             model.consumers()
             for run in range(len(model.timelines)):
@@ -206,15 +262,51 @@ class DebuggerApp(App):
     def show_model(self, model: RecordModel) -> None:
         self.model = model
         self.pass_index = model.last if model.graphs else 0
-        self.run_index = max(len(model.timelines) - 1, 0)
+        self.run_index = self.first_run(model)
         check = model.record.get("check")
         if check:
             self.selected = check["node"]
+        elif model.graphs and model.graphs[-1]["outputs"]:
+            self.selected = model.graphs[-1]["outputs"][0]   # the loss, the first fetch
         elif model.schedule:
             self.selected = model.schedule[0]["node"]
-        elif model.graphs and model.graphs[-1]["outputs"]:
-            self.selected = model.graphs[-1]["outputs"][0]
+        if self.view == "compare" and self.other is None:
+            self.first_view = "graph"
         self.action_show(self.first_view)
+        if self.follow and self.reader is not None:
+            self.set_interval(FOLLOW_SECONDS, self.poll_live)
+
+    @staticmethod
+    def first_run(model: RecordModel) -> int:
+        """The run to open on: the first whose values held a NaN or Inf (the run that
+        failed), else the last."""
+        for k, timeline in enumerate(model.timelines):
+            if any(e.get("summary") and (e["summary"]["nan"] or e["summary"]["inf"])
+                   for e in timeline["events"]):
+                return k
+        return max(len(model.timelines) - 1, 0)
+
+    def poll_live(self) -> None:
+        """--follow: apply what the run appended; rebuild the model when it grew."""
+        try:
+            changed = self.reader.poll()
+        except trace.RecordError as err:
+            self.notify(f"live record: {err}", severity="error", timeout=6)
+            return
+        if not changed:
+            return
+        at_last_run = self.model is None or self.run_index >= len(self.model.timelines) - 1
+        model = RecordModel(self.reader.record, self.path or "")
+        if self.model is not None and model.graphs and not self.model.graphs:
+            self.selected = model.graphs[-1]["outputs"][0] if model.graphs[-1]["outputs"] \
+                else self.selected
+        self.model = model
+        self.query_one(GraphView).forget()
+        self.pass_index = model.last if model.graphs else 0
+        if at_last_run:   # keep watching the newest run unless the user went back
+            self.run_index = max(len(model.timelines) - 1, 0)
+        self.run_index = min(self.run_index, max(len(model.timelines) - 1, 0))
+        self.sync()
 
     # -- the shared cursor -----------------------------------------------------------
 
@@ -229,7 +321,8 @@ class DebuggerApp(App):
         """Redraw the visible view, the inspector and the status line."""
         if self.model is None:
             return
-        views = {"graph": GraphView, "timeline": TimelineView, "memory": MemoryView}
+        views = {"graph": GraphView, "timeline": TimelineView, "memory": MemoryView,
+                 "curves": CurvesView, "compare": CompareView}
         self.query_one(views[self.view]).sync()
         self.query_one(Inspector).sync()
         self.update_status()
@@ -244,14 +337,22 @@ class DebuggerApp(App):
             self.query_one("#status", Static).update(text)
             return
         for k, name in enumerate(VIEWS, start=1):
+            if name == "compare" and self.other is None:
+                continue
             label = f" {k} {name} "
             text.append(label, styles["sel"] if name == self.view else styles["dim"])
+        if self.view == "graph":
+            mode = self.query_one(GraphView).mode_name()
+            text.append(f" [{mode}]", styles["key"])
         text.append(f" {model.meta['title']}", styles["near"])
+        if self.follow:
+            text.append(" · following", styles["ok"])
         if model.graphs:
             p = model.passes[self.pass_index]
             text.append(f" · pass {p.index}/{model.last} {p.name}", styles["dim"])
         if len(model.timelines) > 1:
-            text.append(f" · run {self.run_index + 1}/{len(model.timelines)}", styles["dim"])
+            text.append(f" · timeline {self.run_index + 1} of {len(model.timelines)}",
+                        styles["dim"])
         self.query_one("#status", Static).update(text)
 
     # -- actions ---------------------------------------------------------------------
@@ -260,12 +361,21 @@ class DebuggerApp(App):
         """Show in the footer only the keys that do something in the current view."""
         if self.model is None and action not in ("quit", "help", "toggle_theme"):
             return False
+        if self.query_one("#search", Input).has_class("open") and action in (
+                "quit", "help", "search", "next_match", "first_nonfinite", "smoothing",
+                "overview", "toggle_theme", "run_step", "toggle_series", "op_table_scope"):
+            return False   # typing in the search box: letters are text, not keys
         only = {"pass_step": ("graph",), "outline": ("graph",), "fold": ("graph",),
-                "pan": ("timeline",), "fit": ("timeline",),
-                "zoom": ("graph", "timeline")}
+                "overview": ("graph",), "expand": ("graph",),
+                "pan": ("timeline",), "fit": ("timeline",), "op_table_scope": ("timeline",),
+                "zoom": ("graph", "timeline"), "toggle_series": ("curves",),
+                "smoothing": ("curves",)}
         if action in only and self.view not in only[action]:
             return False
-        if action == "next_run" and (self.model is None or len(self.model.timelines) < 2):
+        if action == "show" and parameters and parameters[0] == "compare" \
+                and self.other is None:
+            return False
+        if action == "run_step" and (self.model is None or len(self.model.timelines) < 2):
             return False
         return True
 
@@ -282,6 +392,11 @@ class DebuggerApp(App):
             return
         if self.view == "graph":
             self.select(self.query_one(GraphView).move(direction))
+        elif self.view == "curves":
+            self.query_one(CurvesView).move(direction)
+            self.update_status()
+        elif self.view == "compare":
+            self.query_one(CompareView).scroll_by(direction)
         elif self.view == "timeline":
             self.query_one(TimelineView).choose(self.query_one(TimelineView).move(direction))
         else:
@@ -320,6 +435,74 @@ class DebuggerApp(App):
         if self.view == "timeline":
             self.query_one(TimelineView).reset()
 
+    def action_overview(self) -> None:
+        graph = self.query_one(GraphView)
+        graph.overview_mode = not graph.overview_mode
+        self.sync()
+
+    def action_expand(self) -> None:
+        if self.model is not None and self.view == "graph":
+            node = self.query_one(GraphView).expand()
+            if node is not None:
+                self.select(node)
+            else:
+                self.sync()
+
+    def action_op_table_scope(self) -> None:
+        timeline = self.query_one(TimelineView)
+        timeline.all_runs = not timeline.all_runs
+        timeline.refresh()
+
+    def action_toggle_series(self) -> None:
+        self.query_one(CurvesView).toggle_series()
+
+    def action_smoothing(self) -> None:
+        self.query_one(CurvesView).cycle_smoothing()
+
+    def action_search(self) -> None:
+        if self.model is None:
+            return
+        box = self.query_one("#search", Input)
+        box.add_class("open")
+        box.disabled = False
+        box.value = ""
+        box.focus()
+
+    def close_search(self) -> None:
+        box = self.query_one("#search", Input)
+        box.remove_class("open")
+        box.disabled = True
+        self.set_focus(None)
+
+    def on_key(self, event: events.Key) -> None:
+        if event.key == "escape" and self.query_one("#search", Input).has_class("open"):
+            self.close_search()
+            event.stop()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.close_search()
+        self.search(event.value)
+
+    def search(self, query: str) -> list[str]:
+        """Select the first node whose id, op or source line contains `query`."""
+        self.matches = self.model.search(query, self.pass_index) if self.model else []
+        if not self.matches:
+            self.notify(f"no node matches {query!r} (ids, ops and file:line are searched)",
+                        timeout=4)
+        else:
+            self.notify(f"{len(self.matches)} match{'es' if len(self.matches) > 1 else ''}"
+                        f" for {query!r}; n: next", timeout=3)
+            self.query_one(GraphView).show_node(self.matches[0])
+            self.select(self.matches[0])
+        return self.matches
+
+    def action_next_match(self) -> None:
+        if self.matches:
+            k = (self.matches.index(self.selected) + 1) % len(self.matches) \
+                if self.selected in self.matches else 0
+            self.query_one(GraphView).show_node(self.matches[k])
+            self.select(self.matches[k])
+
     def action_outline(self) -> None:
         graph = self.query_one(GraphView)
         graph.outline_mode = not graph.outline_mode
@@ -335,9 +518,14 @@ class DebuggerApp(App):
             return
         node = self.model.first_nonfinite(self.run_index)
         if node is None:
-            self.notify("No NaN or Inf in this run (values traced: "
-                        f"{'yes' if self._values_traced() else 'no'})", timeout=4)
+            if self._values_traced():
+                self.notify("No NaN or Inf in this run (values were traced).", timeout=4)
+            else:
+                self.notify("No NaN or Inf found, but values were not traced in this run: "
+                            "record with tinyflow debug --run --check-numerics SCRIPT "
+                            "(or tf.debug.record(PATH, trace_values=True)).", timeout=8)
             return
+        self.query_one(GraphView).show_node(node)
         self.select(node)
 
     def _values_traced(self) -> bool:
@@ -345,9 +533,10 @@ class DebuggerApp(App):
         return bool(model and model.timelines and any(
             e.get("summary") for e in model.timelines[self.run_index]["events"]))
 
-    def action_next_run(self) -> None:
+    def action_run_step(self, delta: int) -> None:
+        """r / R: the next / previous recorded run (wrapping around)."""
         if self.model and len(self.model.timelines) > 1:
-            self.run_index = (self.run_index + 1) % len(self.model.timelines)
+            self.run_index = (self.run_index + delta) % len(self.model.timelines)
             self.query_one(TimelineView).reset()
             self.sync()
 
@@ -357,3 +546,7 @@ class DebuggerApp(App):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+
+def other_name(source: str | dict) -> str:
+    return source if isinstance(source, str) else "record B"

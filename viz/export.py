@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 from tinyflow import trace
 from tinyflow.trace import RecordError
@@ -112,9 +113,20 @@ def to_dot(record: dict, after_pass: str | int | None = None) -> str:
     return dot.source
 
 
-def write_dot(record: dict, out: str, after_pass: str | int | None = None) -> str:
-    """Write `out`: DOT text for .dot/.gv, SVG (laid out by dot) for .svg."""
-    source = to_dot(record, after_pass)
+def write_dot(record: dict, out: str, after_pass: str | int | None = None,
+              all_nodes: bool = False, progress=None) -> str:
+    """Write `out`: DOT text for .dot/.gv, SVG (laid out by dot) for .svg. A graph
+    of more than OVERVIEW_NODES nodes is drawn as its folded overview unless
+    `all_nodes`; `progress(message)` hears what is happening (a big SVG is slow)."""
+    say = progress or (lambda message: None)
+    nodes = len(record["graphs"][pass_index(record, after_pass)]["nodes"]) \
+        if record["graphs"] else 0
+    if nodes > OVERVIEW_NODES and not all_nodes:
+        say(f"{nodes} nodes: writing the folded overview (layers and phases); "
+            "--all-nodes draws every node")
+        source = to_overview_dot(record, after_pass)
+    else:
+        source = to_dot(record, after_pass)
     suffix = os.path.splitext(out)[1].lower()
     if suffix in (".dot", ".gv"):
         with open(out, "w", encoding="utf-8") as f:
@@ -127,6 +139,8 @@ def write_dot(record: dict, out: str, after_pass: str | int | None = None) -> st
         explicit = os.environ.get("TINYFLOW_DOT")
         raise ExportError(f"TINYFLOW_DOT={explicit!r} is not a program on the PATH"
                           if explicit else NO_DOT)
+    say(f"laying out with {os.path.basename(program)} ...")
+    start = time.perf_counter()
     try:
         done = subprocess.run([program, "-Tsvg", "-o", out], input=source.encode(),
                               capture_output=True, timeout=300)
@@ -137,20 +151,80 @@ def write_dot(record: dict, out: str, after_pass: str | int | None = None) -> st
                           "write --dot OUT.dot instead") from None
     if done.returncode != 0:
         raise ExportError(f"{program} failed: {done.stderr.decode(errors='replace')[:500]}")
+    say(f"laid out in {time.perf_counter() - start:.1f} s")
     return out
 
 
-def write_perfetto(record: dict, out: str, run: int = -1) -> str:
-    """Write the Chrome trace JSON of timeline `run` (open it in ui.perfetto.dev)."""
-    data = trace.to_perfetto(record, run)
+OVERVIEW_NODES = 400   # --dot of a bigger graph draws the folded overview (--all-nodes: all)
+
+
+def to_overview_dot(record: dict, after_pass: str | int | None = None) -> str:
+    """DOT of the folded overview (viz/overview.py): one node per layer and phase,
+    which dot lays out in a second where the full 1,146-node graph takes a minute."""
+    import graphviz
+
+    from viz.overview import Overview
+    overview = Overview(record["graphs"][pass_index(record, after_pass)])
+    overview.draw(lambda i: "node", None)   # fills last_edges
+    dot = graphviz.Digraph("tinyflow", graph_attr={"rankdir": "TB", "fontname": "Helvetica"},
+                           node_attr={"shape": "box", "style": "rounded", "fontsize": "10"})
+    for group in overview.groups.values():
+        dot.node(group.key, f"{overview.title(group)}\\n{overview.label(group)}")
+    for a, b in overview.last_edges:
+        dot.edge(a, b)
+    return dot.source
+
+
+def perfetto_all_runs(record: dict) -> dict:
+    """Chrome trace JSON of every recorded run, one after another on the same
+    lanes (each run's slices shifted to start where the previous ended), and the
+    record's scalars as counter tracks in their own process ("ts" = training step,
+    shown as microseconds: Perfetto has no other x axis)."""
+    events: list[dict] = []
+    shift = 0.0
+    for k in range(len(record["timelines"])):
+        data = trace.to_perfetto(record, k)
+        run_end = 0.0
+        for event in data["traceEvents"]:
+            if event["ph"] == "M":
+                if k == 0:
+                    events.append(event)
+                continue
+            event = dict(event, ts=event["ts"] + shift)
+            if event["ph"] == "X":
+                event["args"] = dict(event["args"], run=record["timelines"][k]["run"])
+                run_end = max(run_end, event["ts"] + event["dur"])
+            events.append(event)
+        shift = max(shift, run_end) + 10.0   # 10 µs gap between runs
+    scalars_pid = 2
+    if record["scalars"]:
+        events.append({"ph": "M", "name": "process_name", "pid": scalars_pid, "tid": 0,
+                       "args": {"name": "scalars (x axis: training step)"}})
+    for name, points in record["scalars"].items():
+        for step, value in points:
+            if value is not None:
+                events.append({"ph": "C", "name": name, "pid": scalars_pid, "ts": step,
+                               "args": {name: value}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"title": record["meta"]["title"],
+                          "runs": [t["run"] for t in record["timelines"]]}}
+
+
+def write_perfetto(record: dict, out: str, run: int | None = None) -> str:
+    """Write the Chrome trace JSON of timeline `run`, or of every recorded run and
+    the scalars when `run` is None (open it in ui.perfetto.dev)."""
+    data = perfetto_all_runs(record) if run is None and record["timelines"] else \
+        trace.to_perfetto(record, -1 if run is None else run)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(data, f, separators=(",", ":"))
     return out
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], prog: str = "python -m viz") -> int:
+    """`prog` names the command in messages (`tinyflow` when run through it)."""
+    prog = f"{prog} export"
     parser = argparse.ArgumentParser(
-        prog="python -m viz export",
+        prog=prog,
         description="Export a TinyFlow DebugRecord as a Graphviz picture or a Perfetto "
                     "trace.")
     parser.add_argument("file", help="a DebugRecord (.json or .json.gz)")
@@ -160,22 +234,25 @@ def main(argv: list[str]) -> int:
                         "pass (name or index; default: the last)")
     parser.add_argument("--perfetto", metavar="OUT", help="OUT.json: Chrome/Perfetto trace "
                         "of a run")
-    parser.add_argument("--run", type=int, default=-1, help="with --perfetto: which run "
-                        "(index; default: the last)")
+    parser.add_argument("--run", type=int, default=None, help="with --perfetto: only this "
+                        "run (index; default: every recorded run and the scalars)")
+    parser.add_argument("--all-nodes", action="store_true", help=f"with --dot: draw every "
+                        f"node even past {OVERVIEW_NODES} (slow)")
     args = parser.parse_args(argv)
     if not args.dot and not args.perfetto:
         parser.error("say what to export: --dot OUT.svg|OUT.dot and/or --perfetto OUT.json")
     try:
         record = trace.load(args.file)
         if args.dot:
-            print(f"wrote {write_dot(record, args.dot, args.after)}")
+            progress = lambda message: print(f"{prog}: {message}", file=sys.stderr, flush=True)
+            print(f"wrote {write_dot(record, args.dot, args.after, args.all_nodes, progress)}")
         if args.perfetto:
             print(f"wrote {write_perfetto(record, args.perfetto, args.run)} "
                   "(open it in https://ui.perfetto.dev)")
     except RecordError as err:
-        print(f"python -m viz export: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except OSError as err:
-        print(f"python -m viz export: {err.filename or ''}: {err.strerror}", file=sys.stderr)
+        print(f"{prog}: {err.filename or ''}: {err.strerror}", file=sys.stderr)
         return 1
     return 0

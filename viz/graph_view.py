@@ -7,10 +7,13 @@ were (the drawing is the union of the graph before and after the pass), and the
 pass's rewrite records give the reasons. Passes that changed nothing are folded
 into one dim line (``f`` unfolds them).
 
-A real graph has thousands of nodes, so the view draws the neighbourhood of the
-selected node: everything within k hops (``+``/``-``), with name scopes other than
-the selected node's folded into one box each. ``o`` switches to an indented outline
-of the selected node's inputs, the fallback when a drawing would not help.
+A real graph has thousands of nodes, so the view opens on the folded overview
+(viz/overview.py): layers and the forward / backward / optimizer phases as boxes,
+repeated layers folded into one box ``×N``; Enter expands a box into its nodes (and
+collapses it again). ``z`` switches to the neighbourhood of the selected node:
+everything within k hops (``+``/``-``), with name scopes other than the selected
+node's folded into one box each. ``o`` switches to an indented outline of the
+selected node's inputs, the fallback when a drawing would not help.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from textual.widgets import Static
 
 from viz import layout, palette
 from viz.model import RecordModel, fmt_shape, fmt_time
+from viz.overview import Overview
 
 if TYPE_CHECKING:
     from viz.app import DebuggerApp
@@ -226,7 +230,9 @@ class GraphView(Widget):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.hops = 2
+        self.overview_mode = True
         self.outline_mode = False
+        self._overviews: dict[tuple, Overview] = {}
         self.show_all_passes = False
         self._cache: OrderedDict[tuple, layout.Canvas] = OrderedDict()
         self.canvas: layout.Canvas | None = None
@@ -244,6 +250,111 @@ class GraphView(Widget):
     @property
     def tapp(self) -> DebuggerApp:
         return self.app  # type: ignore[return-value]
+
+    # -- the overview ------------------------------------------------------------------
+
+    def mode_name(self) -> str:
+        if self.outline_mode:
+            return "outline"
+        return "overview" if self.overview_mode else f"{self.hops}-hop neighbourhood"
+
+    def forget(self) -> None:
+        """Drop drawings of a model that was replaced (live records grow)."""
+        self._cache.clear()
+        self._panel_key = None
+        expanded = set().union(*(o.expanded for o in self._overviews.values())) \
+            if self._overviews else set()
+        self._overviews.clear()
+        self._keep_expanded = expanded
+
+    def overview(self) -> Overview | None:
+        app = self.tapp
+        model = app.model
+        if model is None or not model.graphs:
+            return None
+        key = (id(model), app.pass_index)
+        if key not in self._overviews:
+            overview = Overview(model.graphs[app.pass_index])
+            overview.expanded = {k for k in getattr(self, "_keep_expanded", set())
+                                 if k in overview.groups}
+            self._overviews[key] = overview
+        return self._overviews[key]
+
+    def show_node(self, node_id: str) -> None:
+        """Make `node_id` visible in the overview: expand the box that holds it."""
+        overview = self.overview()
+        if overview is not None and self.overview_mode:
+            group = overview.group_of.get(node_id)
+            if group is not None:
+                overview.expanded.add(group)
+
+    def expand(self) -> str | None:
+        """Enter: expand the selected box into its nodes, or collapse the box the
+        selected node belongs to. Returns the node to select."""
+        overview = self.overview()
+        app = self.tapp
+        if overview is None or not self.overview_mode or app.selected is None:
+            return None
+        group = overview.group_of.get(app.selected)
+        if group is None:
+            return None
+        overview.toggle(group)
+        return overview.groups[group].members[0] if group in overview.expanded else None
+
+    def _representative(self, overview: Overview, key: str) -> str:
+        return overview.groups[key].members[0] if key in overview.groups else key
+
+    def _draw_overview(self, styles: dict) -> None:
+        app = self.tapp
+        model = app.model
+        overview = self.overview()
+        selected = overview.box_of(app.selected) if app.selected else None
+        if selected is None:
+            selected = overview.box_of(model.graphs[app.pass_index]["outputs"][0]) \
+                if model.graphs[app.pass_index]["outputs"] else None
+        # The layout does not depend on the selection: draw it once per set of
+        # expanded boxes, then restyle only the selected box (a cursor move costs a
+        # copy of three rows, not a layout).
+        key = ("overview", id(model), app.pass_index, frozenset(overview.expanded),
+               app.run_index)
+        base = self._cache.get(key)
+        if base is None:
+            scene = GraphScene(model, app.pass_index, "", 1, app.run_index)
+            base = self._cache[key] = overview.draw(scene.kind, None)
+        canvas = layout.with_box_kind(base, selected, "sel") if selected in base.boxes \
+            else base
+        self.canvas = canvas
+        info = model.passes[app.pass_index]
+        cap = Text(no_wrap=True, overflow="ellipsis")
+        cap.append(f"after {info.name}", styles["title"])
+        cap.append(f" · {info.nodes_after} nodes in {len(overview.groups)} boxes (layer · "
+                   "phase; ×N = N repeated layers) · enter expands · z: neighbourhood",
+                   styles["dim"])
+        self.query_one("#graph-caption", Static).update(cap)
+        box = canvas.boxes.get(selected) if selected else None
+        focus = Region(box.x, box.y, box.w, layout.BOX_H) if box is not None else None
+        self.query_one("#graph-canvas", CanvasView).show(canvas, styles, focus)
+
+    def _move_overview(self, direction: str) -> str | None:
+        overview, canvas = self.overview(), self.canvas
+        app = self.tapp
+        current = overview.box_of(app.selected) if app.selected else None
+        if overview is None or canvas is None or current not in canvas.boxes:
+            return None
+        if direction in ("up", "down"):
+            edges = overview.last_edges
+            near = [a for a, b in edges if b == current] if direction == "up" \
+                else [b for a, b in edges if a == current]
+            if not near:
+                return None
+            me = canvas.boxes[current]
+            target = min(near, key=lambda k: abs(canvas.boxes[k].center - me.center))
+            return self._representative(overview, target)
+        me = canvas.boxes[current]
+        row = sorted((b for b in canvas.boxes.values() if b.y == me.y), key=lambda b: b.x)
+        k = next(i for i, b in enumerate(row) if b.key == current)
+        k += -1 if direction == "left" else 1
+        return self._representative(overview, row[k].key) if 0 <= k < len(row) else None
 
     # -- drawing ---------------------------------------------------------------------
 
@@ -263,12 +374,21 @@ class GraphView(Widget):
             self._panel_key = panel_key
             self.query_one("#pass-list", Static).update(self.pass_list(model, index, styles))
             self.query_one("#rewrites", Static).update(self.rewrites(model, index, styles))
+        if center is None:
+            self.query_one("#graph-caption", Static).update(
+                Text("(empty graph)", style=styles["dim"]))
+            self.query_one("#graph-canvas", CanvasView).show(layout.Canvas(1, 1), styles)
+        elif self.overview_mode and not self.outline_mode:
+            self._draw_overview(styles)
+        else:
+            self._draw_neighbourhood(model, index, center, styles)
+
+    def _draw_neighbourhood(self, model: RecordModel, index: int, center: str,
+                            styles: dict) -> None:
+        """The k-hop drawing around `center` (or the outline), with its caption."""
+        app = self.tapp
         view = self.query_one("#graph-canvas", CanvasView)
         caption = self.query_one("#graph-caption", Static)
-        if center is None:
-            caption.update(Text("(empty graph)", style=styles["dim"]))
-            view.show(layout.Canvas(1, 1), styles)
-            return
         scene = GraphScene(model, index, center, self.hops, app.run_index)
         info = model.passes[index]
         cap = Text(no_wrap=True, overflow="ellipsis")
@@ -388,7 +508,13 @@ class GraphView(Widget):
         center = self.center(model, index, app.selected)
         if center is None:
             return None
-        scene = GraphScene(model, index, center, self.hops, app.run_index)
+        if self.overview_mode and not self.outline_mode:
+            return self._move_overview(direction)
+        return self._move_neighbourhood(model, index, center, direction)
+
+    def _move_neighbourhood(self, model: RecordModel, index: int, center: str,
+                            direction: str) -> str | None:
+        scene = GraphScene(model, index, center, self.hops, self.tapp.run_index)
         if direction == "up":
             inputs = scene.inputs(center)
             return inputs[0] if inputs else None
@@ -417,5 +543,7 @@ class GraphView(Widget):
         if offset is None or self.outline_mode:
             return
         box = view.box_at(offset.x, offset.y)
-        if box is not None and not box.key.endswith("/"):
+        if box is not None and self.overview_mode:
+            self.tapp.select(self._representative(self.overview(), box.key))
+        elif box is not None and not box.key.endswith("/"):
             self.tapp.select(box.key)

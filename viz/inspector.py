@@ -17,6 +17,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from viz import palette
+from viz.memory_view import where_text
 from viz.model import fmt_bytes, fmt_shape, fmt_time
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class Inspector(Static):
             if tensor["offset"] is None:
                 text.append(tensor.get("reason") or f"outside the arena ({tensor['kind']})")
             else:
-                text.append(f"offset {tensor['offset']} +{fmt_bytes(tensor['nbytes'])}"
+                text.append(f"{where_text(tensor)} +{fmt_bytes(tensor['nbytes'])}"
                             f" steps {tensor['first_step']}–{tensor['last_step']}")
             if tensor["inplace_of"]:
                 text.append(f" in place of {tensor['inplace_of']}", styles["dim"])

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 BOX_H = 3          # rows of a box
 GAP = 2            # rows between layers: the channel row and the arrow row
-MAX_LABEL = 20     # widest box interior
+MAX_LABEL = 30     # widest box interior (op and shape must fit: "fused_dense 64x128")
 MAX_LAYOUT = 150   # more nodes than this: draw the outline instead
 
 UP, DOWN, LEFT, RIGHT = 1, 2, 4, 8
@@ -292,6 +292,23 @@ def _box(canvas: Canvas, box: Box) -> None:
         if canvas.chars[box.y + 2][x] in ("┬", "│", "┼"):
             bottom[x - box.x] = "┬"
     canvas.put(box.x, box.y + 2, "".join(bottom), box.kind)
+
+
+def with_box_kind(canvas: Canvas, key: str, kind: str) -> Canvas:
+    """A copy of `canvas` whose box `key` is drawn in style `kind` (the selection);
+    only that box's rows are copied, the rest is shared with `canvas`."""
+    box = canvas.boxes[key]
+    copy = Canvas.__new__(Canvas)
+    copy.width, copy.height = canvas.width, canvas.height
+    copy.chars = list(canvas.chars)
+    copy.styles = list(canvas.styles)
+    for y in range(box.y, min(box.y + BOX_H, canvas.height)):
+        copy.styles[y] = canvas.styles[y][:]
+        for x in range(box.x, min(box.x + box.w, canvas.width)):
+            copy.styles[y][x] = kind
+    copy.boxes = dict(canvas.boxes)
+    copy.boxes[key] = Box(box.key, box.title, box.label, kind, box.x, box.y, box.w)
+    return copy
 
 
 def box_width(title: str, label: str) -> int:

@@ -197,12 +197,10 @@ class MemoryView(palette.TextLines, Widget):
             text.append("holds no memory of its own (no tensor in the plan)", styles["dim"])
             return text
         text.append(tensor["node"], styles["edge_sel"])
-        where = "outside the arena" if tensor["offset"] is None else \
-            f"offset {tensor['offset']}"
-        text.append(f"  {where}, {fmt_bytes(tensor['nbytes'])}, steps "
+        text.append(f"  {where_text(tensor)}, {fmt_bytes(tensor['nbytes'])}, steps "
                     f"{tensor['first_step']}–{tensor['last_step']}, {tensor['kind']}\n",
                     styles["near"])
-        text.append(f"  why: {tensor['reason']}\n", styles["wait"])
+        text.append(f"  why: {story(tensor, blame, model.plan)}\n", styles["wait"])
         if blame is not None:
             if blame.inplace_of is not None:
                 text.append(f"  in place of {blame.inplace_of['node']}\n", styles["near"])
@@ -212,7 +210,8 @@ class MemoryView(palette.TextLines, Widget):
             if blame.sharers:
                 names = ", ".join(t["node"] for t in blame.sharers[:40])
                 more = f" +{len(blame.sharers) - 40}" if len(blame.sharers) > 40 else ""
-                lines = textwrap.wrap(f"▓ shared its bytes with {len(blame.sharers)}: "
+                lines = textwrap.wrap(f"▓ over the whole run {len(blame.sharers)} tensors "
+                                      "alive at other steps reused these bytes: "
                                       f"{names}{more}", max(self.size.width - 4, 20),
                                       subsequent_indent="  ", max_lines=3)
                 text.append("  " + "\n  ".join(lines), styles["edge_sel"])
@@ -227,3 +226,27 @@ class MemoryView(palette.TextLines, Widget):
         r, c = offset.y - self._map_top, offset.x - LABEL
         if 0 <= r < len(self._grid) and 0 <= c < len(self._grid[r]) and self._grid[r][c]:
             self.tapp.select(self._grid[r][c]["node"])
+
+
+def where_text(tensor: dict) -> str:
+    """'at 1.5 MiB (byte 1572864)': the unit of the header first, the raw offset
+    after it for whoever checks against the plan."""
+    if tensor["offset"] is None:
+        return "outside the arena"
+    return f"at {fmt_bytes(tensor['offset'])} (byte {tensor['offset']})"
+
+
+def story(tensor: dict, blame, plan: dict | None) -> str:
+    """The planner's reason told whole: a "fresh" tensor got new bytes *when it was
+    placed* (no gap was free then), and later tensors may still reuse them; every
+    size is rounded up to the plan's alignment."""
+    reason = tensor["reason"]
+    if reason.startswith("fresh") and blame is not None and blame.sharers:
+        later = sum(1 for t in blame.sharers if t["first_step"] > tensor["last_step"])
+        if later:
+            reason += (f"; so it got new bytes, which {later} later tensor"
+                       f"{'s' if later > 1 else ''} reused after it died")
+    alignment = (plan or {}).get("alignment")
+    if alignment and tensor["offset"] is not None:
+        reason += f" (sizes rounded up to {alignment}-byte alignment)"
+    return reason

@@ -196,6 +196,39 @@ class RecordModel:
                 return f"added by {p.name}" + (f": {reasons[0]}" if reasons else "")
         return None
 
+    def search(self, query: str, index: int | None = None) -> list[str]:
+        """Ids of graph `index` whose id, op or source line contains `query`
+        (case-insensitive), ids that match exactly first."""
+        query = query.strip().lower()
+        if not query:
+            return []
+        hits = [n["id"] for n in self.nodes(index).values()
+                if query in n["id"].lower() or query in n["op"].lower()
+                or query in n["where"].lower()]
+        return sorted(hits, key=lambda i: i.lower() != query)
+
+    def op_table(self, runs: list[int]) -> list[dict]:
+        """The profiler's summary over timelines `runs`: per op its total time,
+        count, mean, share of the total and bytes, sorted by total time; and the
+        slowest step of that op with how many times its mean it took (the outlier)."""
+        rows: dict[str, dict] = {}
+        for run in runs:
+            for event in self.timelines[run]["events"]:
+                row = rows.setdefault(event["op"], {"op": event["op"], "total": 0.0,
+                                                    "count": 0, "bytes": 0, "worst": None})
+                seconds = event["end"] - event["start"]
+                row["total"] += seconds
+                row["count"] += 1
+                row["bytes"] += event["bytes"]
+                if row["worst"] is None or seconds > row["worst"][0]:
+                    row["worst"] = (seconds, event["node"], run)
+        grand = sum(r["total"] for r in rows.values()) or 1e-12
+        for row in rows.values():
+            row["mean"] = row["total"] / row["count"]
+            row["share"] = row["total"] / grand
+            row["outlier"] = row["worst"][0] / row["mean"] if row["mean"] else 0.0
+        return sorted(rows.values(), key=lambda r: -r["total"])
+
     # -- runs and the timeline -------------------------------------------------------
 
     def events_of(self, run: int) -> dict[str, dict]:

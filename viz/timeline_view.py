@@ -5,7 +5,12 @@ Each step of a run is a bar on its stream's lane, to scale (zoom ``+``/``-``, pa
 chain of steps that decided how long the run took (see `RecordModel.critical_path`).
 The gap before a step that waited on another stream is drawn ``┄`` and listed
 below with the event it waited on. Communication (ring allreduce chunks) has its own
-"comm" lane. ``r`` switches between the runs the record holds.
+"comm" lane. ``r``/``R`` switch between the runs the record holds.
+
+Under the lanes, a profiler's summary: the per-op table PyTorch's profiler prints
+(total time, count, mean, share, bytes, sorted by total), over the selected run or
+all recorded runs (``a``), with each op's slowest step and how many times its mean
+that was, so an outlier (one 8 ms matmul among 0.09 ms siblings) stands out.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class TimelineView(palette.TextLines, Widget):
         self.cursor: dict | None = None   # the event under the cursor
         self._lane_rows: dict[int, int] = {}  # row on screen -> stream
         self._cells: dict[int, list] = {}      # stream -> owner event per column
+        self.all_runs = False                  # op table over every recorded run
 
     @property
     def tapp(self) -> DebuggerApp:
@@ -153,9 +159,11 @@ class TimelineView(palette.TextLines, Widget):
         crit_time = sum(e["end"] - e["start"] for e in timeline["events"]
                         if id(e) in critical)
 
-        text.append(f"run {run + 1}/{len(model.timelines)} ", styles["title"])
-        text.append(f"{timeline['label']} · {fmt_time(t1 - t0)} · zoom {self.zoom:g}x · ",
-                    styles["dim"])
+        # One run number only: the program's own count ("run 1319"), with the position
+        # among the recorded timelines in words.
+        text.append(f"{timeline['label']} ", styles["title"])
+        text.append(f"(timeline {run + 1} of {len(model.timelines)}) · {fmt_time(t1 - t0)}"
+                    f" · zoom {self.zoom:g}x · ", styles["dim"])
         text.append("━ critical path", styles["crit"])
         text.append(f" {len(critical)} steps, busy {fmt_time(crit_time)}\n", styles["dim"])
         # Time axis: a tick label every ~12 columns.
@@ -217,6 +225,9 @@ class TimelineView(palette.TextLines, Widget):
             if selected["step"] is not None:
                 for line in model.waits_of(selected["node"], run) or ["no cross-stream waits"]:
                     text.append(f"  {line}\n", styles["wait"])
+        room = self.size.height - text.plain.count("\n") - 1
+        if room >= 4:
+            self._op_table(text, model, run, styles, room - 1)
         # With room to spare (a tall terminal), the critical path and every wait.
         room = self.size.height - text.plain.count("\n") - 1
         if room >= 3:
@@ -241,6 +252,26 @@ class TimelineView(palette.TextLines, Widget):
                             f"({model.streams.get(wait['stream'])}){slack}\n",
                             styles["edge_sel"] if chosen == entry["node"] else styles["dim"])
         return text
+
+    def _op_table(self, text: Text, model, run: int, styles: dict, room: int) -> None:
+        """The per-op summary, as many rows as fit in `room`."""
+        runs = list(range(len(model.timelines))) if self.all_runs else [run]
+        rows = model.op_table(runs)
+        scope = f"all {len(runs)} recorded runs" if self.all_runs else "this run"
+        text.append(f"\nops over {scope} (a: {'this run' if self.all_runs else 'all runs'})\n",
+                    styles["title"])
+        text.append(f"{'op':<22}{'total':>9}{'count':>7}{'mean':>9}{'share':>7}"
+                    f"{'bytes':>11}  slowest step\n", styles["dim"])
+        for row in rows[:max(room - 2, 1)]:
+            worst, node, worst_run = row["worst"]
+            flag = row["outlier"] >= 5 and row["count"] > 1
+            text.append(f"{row['op'][:21]:<22}{fmt_time(row['total']):>9}{row['count']:>7}"
+                        f"{fmt_time(row['mean']):>9}{row['share'] * 100:>6.1f}%"
+                        f"{fmt_bytes(row['bytes']):>11}  ")
+            where = f" (run {model.timelines[worst_run]['run']})" if self.all_runs else ""
+            text.append(f"{node} {fmt_time(worst)}{where}" + (
+                f" = {row['outlier']:.0f}x mean ⚠" if flag else "") + "\n",
+                styles["warn"] if flag else styles["dim"])
 
     @staticmethod
     def _owners(events: list[dict], start: float, per_col: float, width: int) -> list:

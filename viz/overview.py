@@ -1,0 +1,200 @@
+"""The folded overview of a graph: layers and phases as boxes, not thousands of nodes.
+
+A 10,000-node transformer drawn node by node is a tangle; its author thinks in
+layers (``block3``), and in forward, backward and optimizer. The overview groups
+every node of a graph by (phase, layer) and draws one box per group, the way
+TensorBoard's graph dashboard folds name scopes (Wongsuphasawat et al., "Visualizing
+Dataflow Graphs of Deep Learning Models in TensorFlow", 2017), and then folds
+*repeated* layers (``block0`` .. ``block5`` with the same ops) into one box with a
+count ``×6``. Expanding a box (Enter) lays out its nodes inside the picture.
+
+* **phase**: ``backward`` for nodes `gradients` built (``Node.phase``); of the rest,
+  the ancestors of the first output (the loss) are ``forward`` and everything else
+  (the updates the optimizer added) is ``optimizer``: found from the graph's
+  structure, never from op names.
+* **layer**: the name scope (``mlp1/dense/matmul`` -> ``mlp1``), or for an id
+  without one a layer-like name prefix (``mlp1_w`` -> ``mlp1``, ``block3_ln`` ->
+  ``block3``); a node with neither takes the layer of its inputs, preferring one
+  that names its layer (so ``relu(matmul(h0, mlp1_w))`` belongs to ``mlp1``), and a
+  source with neither (a constant, the labels) joins the box of its first reader.
+
+Nothing here imports Textual: `Overview` computes the groups, `draw` the canvas.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from viz import layout
+from viz.model import fmt_shape
+
+LAYER_PREFIX = re.compile(r"^([A-Za-z]+\d+)(?:[_/.]|$)")
+DIGITS = re.compile(r"\d+")
+MAX_EXPANDED = 80     # an expanded box with more nodes shows its first ones and a stub
+
+
+@dataclass
+class Group:
+    """One box of the overview: the nodes of one (phase, layer), or of several
+    repeated layers folded together."""
+
+    key: str                      # "forward:mlp1" or "forward:block#" (folded)
+    phase: str
+    layer: str                    # "mlp1", "block{0..5}", or "(other)"
+    members: list[str] = field(default_factory=list)
+    repeats: int = 1              # how many repeated layers were folded into it
+
+    def ops(self, nodes: dict[str, dict]) -> Counter:
+        return Counter(nodes[i]["op"] for i in self.members)
+
+
+def layer_of_id(node_id: str) -> str | None:
+    """The layer an id names: its first scope component, or a prefix such as
+    ``mlp1`` in ``mlp1_w``; None when it names none."""
+    head = node_id.split("/", 1)[0]
+    found = LAYER_PREFIX.match(head)
+    if found:
+        return found.group(1)
+    return head if "/" in node_id else None
+
+
+def phases(graph: dict) -> dict[str, str]:
+    """{id: "forward" | "backward" | "optimizer"} (see the module docstring)."""
+    nodes = {n["id"]: n for n in graph["nodes"]}
+    ancestors: set[str] = set()
+    stack = list(graph["outputs"][:1])
+    while stack:
+        node_id = stack.pop()
+        if node_id in ancestors or node_id not in nodes:
+            continue
+        ancestors.add(node_id)
+        stack.extend(nodes[node_id]["inputs"])
+    out = {}
+    for node in graph["nodes"]:
+        if node["phase"] == "backward":
+            out[node["id"]] = "backward"
+        else:
+            out[node["id"]] = "forward" if node["id"] in ancestors else "optimizer"
+    return out
+
+
+def layers(graph: dict) -> dict[str, str]:
+    """{id: layer} (see the module docstring); nodes are in topological order, so
+    inputs are decided before their consumers."""
+    named: dict[str, str] = {}
+    inherited: dict[str, str] = {}
+    for node in graph["nodes"]:
+        own = layer_of_id(node["id"])
+        if own is not None:
+            named[node["id"]] = own
+            continue
+        from_named = [named[i] for i in node["inputs"] if i in named]
+        from_any = [inherited[i] for i in node["inputs"]
+                    if inherited.get(i, "(other)") != "(other)"]
+        inherited[node["id"]] = (from_named or from_any or ["(other)"])[-1]
+    return {**inherited, **named}
+
+
+class Overview:
+    """The groups of one graph, with repeated layers folded, and the edges between
+    groups. `expanded` holds the keys of boxes drawn with their nodes inside."""
+
+    def __init__(self, graph: dict) -> None:
+        self.graph = graph
+        self.nodes = {n["id"]: n for n in graph["nodes"]}
+        phase, layer = phases(graph), layers(graph)
+        # A source without a layer of its own (a constant, a placeholder such as the
+        # labels) joins the box of its first reader, rather than one "(other)" box
+        # whose edges would cross the whole picture.
+        first_reader: dict[str, str] = {}
+        for node in graph["nodes"]:
+            for inp in node["inputs"]:
+                first_reader.setdefault(inp, node["id"])
+        for node in graph["nodes"]:
+            reader = first_reader.get(node["id"])
+            if not node["inputs"] and layer_of_id(node["id"]) is None and reader:
+                layer[node["id"]], phase[node["id"]] = layer[reader], phase[reader]
+        groups: dict[str, Group] = {}
+        for node in graph["nodes"]:
+            p, lay = phase[node["id"]], layer[node["id"]]
+            key = f"{p}:{lay}"
+            groups.setdefault(key, Group(key, p, lay)).members.append(node["id"])
+        self.groups = self._fold_repeats(groups)
+        self.group_of = {m: g.key for g in self.groups.values() for m in g.members}
+        self.expanded: set[str] = set()
+        self.last_edges: list[tuple[str, str]] = []   # edges of the last drawing
+
+    def _fold_repeats(self, groups: dict[str, Group]) -> dict[str, Group]:
+        """Fold groups of one phase whose layers differ only in numbers
+        (``block0``, ``block1``) and hold the same ops into one ``block{0..N}``."""
+        families: dict[tuple, list[Group]] = {}
+        for group in groups.values():
+            shape = tuple(sorted(group.ops(self.nodes).items()))
+            pattern = DIGITS.sub("#", group.layer)
+            families.setdefault((group.phase, pattern, shape), []).append(group)
+        out: dict[str, Group] = {}
+        for (phase, pattern, _), family in families.items():
+            if len(family) < 2 or "#" not in pattern:
+                out.update((g.key, g) for g in family)
+                continue
+            numbers = [DIGITS.findall(g.layer)[-1] for g in family]
+            name = pattern.replace("#", f"{{{min(numbers, key=int)}..{max(numbers, key=int)}}}")
+            merged = Group(f"{phase}:{pattern}", phase, name, repeats=len(family))
+            for g in family:
+                merged.members.extend(g.members)
+            out[merged.key] = merged
+        return out
+
+    def title(self, group: Group) -> str:
+        count = f" ×{group.repeats}" if group.repeats > 1 else ""
+        return f"{group.layer}{count} · {group.phase}"
+
+    def label(self, group: Group) -> str:
+        ops = group.ops(self.nodes).most_common(2)
+        return f"{len(group.members)} nodes: " + ", ".join(op for op, _ in ops)
+
+    def toggle(self, key: str) -> None:
+        if key in self.groups:
+            self.expanded ^= {key}
+
+    def box_of(self, node_id: str) -> str | None:
+        """The key of the box that shows `node_id`: itself when its group is expanded."""
+        group = self.group_of.get(node_id)
+        if group is None:
+            return None
+        return node_id if group in self.expanded else group
+
+    def draw(self, kind_of_node, selected: str | None) -> layout.Canvas:
+        """The overview canvas: a box per group (or per node of an expanded group),
+        an edge wherever a member reads a member of another box."""
+        boxes: dict[str, layout.Box] = {}
+        for group in self.groups.values():
+            if group.key in self.expanded:
+                for node_id in group.members[:MAX_EXPANDED]:
+                    node = self.nodes[node_id]
+                    title = f"{node['op']} {fmt_shape(node['shape'])}"
+                    boxes[node_id] = layout.Box(node_id, title, node_id, kind_of_node(node_id),
+                                                w=layout.box_width(title, node_id))
+                continue
+            title, label = self.title(group), self.label(group)
+            kind = "sel" if group.key == selected else "scope"
+            boxes[group.key] = layout.Box(group.key, title, label, kind,
+                                          w=layout.box_width(title, label))
+        key_of = {}
+        for node_id in self.nodes:
+            key = self.box_of(node_id)
+            if key in boxes:
+                key_of[node_id] = key
+        edges: list[tuple[str, str]] = []
+        seen: set[tuple[str, str]] = set()
+        for node_id, node in self.nodes.items():
+            for inp in node["inputs"]:
+                a, b = key_of.get(inp), key_of.get(node_id)
+                if a and b and a != b and (a, b) not in seen:
+                    seen.add((a, b))
+                    edges.append((a, b))
+        style = lambda a, b: "edge_sel" if selected in (a, b) else "edge"
+        self.last_edges = edges
+        return layout.draw(boxes, edges, style)
