@@ -635,31 +635,44 @@ class LiveReader:
 
     def _apply(self, raw: bytes, number: int) -> None:
         where = f"{self.lines_path}: line {number}"
-        try:
-            line = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise RecordError(f"{where}: not JSON ({err})") from None
-        if not isinstance(line, dict):
-            raise _fail(where, "a JSON object", line)
-        record = self.record
-        if line.get("kind") == "scalar":
-            name = _str(_need(line, "name", where), f"{where}.name")
-            step = _int(_need(line, "step", where), f"{where}.step")
-            value = _need(line, "value", where)
-            _num_or_null(value, f"{where}.value")
-            record["scalars"].setdefault(name, []).append([step, value])
-            self.scalars_seen += 1
-        elif line.get("kind") == "timeline":
-            timeline = _need(line, "timeline", where)
-            candidate = {**record, "graphs": record["graphs"][-1:], "rewrites": [],
-                         "timelines": [timeline], "scalars": {}, "check": None}
-            try:
-                validate(candidate)
-            except RecordError as err:
-                raise RecordError(f"{where}: {err}") from None
-            record["timelines"] = (record["timelines"] + [timeline])[-self.max_runs:]
+        line = parse(raw, where)  # the same guards as a record (depth, huge numbers)
+        kind = line.get("kind") if isinstance(line, dict) else None
+        if kind not in ("scalar", "timeline"):
+            raise RecordError(f"{where}.kind: expected 'scalar' or 'timeline', got "
+                              f"{_brief(kind if isinstance(line, dict) else line)}")
+        if kind == "scalar":
+            self._apply_scalar(line, where)
         else:
-            raise _fail(f"{where}.kind", "'scalar' or 'timeline'", line.get("kind"))
+            self._apply_timeline(line, where)
+
+    def _apply_scalar(self, line: dict, where: str) -> None:
+        name, step, value = line.get("name"), line.get("step"), line.get("value")
+        number = (int, float)
+        if not isinstance(name, str) or isinstance(step, bool) or not isinstance(step, int) \
+                or isinstance(value, bool) or not (value is None or isinstance(value, number)):
+            raise RecordError(f"{where}: a scalar line needs name (text), step (a whole "
+                              f"number) and value (a number or null), got {_brief(line)}")
+        self.record["scalars"].setdefault(name, []).append([step, value])
+        self.scalars_seen += 1
+
+    def _apply_timeline(self, line: dict, where: str) -> None:
+        record = self.record
+        timeline = line.get("timeline")
+        if timeline is None:
+            raise RecordError(f"{where}: a timeline line needs its 'timeline'")
+        candidate = {**record, "graphs": record["graphs"][-1:], "rewrites": [],
+                     "timelines": [timeline], "scalars": {}, "check": None}
+        try:
+            validate(candidate)
+        except RecordError as err:
+            raise RecordError(f"{where}: {err}") from None
+        record["timelines"] = (record["timelines"] + [timeline])[-self.max_runs:]
+
+
+def _brief(value: Any) -> str:
+    """`value` as JSON, cut to 80 characters, for an error message."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def load_live(path: str | os.PathLike) -> dict:
