@@ -65,6 +65,11 @@ import numpy as np
 from tinyflow.errors import TinyFlowError
 
 DEFAULT_TIMEOUT = 60.0
+# Ranks are processes started one after another, each importing numpy and tinyflow
+# first (a second or more on a busy machine), so connecting waits at least this long
+# even when collectives time out sooner: a short `timeout` is for late peers, not for
+# slow starts.
+CONNECT_TIMEOUT = 30.0
 ENV_RANK, ENV_SIZE, ENV_ADDR, ENV_TIMEOUT = (
     "TINYFLOW_RANK", "TINYFLOW_SIZE", "TINYFLOW_ADDR", "TINYFLOW_TIMEOUT")
 
@@ -518,6 +523,11 @@ class ProcessTransport(Transport):
     def _path(self, rank: int) -> str:
         return os.path.join(self.addr, f"rank{rank}.sock")
 
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds the ranks have to find each other (see CONNECT_TIMEOUT)."""
+        return max(self.timeout, CONNECT_TIMEOUT)
+
     def _address(self, rank: int) -> str:
         """The address to bind or connect for `rank`'s socket: its path, or the same
         file named through a descriptor of the folder when the path is too long."""
@@ -542,7 +552,7 @@ class ProcessTransport(Transport):
                 self._folder_fd = None
 
     def _connect_all(self) -> None:
-        deadline = self._deadline()
+        deadline = time.monotonic() + self.connect_timeout
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self._address(self.rank))
         listener.listen(self.size)
@@ -560,7 +570,7 @@ class ProcessTransport(Transport):
                 except TimeoutError:
                     missing = sorted(set(range(self.size)) - set(self.peers) - {self.rank})
                     raise self._fail(f"connect: ranks {missing} did not connect to rank "
-                                     f"{self.rank} within {self.timeout:g} s",
+                                     f"{self.rank} within {self.connect_timeout:g} s",
                                      missing[0], "connect") from None
                 sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 (peer,) = HELLO.unpack(_recv_exactly(sock, HELLO.size))
@@ -584,7 +594,7 @@ class ProcessTransport(Transport):
                 sock.close()
                 if time.monotonic() > deadline:
                     raise self._fail(f"connect: rank {peer} did not listen at "
-                                     f"{self._path(peer)} within {self.timeout:g} s",
+                                     f"{self._path(peer)} within {self.connect_timeout:g} s",
                                      peer, "connect") from None
                 time.sleep(0.01)
 
