@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -456,12 +457,14 @@ async def _ready(pilot) -> None:
     ("compare", (80, 24)), ("compare", (160, 48)),
     ("overview", (80, 24)), ("overview", (160, 48)),
 ])
-def test_snapshots(snap_compare, view, size):
+def test_snapshots(snap_compare, view, size, monkeypatch):
     """The new screens, at the smallest supported terminal and a big one."""
+    monkeypatch.chdir(FIXTURES)   # the compare view shows the path: same in every checkout
     if view == "curves":
         app = DebuggerApp(record=with_curves(trace.load(MLP)), view="curves", theme="dark")
     elif view == "compare":
-        app = DebuggerApp(MLP, other=with_curves(trace.load(MLP), 1600), theme="dark")
+        app = DebuggerApp("mlp.record.json", other=with_curves(trace.load(MLP), 1600),
+                          theme="dark")
     else:
         app = DebuggerApp(MLP, view="graph", theme="dark")   # opens on the overview
     assert snap_compare(app, terminal_size=size, run_before=_ready)
@@ -472,9 +475,15 @@ def test_snapshots(snap_compare, view, size):
 def test_debug_command_passes_view_theme_two_records_and_check_numerics(tmp_path,
                                                                        monkeypatch):
     from tinyflow import cli
-    opened_with = []
-    monkeypatch.setattr(cli, "_viz", lambda arguments: opened_with.append(list(arguments))
-                        or 0)
+    opened_with, records_seen = [], []
+
+    def fake_viz(arguments):
+        opened_with.append(list(arguments))
+        if Path(arguments[0]).is_file():   # --run's record lives only while it is open
+            records_seen.append(trace.load(arguments[0]))
+        return 0
+
+    monkeypatch.setattr(cli, "_viz", fake_viz)
     assert cli.main(["debug", MLP, NAN, "--view", "curves", "--theme", "light"]) == 0
     assert opened_with[-1] == [MLP, NAN, "--view", "curves", "--theme", "light"]
     assert cli.main(["debug", "--follow", str(tmp_path / "live.json")]) == 0
@@ -492,5 +501,6 @@ def test_debug_command_passes_view_theme_two_records_and_check_numerics(tmp_path
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
     assert cli.main(["debug", "--run", "--check-numerics", str(script)]) == 0
     assert seen.read_text() == "1"
-    record = trace.load(opened_with[-1][0])
+    assert not Path(opened_with[-1][0]).exists(), "--run removes its temporary record"
+    record = records_seen[-1]
     assert record["check"] is not None, "check mode stopped at the NaN and recorded it"
