@@ -42,6 +42,7 @@ import gzip
 import json
 import math
 import os
+import re
 import zlib
 from typing import Any
 
@@ -241,9 +242,15 @@ def _schema_problems(record: Any) -> list[str]:
     return problems
 
 
+_LONG_NUMBER = re.compile(r"\d{25,}")   # longer than any number a real record holds
+
+
 def _short(message: str) -> str:
-    """A long message (it quotes the offending value) cut in the middle: its end says
-    what the rule was."""
+    """A long message (it quotes the offending value) made readable: each long run of
+    digits cut to its first 20 and a count (jsonschema-rs versions print a huge bound
+    or value in full), then, if still long, cut in the middle: its end says what the
+    rule was."""
+    message = _LONG_NUMBER.sub(lambda m: f"{m[0][:20]}...({len(m[0])} digits)", message)
     return message if len(message) <= 160 else message[:80] + " ... " + message[-75:]
 
 
