@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -323,8 +324,12 @@ if mode == "check":
     assert root.tolist() == [n - 1.0] * 3
     report(digests=digests)
 elif mode == "hang":         # rank 1 never joins; the others must name it
-    if comm.rank == 1:
-        time.sleep(60)
+    if comm.rank == 1:      # (it leaves once both have reported, or after 60 s)
+        others = [os.path.join(out_dir, "rank%d.json" % r) for r in (0, 2)]
+        waited = time.monotonic()
+        while not all(map(os.path.exists, others)) and time.monotonic() - waited < 60:
+            time.sleep(0.05)
+        os._exit(0)
     try:
         ring_allreduce(np.ones(6), comm)
         report(error=None)
@@ -532,6 +537,17 @@ def test_mpi_launch_stops_the_others_when_a_rank_fails(child, tmp_path):
 def test_signalled_mpi_launcher_takes_its_ranks(child, tmp_path, sig):
     pids, _ = _launch_then_signal(child, tmp_path, 2, sig, use_mpi=True)
     assert not _kill_survivors(pids), "MPI ranks outlived their launcher"
+
+
+@needs_mpi
+def test_a_hung_mpi_rank_is_named_by_every_waiting_rank(child, tmp_path):
+    # Rank 0 waits for rank 2, which waits for rank 1: both must name rank 1 (the
+    # wait board `launch` gives MPI ranks), not their direct peer.
+    before = set(Path(tempfile.gettempdir()).glob("tinyflow-board-*"))
+    launch(3, str(child), ["hang", str(tmp_path), "1.5"], use_mpi=True)
+    found = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 2)]
+    assert all(r["peer"] == 1 and "rank 1 is late" in r["error"] for r in found), found
+    assert set(Path(tempfile.gettempdir()).glob("tinyflow-board-*")) <= before
 
 
 @needs_mpi

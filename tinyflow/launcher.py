@@ -32,6 +32,7 @@ from typing import Any
 from tinyflow.errors import TinyFlowError
 from tinyflow.transports import (
     ENV_ADDR,
+    ENV_BOARD,
     ENV_RANK,
     ENV_SIZE,
     ENV_TIMEOUT,
@@ -155,13 +156,19 @@ def _launch_mpi(n: int, script: str, args: Sequence[str], child_env: dict[str, s
     # into MPI_Abort, so mpiexec stops every rank at once (a plain exit would
     # finalize MPI cleanly and leave the others waiting for their timeout).
     argv = [sys.executable, "-m", "mpi4py", script, *map(str, args)]
-    with _terminate_as_exit():
-        process = subprocess.Popen(_mpiexec_command(mpiexec, n) + argv, env=child_env,
-                                   preexec_fn=_die_with_parent())
-        try:
-            return process.wait()
-        finally:
-            _stop([process])  # a SIGTERM to us: mpiexec stops its ranks on SIGTERM
+    # The ranks' wait board (who waits for whom), so a timeout names the late rank.
+    board = tempfile.mkdtemp(prefix="tinyflow-board-")
+    try:
+        with _terminate_as_exit():
+            process = subprocess.Popen(_mpiexec_command(mpiexec, n) + argv,
+                                       env={**child_env, ENV_BOARD: board},
+                                       preexec_fn=_die_with_parent())
+            try:
+                return process.wait()
+            finally:
+                _stop([process])  # a SIGTERM to us: mpiexec stops its ranks on SIGTERM
+    finally:
+        shutil.rmtree(board, ignore_errors=True)
 
 
 def _launch_traced(n: int, argv: Sequence[str], child_env: dict[str, str], trace: str,

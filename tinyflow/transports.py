@@ -27,7 +27,8 @@ get a `CollectiveError` that says so, rather than garbage or a hang. Every wait 
 deadline (`timeout` seconds): a peer that died or stopped answering is named in the
 error instead of hanging the job. The rank named is the one that is actually late:
 while a rank waits it posts "rank r waits for rank s" on a shared `WaitBoard` (a
-dict for threads, small files in the socket folder for processes), and a rank that
+dict for threads, small files in the socket folder for processes and in a folder
+`tinyflow launch` gives MPI ranks), and a rank that
 gives up follows that wait-for chain (rank 0 waits for 2, which waits for 1, which
 waits for nobody: rank 1 is late), as deadlock detectors walk a wait-for graph.
 
@@ -72,6 +73,8 @@ DEFAULT_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 30.0
 ENV_RANK, ENV_SIZE, ENV_ADDR, ENV_TIMEOUT = (
     "TINYFLOW_RANK", "TINYFLOW_SIZE", "TINYFLOW_ADDR", "TINYFLOW_TIMEOUT")
+# The folder MPI ranks share as their wait board (`tinyflow launch` makes one).
+ENV_BOARD = "TINYFLOW_WAIT_BOARD"
 
 
 class CollectiveError(TinyFlowError, RuntimeError):
@@ -767,6 +770,7 @@ class MPITransport(Transport):
     SPIN_OWN_CORE = 2e-2
     SPIN_SHARED_CORE = 1e-4
     NAP = 5e-5    # seconds per nap
+    POST_AFTER = ProcessTransport.POST_AFTER  # a wait this long goes on the wait board
 
     def __init__(self, comm: Any = None, timeout: float | None = None) -> None:
         from mpi4py import MPI
@@ -777,6 +781,12 @@ class MPITransport(Transport):
         super().__init__(self.comm.Get_rank(), self.comm.Get_size(), timeout)
         own_core = _ranks_on_this_machine(self.size) <= _usable_cores()
         self.spin = self.SPIN_OWN_CORE if own_core else self.SPIN_SHARED_CORE
+        # `tinyflow launch` names a folder the ranks share, so a timeout can name the
+        # rank that is actually late. Started by mpiexec alone there is none (agreeing
+        # on one would take a collective without a deadline): a timeout names the
+        # direct peer.
+        if ENV_BOARD in os.environ:
+            self.board = FileWaitBoard(os.environ[ENV_BOARD])
 
     def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
@@ -788,9 +798,10 @@ class MPITransport(Transport):
                      for dst, array in sends]
         statuses = [MPI.Status() for _ in requests]
         deadline = self._deadline()
-        peer = recvs[0][0] if recvs else (sends[0][0] if sends else self.rank)
+        peers = [src for src, _ in recvs] + [dst for dst, _ in sends]  # one per request
+        peer = peers[0] if peers else self.rank
         try:
-            started = time.monotonic()
+            started, posted = time.monotonic(), False
             while not MPI.Request.Testall(requests, statuses):
                 # MPI moves data only while some call polls it, so poll hard at
                 # first; after `spin` seconds the peer is probably busy elsewhere
@@ -799,12 +810,13 @@ class MPITransport(Transport):
                 now = time.monotonic()
                 if now - started > self.spin:
                     time.sleep(self.NAP)
+                if not posted and self.board is not None and now - started > self.POST_AFTER:
+                    self.board.post(self.rank, _first_pending(requests, peers), tag)
+                    posted = True
                 if now > deadline:
-                    pending = [i for i, r in enumerate(requests) if not r.Test()]
-                    if pending:
-                        i = pending[0]
-                        peer = recvs[i][0] if i < len(recvs) else sends[i - len(recvs)][0]
-                    raise self._timed_out(peer, tag)
+                    raise self._timed_out(_first_pending(requests, peers), tag)
+            if posted:
+                self.board.clear(self.rank)
         except MPI.Exception as err:  # e.g. MPI_ERR_TRUNCATE: the message was larger
             raise self._fail(f"{_operation(tag)}: MPI failed receiving '{tag}' from rank "
                              f"{peer} ({err.Get_error_string()}); the ranks probably "
@@ -823,6 +835,12 @@ class MPITransport(Transport):
         """MPI's own Allreduce (sum, in place): the reference our ring is measured by."""
         self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
         return array
+
+
+def _first_pending(requests: list, peers: list[int]) -> int:
+    """The peer of the first MPI request not yet complete (the one being waited for)."""
+    return next((peer for request, peer in zip(requests, peers) if not request.Test()),
+                peers[0])
 
 
 # ----------------------------------------------------------------------------------
