@@ -327,6 +327,30 @@ def test_overview_groups_by_phase_and_layer():
     assert len(overview.groups) < len(graph["nodes"]) / 2
 
 
+def test_an_eager_tape_of_several_steps_has_its_forward_backward_and_optimizer(tmp_path):
+    # Two SGD steps recorded eagerly: each step's forward reads the parameters (updated
+    # in place, so still the inputs), the updates read the gradients.
+    from tinyflow import eager as E
+    w = E.tensor(np.ones((3, 2), np.float32), requires_grad=True)
+    x = E.tensor(np.ones((4, 3), np.float32))
+    optimizer = E.Adam([w], lr=0.1)   # its step size reads no gradient: marked
+    with tf.debug.record(tmp_path / "eager.json"):
+        for _ in range(2):
+            optimizer.zero_grad()
+            loss = tf.reduce_sum(tf.tanh(x @ w))
+            loss.backward()
+            optimizer.step()
+    graph = trace.load(tmp_path / "eager.json")["graphs"][0]
+    phase = phases(graph)
+    ops_by_phase = {}
+    for node in graph["nodes"]:
+        ops_by_phase.setdefault(phase[node["id"]], []).append(node["op"])
+    assert ops_by_phase["forward"].count("tanh") == 2, ops_by_phase
+    assert ops_by_phase["optimizer"].count("sqrt") == 4, ops_by_phase  # 2 per Adam step
+    assert "tanh" not in ops_by_phase["optimizer"]
+    assert "sqrt" not in ops_by_phase["forward"] and "pow" not in ops_by_phase["forward"]
+
+
 def test_repeated_layers_fold_into_one_box_with_a_count():
     nodes, previous = [], "x"
     nodes.append({"id": "x", "op": "placeholder", "inputs": [], "phase": "forward",

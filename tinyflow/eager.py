@@ -318,11 +318,23 @@ class GraphBreak(TinyFlowError):
 class _Mode:
     grad_enabled = True
     in_backward = False     # inside `backward` (the debugger colours those ops)
+    in_optimizer = False    # inside an optimizer's `step` (the debugger's optimizer box)
     tracer: _Trace | None = None
 
 
 _mode = _Mode()
 _generators: dict = {}   # eager random streams, by op seed (dropout)
+
+
+@contextlib.contextmanager
+def _optimizer_step() -> Iterator[None]:
+    """An optimizer's update: no grad, and recorded ops are marked as the optimizer's."""
+    before, _mode.in_optimizer = _mode.in_optimizer, True
+    try:
+        with no_grad():
+            yield
+    finally:
+        _mode.in_optimizer = before
 
 
 @contextlib.contextmanager
@@ -1163,7 +1175,7 @@ class Optimizer:
             p.grad = None
 
     def step(self) -> None:
-        with no_grad():
+        with _optimizer_step():
             for index, p in enumerate(self.params):
                 if p.grad is not None:
                     self._update(index, p, p.grad)
@@ -1203,7 +1215,7 @@ class Adam(Optimizer):
         self.v = [Tensor(np.zeros(p.shape, p.dtype)) for p in self.params]
 
     def step(self) -> None:
-        with no_grad():
+        with _optimizer_step():
             t = self.t.assign_(self.t + 1.0)
             self._step_size = self.lr * ops.sqrt(1.0 - ops.power(self.beta2, t)) / (
                 1.0 - ops.power(self.beta1, t))
@@ -1307,10 +1319,13 @@ class EagerLog:
         self._note_frees(step)
         name = f"{op}_{step}"
         phase = "backward" if _mode.in_backward else "forward"
+        # (the record's phases are forward/backward; the overview finds an eager
+        # tape's optimizer ops by this attribute, or by their reading a gradient)
+        attrs = {"optimizer_step": True} if _mode.in_optimizer else {}
         self.nodes.append({"id": name, "op": op, "inputs": [self.name_of(t) for t in inputs],
                            "shape": list(out.shape), "dtype": out.dtype.name,
                            "bytes": out.data.nbytes, "where": user_source_line(),
-                           "attrs": {}, "provenance": [name], "phase": phase})
+                           "attrs": attrs, "provenance": [name], "phase": phase})
         self.names[id(out)] = name
         self.events.append({"step": step, "node": name, "op": op, "stream": 0,
                             "start": began - self.start, "end": ended - self.start,

@@ -11,7 +11,10 @@ count ``×6``. Expanding a box (Enter) lays out its nodes inside the picture.
 * **phase**: ``backward`` for nodes `gradients` built (``Node.phase``); of the rest,
   the ancestors of the first output (the loss) are ``forward`` and everything else
   (the updates the optimizer added) is ``optimizer``: found from the graph's
-  structure, never from op names.
+  structure, never from op names. An eager record (pass ``eager``) is the tape of
+  many steps whose parameters are updated in place, so there the ``optimizer`` ops
+  are those an optimizer's ``step`` ran (attribute ``optimizer_step``) or that read
+  a gradient (a hand-written update), the rest ``forward``.
 * **layer**: the name scope (``mlp1/dense/matmul`` -> ``mlp1``), or for an id
   without one a layer-like name prefix (``mlp1_w`` -> ``mlp1``, ``block3_ln`` ->
   ``block3``); a node with neither takes the layer of its inputs, preferring one
@@ -62,6 +65,8 @@ def layer_of_id(node_id: str) -> str | None:
 
 def phases(graph: dict) -> dict[str, str]:
     """{id: "forward" | "backward" | "optimizer"} (see the module docstring)."""
+    if graph.get("pass") == "eager":
+        return _eager_phases(graph)
     nodes = {n["id"]: n for n in graph["nodes"]}
     ancestors: set[str] = set()
     stack = list(graph["outputs"][:1])
@@ -77,6 +82,23 @@ def phases(graph: dict) -> dict[str, str]:
             out[node["id"]] = "backward"
         else:
             out[node["id"]] = "forward" if node["id"] in ancestors else "optimizer"
+    return out
+
+
+def _eager_phases(graph: dict) -> dict[str, str]:
+    """Phases of an eager tape: a non-backward op an optimizer step ran, or one
+    downstream of a gradient, is the optimizer's (nodes are in the order they ran,
+    so inputs come first)."""
+    out: dict[str, str] = {}
+    reads_gradient: set[str] = set()
+    for node in graph["nodes"]:
+        if node["phase"] == "backward":
+            out[node["id"]] = "backward"
+            continue
+        if node["attrs"].get("optimizer_step") or any(
+                i in reads_gradient or out.get(i) == "backward" for i in node["inputs"]):
+            reads_gradient.add(node["id"])
+        out[node["id"]] = "optimizer" if node["id"] in reads_gradient else "forward"
     return out
 
 
