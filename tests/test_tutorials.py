@@ -282,6 +282,25 @@ def test_training_script_quick_run(name, tmp_path):
         assert found["test_accuracy"] >= 0.8 and found["buckets"] >= 2, found
 
 
+def test_eager_training_record_compares_the_allocator_with_the_static_plan(tmp_path):
+    """train_eager.py --trace: the memory view shows the caching allocator's reserved
+    and allocated peaks beside the static plan of the same step traced, and recording
+    changes nothing in the training (the same losses as without)."""
+    from tinyflow import trace
+    record_path = tmp_path / "eager.json"
+    args = ["--quick", "--epochs", "1", "--checkpoint", ""]
+    with_record = results(run_python(TUTORIALS / "train_eager.py",
+                                     [*args, "--trace", str(record_path)], tmp_path))
+    without = results(run_python(TUTORIALS / "train_eager.py", args, tmp_path))
+    assert {**with_record, "train_seconds": 0} == {**without, "train_seconds": 0}
+    plan = trace.load(record_path)["memory_plan"]
+    strategies = plan["strategies"]
+    assert set(strategies) == {"caching allocator (reserved)", "allocated peak",
+                               "static plan (traced step)"}
+    assert 0 < strategies["static plan (traced step)"] <= strategies["allocated peak"] \
+        <= strategies["caching allocator (reserved)"] == plan["arena_bytes"]
+
+
 def test_eager_training_traced_gives_the_eager_losses(tmp_path):
     """train_eager.py with and without @tf.function: the same losses and accuracy
     (the traced step is bitwise the eager step), and it retraced once for the last,

@@ -59,6 +59,7 @@ class Recorder:
         self.check: dict | None = None
         self._main: Any = None               # the program whose check failed
         self.eager_log: Any = None           # eager ops recorded (eager.EagerLog)
+        self.memory_references: dict[str, int] = {}  # see `memory_reference`
         self._live_file: Any = None          # PATH.live.jsonl, open while live
         self._live_lines = 0                 # lines written to it
         self._live_program: Any = None       # the program the document on disk holds
@@ -185,6 +186,12 @@ class Recorder:
         key = max(self.runs, key=lambda k: (self.runs[k], len(self.programs[k].steps)))
         return self.programs[key]
 
+    def memory_reference(self, name: str, nbytes: int) -> None:
+        """Show `nbytes` as strategy `name` beside the recorded plan's in the memory
+        view: e.g. the static plan's arena for the same step, next to an eager run's
+        caching allocator (train_eager.py --trace does)."""
+        self.memory_references[str(name)] = int(nbytes)
+
     def to_record(self) -> dict:
         program = self.main_program()
         command = " ".join(sys.argv)
@@ -201,6 +208,8 @@ class Recorder:
                                    if prog is program]
         if self.check is not None:
             record["check"] = self.check
+        if self.memory_references and record.get("memory_plan"):
+            record["memory_plan"]["strategies"].update(self.memory_references)
         return record
 
     def save(self) -> str:
