@@ -234,58 +234,93 @@ def _make_plan(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any],
     """
     num_inputs = len(shapes)
     reg_shapes, reg_dtypes = _infer_registers(program, shapes, dtypes)
-    last = len(program) - 1
-    last_read: dict[int, int] = {}
-    for k, (_, operands, _) in enumerate(program):
-        for r in operands:
-            last_read[_register_index(r, num_inputs)] = k
-    final_regs = [_register_index(r, num_inputs) for r in program[last][1]]
-    final_inplace = REGISTRY[program[last][0]].inplace
-
-    def may_hold_output(reg: int) -> bool:
-        """Can register `reg` live in the output buffer without the last
-        instruction clobbering an operand it still has to read?"""
-        if last_read[reg] < last:
-            return True
-        return (final_inplace is not None and final_inplace < len(final_regs)
-                and final_regs[final_inplace] == reg and final_regs.count(reg) == 1)
-
-    buffers: list[tuple[tuple, Any]] = [(reg_shapes[-1], reg_dtypes[-1])]
-    holder: dict[int, int | None] = {OUT: None}  # buffer -> register it holds
-    buffer_of: dict[int, int] = {}                # temporary register -> buffer
+    lives = _Lifetimes(program, num_inputs)
+    pool = _BufferPool([(reg_shapes[-1], reg_dtypes[-1])])
     steps = []
     for k, (op, operands, attrs) in enumerate(program):
         opdef = REGISTRY[op]
         regs = tuple(_register_index(r, num_inputs) for r in operands)
         me = num_inputs + k
         key = (reg_shapes[me], reg_dtypes[me])
-        dying = [r for r in dict.fromkeys(regs) if r in buffer_of and last_read[r] == k]
-        buffer = None
-        if k == last:
-            buffer = OUT
-        elif opdef.inplace is not None and opdef.inplace < len(regs):
-            target = regs[opdef.inplace]
-            if (target in dying and regs.count(target) == 1
-                    and buffers[buffer_of[target]] == key
-                    and (buffer_of[target] != OUT or may_hold_output(me))):
-                buffer = buffer_of[target]
-        if buffer is None and not out_is_input and holder[OUT] is None \
-                and buffers[OUT] == key and may_hold_output(me):
-            buffer = OUT
-        if buffer is None:
-            buffer = next((b for b, r in holder.items()
-                           if r is None and b != OUT and buffers[b] == key), None)
-        if buffer is None:
-            buffers.append(key)
-            buffer = len(buffers) - 1
-        for r in dying:
-            holder[buffer_of[r]] = None
-        holder[buffer] = me
-        buffer_of[me] = buffer
+        # temporaries whose last reader is this instruction: free once it has run
+        dying = [r for r in dict.fromkeys(regs) if r in pool.buffer_of and lives.last_read[r] == k]
+        buffer = _choose_buffer(k, opdef.inplace, regs, me, key, dying, pool, lives,
+                                out_is_input)
+        pool.give(buffer, me, dying)
         steps.append((opdef.compute, regs, dict(attrs), buffer))
-    plan = _Plan(program, steps, buffers)
+    plan = _Plan(program, steps, pool.buffers)
     _generate(plan, num_inputs, xp)
     return plan
+
+
+class _Lifetimes:
+    """When each register is read last, and what the last instruction may overwrite."""
+
+    def __init__(self, program: Program, num_inputs: int) -> None:
+        self.last = len(program) - 1
+        self.last_read: dict[int, int] = {}
+        for k, (_, operands, _) in enumerate(program):
+            for r in operands:
+                self.last_read[_register_index(r, num_inputs)] = k
+        self.final_regs = [_register_index(r, num_inputs) for r in program[self.last][1]]
+        self.final_inplace = REGISTRY[program[self.last][0]].inplace
+
+    def may_hold_output(self, reg: int) -> bool:
+        """Can register `reg` live in the output buffer without the last
+        instruction clobbering an operand it still has to read?"""
+        if self.last_read[reg] < self.last:
+            return True
+        inplace, regs = self.final_inplace, self.final_regs
+        return (inplace is not None and inplace < len(regs)
+                and regs[inplace] == reg and regs.count(reg) == 1)
+
+
+class _BufferPool:
+    """The plan's buffers (shape, dtype), the output buffer `OUT` first, and which
+    register each holds now (None: free for a later result of its shape and dtype)."""
+
+    def __init__(self, buffers: list[tuple[tuple, Any]]) -> None:
+        self.buffers = buffers
+        self.holder: dict[int, int | None] = {OUT: None}  # buffer -> register it holds
+        self.buffer_of: dict[int, int] = {}                # temporary register -> buffer
+
+    def free_temporary(self, key: tuple) -> int | None:
+        """A free buffer (not the output) of this (shape, dtype), if any."""
+        return next((b for b, r in self.holder.items()
+                     if r is None and b != OUT and self.buffers[b] == key), None)
+
+    def new(self, key: tuple) -> int:
+        self.buffers.append(key)
+        return len(self.buffers) - 1
+
+    def give(self, buffer: int, reg: int, dying: list[int]) -> None:
+        """`reg` now lives in `buffer`; the buffers of `dying` registers are free."""
+        for r in dying:
+            self.holder[self.buffer_of[r]] = None
+        self.holder[buffer] = reg
+        self.buffer_of[reg] = buffer
+
+
+def _choose_buffer(k: int, inplace: int | None, regs: tuple, me: int, key: tuple,
+                   dying: list[int], pool: _BufferPool, lives: _Lifetimes,
+                   out_is_input: bool) -> int:
+    """The buffer instruction k writes register `me` into, in order of preference:
+    the output (the last instruction always), over its own dying operand (the op's
+    `inplace` input, used once, of the same shape and dtype), the free output
+    buffer (unless it is an input), a free temporary, else a new one."""
+    if k == lives.last:
+        return OUT
+    if inplace is not None and inplace < len(regs):
+        target = regs[inplace]
+        if (target in dying and regs.count(target) == 1
+                and pool.buffers[pool.buffer_of[target]] == key
+                and (pool.buffer_of[target] != OUT or lives.may_hold_output(me))):
+            return pool.buffer_of[target]
+    if not out_is_input and pool.holder[OUT] is None and pool.buffers[OUT] == key \
+            and lives.may_hold_output(me):
+        return OUT
+    found = pool.free_temporary(key)
+    return pool.new(key) if found is None else found
 
 
 def _fused_elementwise_compute(xp, *arrays, out=None, program=()):
