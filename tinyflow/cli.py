@@ -204,21 +204,31 @@ def _debug(args: argparse.Namespace) -> int:
             raise CommandError("debug --check needs one record FILE")
         return _check(args.file)
     if args.run is None:
-        if args.file is None:
-            raise CommandError("debug needs a DebugRecord FILE, or --run SCRIPT [args]")
-        if args.follow:
-            if args.other is not None:
-                raise CommandError("--follow takes one record")
-            return _viz([args.file, "--follow", *_view_options(args)])
-        for path in (args.file, args.other):
-            if path is not None and not Path(path).is_file():
-                raise CommandError(f"no such file: {path}")
-        if args.file.endswith(".onnx"):
-            return _debug_onnx(args)
-        return _viz([args.file, *([args.other] if args.other else []), *_view_options(args)])
+        return _debug_files(args)
+    return _debug_run(args)
 
-    # --run SCRIPT: the script runs in a child process with TINYFLOW_TRACE set, which
-    # makes tinyflow.debug record every Session.run into that file.
+
+def _debug_files(args: argparse.Namespace) -> int:
+    """`debug FILE [OTHER]`: open a record (or two, compared), follow a live one, or
+    import and record an ONNX model."""
+    if args.file is None:
+        raise CommandError("debug needs a DebugRecord FILE, or --run SCRIPT [args]")
+    if args.follow:
+        if args.other is not None:
+            raise CommandError("--follow takes one record")
+        return _viz([args.file, "--follow", *_view_options(args)])
+    for path in (args.file, args.other):
+        if path is not None and not Path(path).is_file():
+            raise CommandError(f"no such file: {path}")
+    if args.file.endswith(".onnx"):
+        return _debug_onnx(args)
+    return _viz([args.file, *([args.other] if args.other else []), *_view_options(args)])
+
+
+def _debug_run(args: argparse.Namespace) -> int:
+    """`debug --run SCRIPT [ARGS]`: the script runs in a child process with
+    TINYFLOW_TRACE set, which makes tinyflow.debug record every Session.run into a
+    temporary file the debugger then opens."""
     if args.file is not None:
         raise CommandError("debug takes a FILE or --run SCRIPT, not both")
     if args.run and args.run[0] == "--check-numerics":   # `--run --check-numerics SCRIPT`
