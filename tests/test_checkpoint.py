@@ -73,6 +73,27 @@ def test_restore_writes_into_the_existing_buffers(tmp_path):
     np.testing.assert_array_equal(held, np.arange(6).reshape(2, 3))
 
 
+def test_restore_copies_the_file_only_into_the_variables(tmp_path):
+    """Issue 22: restore read the whole file into memory and copied the tensors out of
+    it before writing the Variables (twice the checkpoint's size allocated); now the
+    file is mapped, checked in place, and each tensor copied once, into its buffer."""
+    import tracemalloc
+    big = tf.Variable(np.ones((512, 1024), np.float32), name="ck_big")  # 2 MiB
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    saver = Saver([big])
+    path = saver.save(sess, tmp_path / "big.safetensors")
+    sess.variables[big][...] = 0.0
+    tracemalloc.start()  # numpy reports its allocations to tracemalloc too
+    try:
+        saver.restore(sess, path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**18, f"restore allocated {peak} bytes for a 2 MiB checkpoint"
+    np.testing.assert_array_equal(sess.variables[big], 1.0)
+
+
 def test_default_var_list_and_dict_names(tmp_path):
     sess, variables = _model()
     everything = Saver()

@@ -385,7 +385,7 @@ def _load(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 
 def _map(path: Path) -> mmap.mmap | bytes:
-    """The file at `path`, mapped read-only into memory (b"" if it is empty).
+    """The file at `path`, mapped read-only into memory (or read, if it cannot be).
 
     The mapping is not closed here: it stays while any view of it is alive and goes
     with the last one. It is safe because TinyFlow never rewrites a checkpoint in
@@ -397,14 +397,15 @@ def _map(path: Path) -> mmap.mmap | bytes:
         raise CheckpointError(f"checkpoint {path} is a directory, not a file")
     try:
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return b""  # mmap refuses empty files
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):  # an empty file, or one mmap cannot map
+                return f.read()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
-    except (OSError, ValueError) as err:  # ValueError: mmap of a file it cannot map
-        raise CheckpointError(f"cannot read checkpoint {path}: "
-                              f"{getattr(err, 'strerror', None) or err}") from None
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: {err.strerror or err}"
+                              ) from None
 
 
 def _unreadable(path: Path, problem: str) -> CheckpointError:
