@@ -94,6 +94,20 @@ def test_restore_copies_the_file_only_into_the_variables(tmp_path):
     np.testing.assert_array_equal(sess.variables[big], 1.0)
 
 
+def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
+    import mmap
+    sess, variables, path = _saved(tmp_path)
+    expected = {v: sess.variables[v].copy() for v in variables}
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")  # what mmap says on some file systems
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    fresh = tf.Session()
+    Saver(variables).restore(fresh, path)
+    for var in variables:
+        np.testing.assert_array_equal(fresh.variables[var], expected[var])
+
+
 def test_default_var_list_and_dict_names(tmp_path):
     sess, variables = _model()
     everything = Saver()
