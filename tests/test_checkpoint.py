@@ -73,6 +73,41 @@ def test_restore_writes_into_the_existing_buffers(tmp_path):
     np.testing.assert_array_equal(held, np.arange(6).reshape(2, 3))
 
 
+def test_restore_copies_the_file_only_into_the_variables(tmp_path):
+    """Issue 22: restore read the whole file into memory and copied the tensors out of
+    it before writing the Variables (twice the checkpoint's size allocated); now the
+    file is mapped, checked in place, and each tensor copied once, into its buffer."""
+    import tracemalloc
+    big = tf.Variable(np.ones((512, 1024), np.float32), name="ck_big")  # 2 MiB
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    saver = Saver([big])
+    path = saver.save(sess, tmp_path / "big.safetensors")
+    sess.variables[big][...] = 0.0
+    tracemalloc.start()  # numpy reports its allocations to tracemalloc too
+    try:
+        saver.restore(sess, path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**18, f"restore allocated {peak} bytes for a 2 MiB checkpoint"
+    np.testing.assert_array_equal(sess.variables[big], 1.0)
+
+
+def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
+    import mmap
+    sess, variables, path = _saved(tmp_path)
+    expected = {v: sess.variables[v].copy() for v in variables}
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")  # what mmap says on some file systems
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    fresh = tf.Session()
+    Saver(variables).restore(fresh, path)
+    for var in variables:
+        np.testing.assert_array_equal(fresh.variables[var], expected[var])
+
+
 def test_default_var_list_and_dict_names(tmp_path):
     sess, variables = _model()
     everything = Saver()
@@ -91,9 +126,9 @@ def test_file_is_safetensors_with_tinyflow_metadata_and_no_pickle(tmp_path, monk
     assert tensors["ck_w"].dtype == np.float32 and tensors["ck_w"].shape == (2, 3)
     assert tensors["ck_b"].dtype == np.float64 and tensors["ck_step"].shape == ()
     meta = read_metadata(path)
-    assert meta["format"] == "tinyflow.checkpoint" and meta["version"] == "2"
+    assert meta["format"] == "tinyflow.checkpoint" and meta["version"] == "3"
     assert meta["tinyflow_version"] == tf.__version__ and meta["step"] == "12"
-    assert len(meta["sha256"]) == 64
+    assert len(meta["crc32"]) == 8 and "sha256" not in meta
 
     def refuse(*args, **kwargs):
         raise AssertionError("pickle was used")
@@ -219,6 +254,79 @@ def test_a_flipped_byte_anywhere_gives_a_checkpoint_error(tmp_path):
     _refused_without_change(sess, variables, tmp_path / "empty", "does not exist")
 
 
+def test_every_single_bit_flip_gives_a_checkpoint_error(tmp_path):
+    """Issue 22: the checksum covers the metadata too. A flipped bit in "step" (12 ->
+    13), in the "format" value or in the checksum's key ("sha256" -> "sha257") used to
+    be read without complaint."""
+    sess, variables = _model()
+    path = Path(Saver(variables).save(sess, tmp_path / "m.safetensors", global_step=12))
+    good = path.read_bytes()
+    missed = []
+    with open(path, "r+b") as f:  # changed in place: rewriting it is slow on some disks
+
+        def put(offset, byte):
+            f.seek(offset)
+            f.write(bytes([byte]))
+            f.flush()
+
+        for offset, byte in enumerate(good):
+            for bit in range(8):
+                put(offset, byte ^ (1 << bit))
+                try:
+                    read_metadata(path)
+                except CheckpointError:
+                    continue
+                missed.append((offset, bit, good[max(0, offset - 8):offset + 8]))
+            put(offset, byte)
+    assert not missed, f"{len(missed)} flipped bits read without complaint: {missed[:5]}"
+    assert read_metadata(path)["step"] == "12"
+
+
+def test_damaged_data_is_refused_before_any_variable_changes(tmp_path):
+    sess, variables, path = _saved(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x10  # the last byte of the last tensor's data
+    path.write_bytes(bytes(data))
+    _refused_without_change(sess, variables, path, "m.safetensors is damaged")
+
+
+_V2_FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint_v2_sha256.safetensors"
+
+
+def test_version_2_sha256_checkpoints_still_restore(tmp_path):
+    """The fixture was written by the version-2 Saver (sha256, before issue 22)."""
+    sess, variables = _model()
+    Saver(variables).restore(sess, _V2_FIXTURE)
+    w, b, step = (sess.variables[v] for v in variables)
+    np.testing.assert_array_equal(w, np.arange(6).reshape(2, 3) * 1.5)
+    np.testing.assert_array_equal(b, [0.5, -1.5])
+    assert step.shape == () and float(step) == 7.0
+    meta = read_metadata(_V2_FIXTURE)
+    assert meta["version"] == "2" and meta["step"] == "12" and len(meta["sha256"]) == 64
+
+    damaged = bytearray(_V2_FIXTURE.read_bytes())
+    damaged[-5] ^= 0x01  # a bit of ck_w's data
+    (tmp_path / "v2.safetensors").write_bytes(bytes(damaged))
+    _refused_without_change(sess, variables, tmp_path / "v2.safetensors",
+                            "v2.safetensors is damaged.*sha256")
+
+
+def test_a_tinyflow_checkpoint_without_its_checksum_is_refused(tmp_path):
+    import safetensors.numpy
+    for version in ("2", "3"):
+        path = tmp_path / f"bare{version}.safetensors"
+        safetensors.numpy.save_file({"ck_w": np.zeros((2, 3), np.float32)}, path,
+                                    metadata={"format": "tinyflow.checkpoint",
+                                              "version": version})
+        with pytest.raises(CheckpointError, match=f"bare{version}.safetensors is damaged"):
+            read_checkpoint(path)
+    # Another writer's file with no checksum is read (PyTorch's save_file writes none).
+    path = tmp_path / "foreign.safetensors"
+    safetensors.numpy.save_file({"ck_w": np.ones((2, 3), np.float32)}, path,
+                                metadata={"format": "pt"})
+    np.testing.assert_array_equal(read_checkpoint(path)["ck_w"], np.ones((2, 3)))
+
+
 def _header_file(path, header, data=b""):
     text = json.dumps(header).encode()
     path.write_bytes(len(text).to_bytes(8, "little") + text + data)
@@ -234,8 +342,19 @@ def _header_file(path, header, data=b""):
     {"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}},
     {"w": "not a tensor"},
     [1, 2, 3],
+    {"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}},
+    {"w": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}},
+    {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0]}},
+    {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+     "v": {"dtype": "F32", "shape": [4], "data_offsets": [4, 20]}},
+    {"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
+    {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+    {"__metadata__": None, "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+     "v": {"dtype": "F32", "shape": [], "data_offsets": [24, 28]}},
 ], ids=["1e11_elements", "offsets_past_end", "metadata_not_strings", "metadata_nested",
-        "unknown_dtype", "negative_dim", "entry_not_object", "header_a_list"])
+        "unknown_dtype", "negative_dim", "entry_not_object", "header_a_list",
+        "dtype_a_list", "shape_of_booleans", "one_offset", "overlapping", "gap_before",
+        "bytes_left_over", "past_the_end_after_null_metadata"])
 def test_crafted_safetensors_headers_give_a_checkpoint_error(tmp_path, header):
     sess, variables = _model()
     path = tmp_path / "crafted.safetensors"
