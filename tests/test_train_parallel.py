@@ -65,6 +65,23 @@ def test_1f1b_trace_has_a_lane_per_rank(tmp_path, capsys):
     assert {f"rank{r}/compute" for r in range(4)} <= names
 
 
+def test_trace_shows_the_bytes_each_rank_holds(tmp_path, capsys):
+    # dp keeps the whole model and its momentum on every rank; ZeRO-3 a quarter of
+    # both; a pipeline's last stage only its own (smaller) layer.
+    held = {}
+    for scheme in ("dp", "zero3", "pp-1f1b"):
+        out = tmp_path / f"{scheme}.json"
+        assert train_parallel.main(["--scheme", scheme, "--quick", "--epochs", "1",
+                                    "--trace", str(out), "--checkpoint", ""]) == 0
+        plan = trace.load(out)["memory_plan"]
+        held[scheme] = [plan["strategies"][f"rank {r}"] for r in range(4)]
+        assert sum(held[scheme]) == plan["arena_bytes"]
+    assert len(set(held["dp"])) == 1
+    for rank_bytes in held["zero3"]:
+        assert abs(rank_bytes - held["dp"][0] / 4) < 64, held   # (shards padded evenly)
+    assert held["pp-1f1b"][3] < held["pp-1f1b"][0] < held["dp"][0], held
+
+
 # One launch runs several schemes in the same ranks (importing scikit-learn for the
 # digits costs seconds per process on a loaded machine; one import serves them all).
 DRIVER = r"""

@@ -963,6 +963,15 @@ class Session:
                 specs[node] = (node.shape, node.dtype)
         return specs
 
+    def variables_in_use(self) -> dict[Node, Any]:
+        """{variable: value} of the variables the programs compiled so far read (an
+        initializer only writes): what this session keeps between runs. A parallel
+        scheme's rank holds its shard or stage here, not the whole model."""
+        with self._lock:
+            read = {node for program in self._cache.values()
+                    for node, _, only_written in program.variable_slots if not only_written}
+        return {node: value for node, value in self.variables.items() if node in read}
+
     def close(self) -> None:
         """Free the programs and end their stream threads; later runs raise
         SessionClosedError (as TF1's do)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from tinyflow import trace
 
@@ -86,11 +87,20 @@ def collective_events(records: Sequence[dict], rank: int) -> list[dict]:
             for r in records]
 
 
-def scheme_record(events: Sequence[dict], title: str, label: str = "step") -> dict:
+def scheme_record(events: Sequence[dict], title: str, label: str = "step",
+                  held: dict[int, dict[str, Any]] | None = None) -> dict:
     """A DebugRecord holding one timeline of `events`: dicts with "node", "stream" (a
     name such as "rank2/compute"), "start" and "end" (perf_counter seconds), and
-    optionally "op", "bytes", "args". Times become seconds from the first start."""
+    optionally "op", "bytes", "args". Times become seconds from the first start.
+
+    `held` ({rank: {name: array}}, e.g. each rank's Session.variables) becomes the
+    record's graph and memory view: one node per array named ``rank<r>/<name>`` (the
+    overview draws a box per rank), laid end to end rank by rank, and each rank's
+    total as a "strategy" beside the others (ZeRO's shards and a pipeline stage's
+    layers show as per-rank bytes)."""
     record = trace.empty_record(title)
+    if held:
+        record["graphs"], record["memory_plan"] = _held_bytes(held)
     names = sorted({e["stream"] for e in events}, key=_stream_order)
     ids = {name: k for k, name in enumerate(names)}
     record["streams"] = [{"id": k, "name": name} for name, k in ids.items()] or \
@@ -106,6 +116,29 @@ def scheme_record(events: Sequence[dict], title: str, label: str = "step") -> di
         for e in sorted(events, key=lambda e: e["start"])]}]
     trace.validate(record)
     return record
+
+
+def _held_bytes(held: dict[int, dict[str, Any]]) -> tuple[list[dict], dict]:
+    """(graphs, memory_plan) of the arrays each rank holds (see `scheme_record`)."""
+    nodes, tensors, per_rank, offset = [], [], {}, 0
+    for rank in sorted(held):
+        for name, array in held[rank].items():
+            node = rank_stream_name(rank, name)
+            nodes.append({"id": node, "op": "variable", "inputs": [],
+                          "shape": list(array.shape), "dtype": array.dtype.name,
+                          "bytes": int(array.nbytes), "where": f"rank {rank}", "attrs": {},
+                          "provenance": [node], "phase": "forward"})
+            tensors.append({"node": node, "offset": offset, "nbytes": int(array.nbytes),
+                            "first_step": 0, "last_step": 0, "inplace_of": None,
+                            "kind": "variable", "reason": f"held by rank {rank}"})
+            offset += int(array.nbytes)
+            per_rank[f"rank {rank}"] = per_rank.get(f"rank {rank}", 0) + int(array.nbytes)
+    graph = {"pass": "held by each rank", "index": 0, "seconds": 0.0, "changed": False,
+             "nodes": nodes, "outputs": [nodes[-1]["id"]] if nodes else []}
+    plan = {"strategy": "bytes held per rank", "arena_bytes": offset, "naive_bytes": offset,
+            "lower_bound_bytes": max(per_rank.values(), default=0), "alignment": 1,
+            "strategies": per_rank, "tensors": tensors}
+    return [graph], plan
 
 
 def _stream_order(name: str) -> tuple:

@@ -364,8 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     flat, events, seconds = mine
     report(model, flat, data, args, seconds, comms[0].size)
     if args.trace and not launched:
+        held = {c.rank: {v.name: tf.backend.to_host(a)   # what each rank keeps between
+                         for v, a in sessions[c.rank].variables_in_use().items()}  # steps
+                for c in comms}
         record = scheme_record([e for r in results for e in r[1]],
-                               f"{args.scheme} on {comms[0].size} ranks")
+                               f"{args.scheme} on {comms[0].size} ranks", held=held)
         tf.trace.save(record, args.trace)
         print(f"trace={args.trace}")
     if args.check:

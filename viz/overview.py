@@ -11,7 +11,8 @@ count ``×6``. Expanding a box (Enter) lays out its nodes inside the picture.
 * **phase**: ``backward`` for nodes `gradients` built (``Node.phase``); of the rest,
   the ancestors of the first output (the loss) are ``forward`` and everything else
   (the updates the optimizer added) is ``optimizer``: found from the graph's
-  structure, never from op names. An eager record (pass ``eager``) is the tape of
+  structure, never from op names; a graph without gradients (inference, an imported
+  model) is all ``forward``. An eager record (pass ``eager``) is the tape of
   many steps whose parameters are updated in place, so there the ``optimizer`` ops
   are those an optimizer's ``step`` ran (attribute ``optimizer_step``) or that read
   a gradient (a hand-written update), the rest ``forward``.
@@ -67,6 +68,8 @@ def phases(graph: dict) -> dict[str, str]:
     """{id: "forward" | "backward" | "optimizer"} (see the module docstring)."""
     if graph.get("pass") == "eager":
         return _eager_phases(graph)
+    if not any(node["phase"] == "backward" for node in graph["nodes"]):
+        return {node["id"]: "forward" for node in graph["nodes"]}  # no gradients: inference
     nodes = {n["id"]: n for n in graph["nodes"]}
     ancestors: set[str] = set()
     stack = list(graph["outputs"][:1])
