@@ -132,18 +132,6 @@ class _Plan:
     kernel: Any = None
 
 
-# The code generator's lowering table: ops whose registry compute is exactly one
-# ufunc call with `out=`. The generated kernel calls the ufunc directly (a call less
-# per instruction); every other op calls its registry compute. A test checks that
-# each entry computes what the registry does.
-UFUNCS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide",
-          "pow": "power", "maximum": "maximum", "minimum": "minimum",
-          "neg": "negative", "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh",
-          "abs": "absolute", "sign": "sign", "less": "less", "less_equal": "less_equal",
-          "greater": "greater", "greater_equal": "greater_equal", "equal": "equal",
-          "not_equal": "not_equal"}
-
-
 def _generate(plan: _Plan, num_inputs: int, xp: Any) -> None:
     """Write the plan as a Python function and compile it (once per plan).
 
@@ -168,8 +156,9 @@ def _generate(plan: _Plan, num_inputs: int, xp: Any) -> None:
             zip(plan.steps, plan.program)):
         operands_now = ", ".join(names[r] for r in regs)
         comment = f"  # t{k} = {op}({', '.join(operands)})"
-        if op in UFUNCS and not attrs:  # lowered: the array library's ufunc itself
-            namespace[f"f{k}"] = getattr(xp, UFUNCS[op])
+        ufunc = REGISTRY[op].ufunc   # compute is exactly this ufunc (a call less)
+        if ufunc is not None and not attrs:  # lowered: the array library's ufunc itself
+            namespace[f"f{k}"] = getattr(xp, ufunc)
             lines.append(f"    f{k}({operands_now}, out=b{buffer}){comment}")
         else:
             namespace[f"c{k}"] = compute

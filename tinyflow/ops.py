@@ -469,20 +469,23 @@ def _binary(name, ufunc_name, grad, commutative=False, doc=""):
     def infer(shapes, dtypes, attrs):
         return broadcast_shapes(*shapes), ufunc_dtype(ufunc_name, dtypes)
     register(OpDef(name, compute, infer, grad, elementwise=True, inplace=0,
-                   commutative=commutative, doc=doc))
+                   commutative=commutative, doc=doc, ufunc=ufunc_name))
 
 
-def _unary(name: str, compute: Callable, grad: Callable | None, doc: str = "",
+def _unary(name: str, compute: Callable | str, grad: Callable | None, doc: str = "",
            inplace: int | None = 0, dtype_like: str | None = None,
            dense_activation: bool = False) -> None:
-    """An elementwise op of one input; its dtype follows numpy's ufunc `dtype_like`
+    """An elementwise op of one input; `compute` is a function, or the name of the
+    ufunc that is the whole computation. Its dtype follows numpy's ufunc `dtype_like`
     (exp: integers give floats), or stays the input's when that is None.
     `dense_activation`: fuse_dense may fold it into a dense layer."""
     def infer(shapes, dtypes, attrs):
         dtype = dtypes[0] if dtype_like is None else ufunc_dtype(dtype_like, dtypes)
         return tuple(shapes[0]), dtype
-    register(OpDef(name, compute, infer, grad, elementwise=True, inplace=inplace, doc=doc,
-                   dense_activation=dense_activation))
+    ufunc = compute if isinstance(compute, str) else None
+    register(OpDef(name, _ufunc_compute(ufunc) if ufunc else compute, infer, grad,
+                   elementwise=True, inplace=inplace, doc=doc,
+                   dense_activation=dense_activation, ufunc=ufunc))
 
 
 # Gradients read the forward node's inputs (a, b) and, where it is cheaper, the
@@ -530,7 +533,7 @@ def _compare(name, ufunc_name):
         return getattr(xp, ufunc_name)(a, b, out=out)
     register(OpDef(name, compute, _infer_compare, None, elementwise=True,
                    differentiable=False, commutative=name in ("equal", "not_equal"),
-                   doc=f"{ufunc_name}(a, b) as booleans"))
+                   doc=f"{ufunc_name}(a, b) as booleans", ufunc=ufunc_name))
 
 
 for _name, _ufunc in [("less", "less"), ("less_equal", "less_equal"), ("greater", "greater"),
@@ -580,13 +583,13 @@ def _gelu_grad(n, g):
     return [g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)]
 
 
-_unary("neg", _ufunc_compute("negative"), lambda n, g: [neg(g)], "-x", dtype_like="negative")
-_unary("exp", _ufunc_compute("exp"), lambda n, g: [g * n], "e ** x", dtype_like="exp")
-_unary("log", _ufunc_compute("log"), lambda n, g: [g / n.inputs[0]], "natural log",
+_unary("neg", "negative", lambda n, g: [neg(g)], "-x", dtype_like="negative")
+_unary("exp", "exp", lambda n, g: [g * n], "e ** x", dtype_like="exp")
+_unary("log", "log", lambda n, g: [g / n.inputs[0]], "natural log",
        dtype_like="log")
-_unary("sqrt", _ufunc_compute("sqrt"), lambda n, g: [g / (2.0 * n)], "square root",
+_unary("sqrt", "sqrt", lambda n, g: [g / (2.0 * n)], "square root",
        dtype_like="sqrt")
-_unary("tanh", _ufunc_compute("tanh"), lambda n, g: [g * (1.0 - n * n)], "tanh",
+_unary("tanh", "tanh", lambda n, g: [g * (1.0 - n * n)], "tanh",
        dtype_like="tanh", dense_activation=True)
 _unary("sigmoid", _sigmoid_compute, lambda n, g: [g * n * (1.0 - n)], "1 / (1 + e^-x)",
        dtype_like="exp", dense_activation=True)
@@ -595,7 +598,7 @@ _unary("relu", _relu_compute,
        dense_activation=True)
 _unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation", dtype_like="exp",
        dense_activation=True)
-_unary("abs", _ufunc_compute("absolute"), lambda n, g: [g * sign(n.inputs[0])], "|x|")
+_unary("abs", "absolute", lambda n, g: [g * sign(n.inputs[0])], "|x|")
 
 
 def zero_gradient(node: Node, grad: Node) -> list[None]:
@@ -609,7 +612,7 @@ def zero_gradient(node: Node, grad: Node) -> list[None]:
 
 
 register(OpDef("sign", _ufunc_compute("sign"), infer_same, zero_gradient, elementwise=True,
-               inplace=0, doc="-1, 0 or 1 (zero gradient, as TF)"))
+               inplace=0, doc="-1, 0 or 1 (zero gradient, as TF)", ufunc="sign"))
 
 
 def _cast_compute(xp, x, out=None, dtype="float32"):

@@ -65,6 +65,9 @@ class OpDef:
     # fuse_dense may absorb this op as the activation of a dense layer: a unary
     # elementwise op whose compute can run in place on the layer's output.
     dense_activation: bool = False
+    # The array library's ufunc (numpy/CuPy name) that compute calls and nothing else,
+    # `ufunc(*inputs, out=out)`: the fused-kernel generator calls it directly.
+    ufunc: str | None = None
     # Only reshapes its input (the data is unchanged, in the same order): a reshape
     # of a reshape is one reshape (rules.py).
     reshape: bool = False
