@@ -205,7 +205,7 @@ def fold(graph: Graph, ctx: PassContext) -> Graph:
 
     def try_fold(old: Node, node: Node) -> Node:
         opdef = REGISTRY[node.op]
-        if node.op == "constant":
+        if opdef.source == "constant":
             values[id(node)] = node.attrs["value"].array
             return node
         if (not opdef.pure or node.shape is None or node.dtype is None
@@ -267,7 +267,7 @@ def dce(graph: Graph, ctx: PassContext) -> Graph:
         opdef = REGISTRY[node.op]
         has_effect = (not opdef.pure and not is_bound_source(node)) or any(
             effect[id(i)] for i in node.inputs)
-        if node.op == "group":
+        if opdef.effect_only:   # tf.group: only its inputs' effects matter
             keep = list(dict.fromkeys(i for i in node.inputs if effect[id(i)]))
             dead = [i for i in node.inputs if not effect[id(i)]]
             if len(keep) < len(node.inputs):

@@ -32,7 +32,7 @@ from tinyflow.rewrite import new_node
 
 def _const_value(node: Node) -> float | None:
     """The one value of a constant-like node (every element equal), else None."""
-    if node.op == "constant":
+    if source_kind(node) == "constant":
         array = node.attrs["value"].array
         if array.size == 0 or array.dtype.kind not in "biuf":
             return None

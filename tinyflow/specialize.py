@@ -16,7 +16,7 @@ import numpy as np
 
 from tinyflow.graph import FeedError, Graph, Node, topological_order
 from tinyflow.ops import infer_node
-from tinyflow.registry import mutated_input
+from tinyflow.registry import mutated_input, source_kind
 
 
 def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
@@ -49,15 +49,16 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
         taken[name] = 0
         if node in sources:
             shape, dtype = sources[node]
-            op = "variable" if node.op == "variable" and id(node) not in fed else "placeholder"
+            kind = source_kind(node)
+            op = "variable" if kind == "variable" and id(node) not in fed else "placeholder"
             clone = Node(op, (), {"shape": tuple(shape), "dtype": dtype.name}, name=name,
                          shape=shape, dtype=dtype, where=node.where, provenance=node.provenance,
                          phase=node.phase)
-        elif node.op == "placeholder":
+        elif source_kind(node) == "feed":
             needed = ", ".join(f.name for f in fetches[:3])
             raise FeedError(f"placeholder {node.name!r} (created at {node.where}) must be "
                             f"fed: computing {needed} needs it")
-        elif node.op == "variable":
+        elif source_kind(node) == "variable":
             if id(node) not in first_written:
                 raise FeedError(f"variable {node.name!r} (created at {node.where}) has no "
                                 "value and no known shape; run "
