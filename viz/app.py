@@ -334,7 +334,7 @@ class DebuggerApp(App):
         model = self.model
         if model is None:
             text.append("· loading" if self.error is None else "· error", styles["dim"])
-            self.query_one("#status", Static).update(text)
+            self.query_one("#status", Static).update(text, layout=False)
             return
         for k, name in enumerate(VIEWS, start=1):
             if name == "compare" and self.other is None:
@@ -353,7 +353,8 @@ class DebuggerApp(App):
         if len(model.timelines) > 1:
             text.append(f" · timeline {self.run_index + 1} of {len(model.timelines)}",
                         styles["dim"])
-        self.query_one("#status", Static).update(text)
+        # One row whatever the text (CSS height 1): a repaint, no layout pass.
+        self.query_one("#status", Static).update(text, layout=False)
 
     # -- actions ---------------------------------------------------------------------
 
