@@ -400,6 +400,28 @@ async def test_a_2000_node_record_opens(tmp_path):
         assert app.selected is not None
 
 
+def _canvas_lines(view: CanvasView) -> list[list[tuple[str, object]]]:
+    return [[(seg.text, seg.style) for seg in view.render_line(y)]
+            for y in range(view.size.height)]
+
+
+@pilot_test
+async def test_canvas_rows_kept_across_moves_are_the_rows_drawn_afresh():
+    """A cursor move keeps the strips of the canvas rows it did not change (only the
+    two restyled boxes are rebuilt): what the view shows must be what a view with no
+    kept strips shows, after moves, a box expanded, the other mode and the theme."""
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await opened(pilot)
+        view = app.query_one("#graph-canvas", CanvasView)
+        for key in ("down", "up", "up", "enter", "down", "d", "left", "z", "down", "d", "up"):
+            await pilot.press(key)
+            await pilot.pause()
+            kept = _canvas_lines(view)
+            view._rows.clear()
+            assert kept == _canvas_lines(view), f"after {key!r}"
+
+
 # -- snapshots ---------------------------------------------------------------------------
 
 async def _ready(pilot) -> None:
