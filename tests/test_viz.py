@@ -106,6 +106,29 @@ def test_first_nonfinite_and_fate(model):
     assert model.fate(model.schedule[0]["node"]) is None
 
 
+def test_fate_and_origin_are_the_first_pass_and_rewrite_that_list_a_node(model):
+    """fate/origin come from an index built once; they must say what a plain scan of
+    the passes and their rewrites says, for every node of every graph."""
+    def scan(node_id: str, side: str) -> tuple[str, str | None] | None:
+        for p in model.passes:
+            if node_id in getattr(p, side):
+                reasons = [rw["reason"] for rw in p.rewrites if node_id in rw[side]]
+                return p.name, (reasons[0] if reasons else None)
+        return None
+    ids = {i for k in range(len(model.graphs)) for i in model.nodes(k)}
+    changed = 0
+    for node_id in sorted(ids):
+        for side, said in (("removed", model.fate(node_id)), ("added", model.origin(node_id))):
+            expected = scan(node_id, side)
+            assert (said is None) == (expected is None), (node_id, side)
+            if expected is not None:
+                changed += 1
+                verb = "removed" if side == "removed" else "added"
+                assert said.startswith(f"{verb} by {expected[0]}"), (node_id, said)
+                assert (expected[1] is None) or f": {expected[1]}" in said, (node_id, said)
+    assert changed > 10
+
+
 # -- the drawing -------------------------------------------------------------------------
 
 def _draw(model, center, hops=2):

@@ -237,6 +237,7 @@ class DebuggerApp(App):
                 self.other = RecordModel(other, other_name(self._other_source))
             # Warm the indexes the first screen needs, here rather than in the UI.
             model.consumers()
+            model.fate(""), model.origin("")   # the inspector's pass indexes
             for run in range(len(model.timelines)):
                 model.lanes(run)
         except trace.RecordError as err:
