@@ -106,6 +106,20 @@ def test_first_nonfinite_and_fate(model):
     assert model.fate(model.schedule[0]["node"]) is None
 
 
+def test_nonfinite_nodes_and_span_of_a_run(record):
+    """Both are found once per run (asked on every cursor move): the nodes whose
+    traced value held a NaN or Inf, and the run's first start and last end."""
+    damaged = copy.deepcopy(record)
+    events = damaged["timelines"][0]["events"]
+    stepped = [e for e in events if e["step"] is not None]
+    stepped[3]["summary"] = {"min": 0.0, "max": None, "mean": None, "nan": 2, "inf": 0}
+    stepped[5]["summary"] = {"min": 0.0, "max": 1.0, "mean": 0.5, "nan": 0, "inf": 0}
+    model = RecordModel(damaged)
+    assert model.nonfinite(0) == {stepped[3]["node"]}
+    assert model.span(0) == (min(e["start"] for e in events), max(e["end"] for e in events))
+    assert RecordModel(record).nonfinite(0) == set()
+
+
 def test_fate_and_origin_are_the_first_pass_and_rewrite_that_list_a_node(model):
     """fate/origin come from an index built once; they must say what a plain scan of
     the passes and their rewrites says, for every node of every graph."""

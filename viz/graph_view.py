@@ -162,9 +162,7 @@ class GraphScene:
         self.inputs = inputs
         self.users = lambda i: users_now.get(i, []) + [
             u for u in users_before.get(i, []) if u in self.removed]
-        events = model.events_of(run)
-        self.bad = {i for i, e in events.items()
-                    if e.get("summary") and (e["summary"]["nan"] or e["summary"]["inf"])}
+        self.bad = model.nonfinite(run)
 
     def kind(self, node_id: str) -> str:
         node = self.node(node_id)

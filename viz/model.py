@@ -66,6 +66,8 @@ class RecordModel:
         self._events_of: dict[int, dict[str, dict]] = {}
         self._lanes: dict[int, dict[int, list[dict]]] = {}
         self._critical: dict[int, set[int]] = {}
+        self._spans: dict[int, tuple[float, float]] = {}
+        self._nonfinite: dict[int, set[str]] = {}
         self.passes = self._pass_infos()
         self._provenance: dict[str, str] | None = None
         self._changes: dict[str, dict[str, tuple[PassInfo, str | None]]] = {}
@@ -272,10 +274,21 @@ class RecordModel:
         return self._lanes[run]
 
     def span(self, run: int) -> tuple[float, float]:
-        events = self.timelines[run]["events"] if self.timelines else []
-        if not events:
-            return 0.0, 1e-6
-        return min(e["start"] for e in events), max(e["end"] for e in events)
+        """(first start, last end) of timeline `run` (the inspector asks per move)."""
+        if run not in self._spans:
+            events = self.timelines[run]["events"] if self.timelines else []
+            self._spans[run] = (min(e["start"] for e in events),
+                                max(e["end"] for e in events)) if events else (0.0, 1e-6)
+        return self._spans[run]
+
+    def nonfinite(self, run: int) -> set[str]:
+        """Ids of the nodes whose value held a NaN or Inf in timeline `run` (the graph
+        drawing colours them), found once per run."""
+        if run not in self._nonfinite:
+            self._nonfinite[run] = {
+                i for i, e in self.events_of(run).items()
+                if e.get("summary") and (e["summary"]["nan"] or e["summary"]["inf"])}
+        return self._nonfinite[run]
 
     def critical_path(self, run: int) -> set[int]:
         """ids (Python id()) of the events on the critical path of timeline `run`.
