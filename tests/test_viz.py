@@ -106,6 +106,43 @@ def test_first_nonfinite_and_fate(model):
     assert model.fate(model.schedule[0]["node"]) is None
 
 
+def test_nonfinite_nodes_and_span_of_a_run(record):
+    """Both are found once per run (asked on every cursor move): the nodes whose
+    traced value held a NaN or Inf, and the run's first start and last end."""
+    damaged = copy.deepcopy(record)
+    events = damaged["timelines"][0]["events"]
+    stepped = [e for e in events if e["step"] is not None]
+    stepped[3]["summary"] = {"min": 0.0, "max": None, "mean": None, "nan": 2, "inf": 0}
+    stepped[5]["summary"] = {"min": 0.0, "max": 1.0, "mean": 0.5, "nan": 0, "inf": 0}
+    model = RecordModel(damaged)
+    assert model.nonfinite(0) == {stepped[3]["node"]}
+    assert model.span(0) == (min(e["start"] for e in events), max(e["end"] for e in events))
+    assert RecordModel(record).nonfinite(0) == set()
+
+
+def test_fate_and_origin_are_the_first_pass_and_rewrite_that_list_a_node(model):
+    """fate/origin come from an index built once; they must say what a plain scan of
+    the passes and their rewrites says, for every node of every graph."""
+    def scan(node_id: str, side: str) -> tuple[str, str | None] | None:
+        for p in model.passes:
+            if node_id in getattr(p, side):
+                reasons = [rw["reason"] for rw in p.rewrites if node_id in rw[side]]
+                return p.name, (reasons[0] if reasons else None)
+        return None
+    ids = {i for k in range(len(model.graphs)) for i in model.nodes(k)}
+    changed = 0
+    for node_id in sorted(ids):
+        for side, said in (("removed", model.fate(node_id)), ("added", model.origin(node_id))):
+            expected = scan(node_id, side)
+            assert (said is None) == (expected is None), (node_id, side)
+            if expected is not None:
+                changed += 1
+                verb = "removed" if side == "removed" else "added"
+                assert said.startswith(f"{verb} by {expected[0]}"), (node_id, said)
+                assert (expected[1] is None) or f": {expected[1]}" in said, (node_id, said)
+    assert changed > 10
+
+
 # -- the drawing -------------------------------------------------------------------------
 
 def _draw(model, center, hops=2):
@@ -398,6 +435,28 @@ async def test_a_2000_node_record_opens(tmp_path):
         for key in ("down", "right", "2", "right", "3", "right", "1", "left_square_bracket"):
             await pilot.press(key)
         assert app.selected is not None
+
+
+def _canvas_lines(view: CanvasView) -> list[list[tuple[str, object]]]:
+    return [[(seg.text, seg.style) for seg in view.render_line(y)]
+            for y in range(view.size.height)]
+
+
+@pilot_test
+async def test_canvas_rows_kept_across_moves_are_the_rows_drawn_afresh():
+    """A cursor move keeps the strips of the canvas rows it did not change (only the
+    two restyled boxes are rebuilt): what the view shows must be what a view with no
+    kept strips shows, after moves, a box expanded, the other mode and the theme."""
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await opened(pilot)
+        view = app.query_one("#graph-canvas", CanvasView)
+        for key in ("down", "up", "up", "enter", "down", "d", "left", "z", "down", "d", "up"):
+            await pilot.press(key)
+            await pilot.pause()
+            kept = _canvas_lines(view)
+            view._rows.clear()
+            assert kept == _canvas_lines(view), f"after {key!r}"
 
 
 # -- snapshots ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -162,6 +163,53 @@ def test_live_record_lines_and_final_document_agree(tmp_path):
     # Timelines are sampled (10 Hz) in live mode, each with the number of its run.
     runs = [t["run"] for t in final["timelines"]]
     assert runs and runs == sorted(set(runs)) and runs[-1] <= 12 and runs[0] >= 0
+
+
+def test_live_scalar_lines_are_the_json_lines():
+    """The scalar lines are formatted by hand (a training loop logs one a step): the
+    text must be exactly what the JSON encoder writes, NaN and Inf as null."""
+    points = [("loss", 0, 0.1), ('l\u00e9"ss\n', 7, float("nan")), ("acc", 10**12, float("inf")),
+              ("a", 3, -float("inf")), ("x", 1, 1e300), ("x", 2, -0.0), ("x", 3, 1e-7),
+              ("x", 4, 123456789.0), ("x", 5, 5e-324), ("\u2603", 6, 0.1 + 0.2)]
+    assert trace.live_scalar_lines(points) == "".join(
+        trace.live_line("scalar", name=n, step=s, value=v) for n, s, v in points)
+
+
+def test_live_document_rewrite_counts_the_scalars_not_yet_written(tmp_path):
+    """Scalars wait for the next tick to be written; a document written in between
+    (the program to show changed) holds them, so its live_lines must count them or a
+    reader applies them twice."""
+    path = str(tmp_path / "live.json")
+    sess, x, loss, train = _tiny_model()
+    feed = {x: np.ones((3, 4), np.float32)}
+    with tf.debug.record(path, live=True) as rec:
+        for step in range(3):
+            rec.scalar("loss", step, sess.run(loss, feed))
+        for step in range(3, 9):    # another program, run more often: a new document
+            value, _ = sess.run([loss, train], feed)
+            rec.scalar("loss", step, value)
+            if step == 5:
+                rec.flush()
+        rec.flush()
+        assert trace.load_live(path)["scalars"] == rec.scalars
+    assert trace.load_live(path)["scalars"] == trace.load(path)["scalars"] == rec.scalars
+
+
+def test_live_traces_one_run_per_tick(tmp_path, monkeypatch):
+    """Live mode samples timelines at LIVE_HZ: one traced run per tick, not every run
+    that might end near it (a traced run costs the step a dict per node)."""
+    clock = [0.0]
+    monkeypatch.setattr(tf.debug, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    sess, x, loss, train = _tiny_model()
+    feed = {x: np.ones((3, 4), np.float32)}
+    with tf.debug.record(tmp_path / "live.json", live=True, max_runs=100) as rec:
+        for step in range(60):
+            clock[0] += 0.03     # a 30 ms step: three or four steps a tick (10 Hz)
+            value, _ = sess.run([loss, train], feed)
+            rec.scalar("loss", step, value)
+    runs = [t["run"] for t in trace.load(tmp_path / "live.json")["timelines"]]
+    ticks = 60 * 0.03 * tf.debug.LIVE_HZ
+    assert ticks - 2 <= len(runs) <= ticks + 1, runs
 
 
 def test_live_reader_rejects_bad_lines_and_waits_for_partial_ones(tmp_path):

@@ -19,8 +19,9 @@ Live recording (``record(PATH, live=True)``, or ``TINYFLOW_LIVE=1`` as set by
 `LIVE_HZ` times a second, the latest timeline to ``PATH.live.jsonl`` (the format is
 described in trace.py), and rewrites PATH when the recorded program changes, so
 ``tinyflow debug --follow PATH`` shows the run while it trains. Lines are written
-through a buffer flushed at the same rate: the training loop pays a dict and a
-``json.dumps`` per scalar, not a system call.
+at the same rate: a step that logs a scalar pays a list append and a clock read;
+the lines of the scalars logged since the last tick are formatted and written all
+at once, then flushed.
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ class Recorder:
         self.memory_references: dict[str, int] = {}  # see `memory_reference`
         self._live_file: Any = None          # PATH.live.jsonl, open while live
         self._live_lines = 0                 # lines written to it
+        self._live_points: list = []         # (name, step, value) logged, not yet written
         self._live_program: Any = None       # the program the document on disk holds
         self._live_due = 0.0                 # next time a timeline/flush is due
         self._live_last = 0.0                # time of the previous run
         self._live_timelines: list = []      # (program, run, events), sampled
         self._live_sent: int | None = None   # run of the last timeline line written
+        self._live_sampled = False           # a run was traced since the last tick
         if self.live:
             self._start_live()
 
@@ -99,16 +102,17 @@ class Recorder:
                                 f"number, got {step!r} (the order is name, step, value)")
         point = [int(step), float(value)]
         self.scalars.setdefault(str(name), []).append(point)
-        if self._live_file is not None:
-            self._write_line(trace.live_line("scalar", name=str(name), step=point[0],
-                                             value=point[1]))
+        if self._live_file is not None:   # written with the next tick's lines
+            self._live_points.append((str(name), point[0], point[1]))
+            self._tick_if_due(time.perf_counter())
 
     # -- live mode -------------------------------------------------------------------
     #
     # Timelines are sampled at LIVE_HZ: a traced run costs the training loop a clock
-    # read and a dict per step, so in live mode only the run that ends after the next
-    # tick is due is traced (the program's "trace" option is switched per run), and
-    # the Recorder keeps those sampled timelines with their run numbers itself.
+    # read and a dict per step, so in live mode one run per tick is traced, the one
+    # expected to end after the next tick is due (the program's "trace" option is
+    # switched per run), and the Recorder keeps those sampled timelines with their
+    # run numbers itself.
 
     def _live_run(self, program: Any) -> None:
         now = time.perf_counter()
@@ -117,13 +121,12 @@ class Recorder:
                                        self._live_timelines[-1][2] is latest):
             self._live_timelines.append((program, program.runs - 1, latest))
             del self._live_timelines[:-self.max_runs]
-        if now >= self._live_due:
-            self._live_due = now + 1.0 / LIVE_HZ
-            self._live_tick()
+            self._live_sampled = True      # this tick's timeline is taken
+        self._tick_if_due(now)
         step = now - self._live_last if self._live_last else 0.0
         self._live_last = now
-        program.options["trace"] = now + 1.5 * step >= self._live_due
-
+        program.options["trace"] = not self._live_sampled and \
+            now + 1.5 * step >= self._live_due
 
     def _start_live(self) -> None:
         """Start the live file empty and the document with nothing yet."""
@@ -131,17 +134,24 @@ class Recorder:
                                buffering=1 << 16)
         self._write_document()
 
-    def _write_line(self, line: str) -> None:
-        self._live_file.write(line)
-        self._live_lines += 1
-        now = time.perf_counter()
+    def _tick_if_due(self, now: float) -> None:
         if now >= self._live_due:
             self._live_due = now + 1.0 / LIVE_HZ
             self._live_tick()
 
+    def _write_points(self) -> None:
+        """Write the scalar lines logged since the last tick, all at once."""
+        if self._live_points:
+            self._live_file.write(trace.live_scalar_lines(self._live_points))
+            self._live_lines += len(self._live_points)
+            self._live_points.clear()
+
     def _live_tick(self) -> None:
-        """At most LIVE_HZ times a second: rewrite the document if the program to
-        show changed, else append its latest timeline; then flush."""
+        """At most LIVE_HZ times a second: write the scalars logged since the last
+        tick; rewrite the document if the program to show changed, else append its
+        latest timeline; then flush."""
+        self._write_points()
+        self._live_sampled = False
         program = self.main_program()
         if program is not None and program is not self._live_program:
             self._write_document()
@@ -156,6 +166,9 @@ class Recorder:
         self._live_file.flush()
 
     def _write_document(self) -> None:
+        # The document holds every scalar so far: their lines go first, so that the
+        # count it carries (live_lines, the lines a reader skips) includes them.
+        self._write_points()
         self._live_file.flush()
         self._live_program = self.main_program()
         record = self.to_record()
@@ -172,6 +185,7 @@ class Recorder:
         """End live mode: the final document holds everything, the lines file stays
         (its lines are all counted in ``live_lines``)."""
         if self._live_file is not None:
+            self._write_points()
             self._live_file.flush()
             self._live_file.close()
             self._live_file = None
@@ -215,6 +229,7 @@ class Recorder:
     def save(self) -> str:
         record = self.to_record()
         if self._live_file is not None:
+            self._write_points()
             self._live_file.flush()
             record["live_lines"] = self._live_lines
         trace.save(record, self.path)

@@ -404,10 +404,23 @@ def _without_nonfinite(value: Any) -> Any:
     return value
 
 
+# One encoder for every write: json.dumps with options builds a new one per call,
+# which costs more than encoding a live scalar line itself.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+def _to_json(value: Any) -> str:
+    """`value` as compact JSON, NaN and +-Inf written as null."""
+    try:   # nearly always every number is finite: one pass of the C encoder
+        return _ENCODER.encode(value)
+    except ValueError:   # a NaN or an Inf somewhere (the encoder refuses them)
+        return _ENCODER.encode(_without_nonfinite(value))
+
+
 def dumps(record: dict) -> str:
     """The record as JSON text (validated first; NaN/Inf written as null)."""
     validate(record)
-    return json.dumps(_without_nonfinite(record), allow_nan=False, separators=(",", ":"))
+    return _to_json(record)
 
 
 def save(record: dict, path: str | os.PathLike) -> None:
@@ -576,8 +589,23 @@ def live_path(path: str | os.PathLike) -> str:
 
 def live_line(kind: str, **fields: Any) -> str:
     """One line of the live file (with its newline); NaN/Inf written as null."""
-    return json.dumps(_without_nonfinite({"kind": kind, **fields}), allow_nan=False,
-                      separators=(",", ":")) + "\n"
+    return _to_json({"kind": kind, **fields}) + "\n"
+
+
+def live_scalar_lines(points: list[tuple[str, int, float]]) -> str:
+    """The lines of scalar `points` ((name, step, value) each): the same text as
+    ``live_line("scalar", name=name, step=step, value=value)`` one by one, built with
+    a format string instead of the JSON encoder (a third of the cost: a training
+    loop logs points every step). Python's float repr is the JSON encoder's."""
+    quoted: dict[str, str] = {}
+    lines = []
+    for name, step, value in points:
+        if name not in quoted:
+            quoted[name] = json.dumps(name)
+        number = repr(float(value)) if math.isfinite(value) else "null"
+        lines.append(f'{{"kind":"scalar","name":{quoted[name]},"step":{int(step)},'
+                     f'"value":{number}}}\n')
+    return "".join(lines)
 
 
 class LiveReader:

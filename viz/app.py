@@ -237,6 +237,7 @@ class DebuggerApp(App):
                 self.other = RecordModel(other, other_name(self._other_source))
             # Warm the indexes the first screen needs, here rather than in the UI.
             model.consumers()
+            model.fate(""), model.origin("")   # the inspector's pass indexes
             for run in range(len(model.timelines)):
                 model.lanes(run)
         except trace.RecordError as err:
@@ -334,7 +335,7 @@ class DebuggerApp(App):
         model = self.model
         if model is None:
             text.append("· loading" if self.error is None else "· error", styles["dim"])
-            self.query_one("#status", Static).update(text)
+            self.query_one("#status", Static).update(text, layout=False)
             return
         for k, name in enumerate(VIEWS, start=1):
             if name == "compare" and self.other is None:
@@ -353,7 +354,8 @@ class DebuggerApp(App):
         if len(model.timelines) > 1:
             text.append(f" · timeline {self.run_index + 1} of {len(model.timelines)}",
                         styles["dim"])
-        self.query_one("#status", Static).update(text)
+        # One row whatever the text (CSS height 1): a repaint, no layout pass.
+        self.query_one("#status", Static).update(text, layout=False)
 
     # -- actions ---------------------------------------------------------------------
 

@@ -55,14 +55,22 @@ class CanvasView(Widget):
         self._rows: dict[int, Strip] = {}
         self._parsed: dict[str, Style] = {}
         self._focus: Region | None = None
+        self._base = Style()   # the widget's own style, looked up once per repaint
         self.pan = [0, 0]
 
     def show(self, canvas: layout.Canvas, styles: dict[str, str],
              focus: Region | None = None) -> None:
         """Draw `canvas` with `focus` (canvas cells) in the middle of the view."""
+        old = self.canvas
+        if styles != self.styles_map:   # another theme: every strip is stale
+            self._rows.clear()
+            self._parsed.clear()
+        else:   # a cursor move: keep the strips of the rows the new canvas shares
+            self._rows = {y: strip for y, strip in self._rows.items()
+                          if y < canvas.height and y < old.height
+                          and canvas.chars[y] is old.chars[y]
+                          and canvas.styles[y] is old.styles[y]}
         self.canvas, self.styles_map = canvas, styles
-        self._rows.clear()
-        self._parsed.clear()
         self._focus = focus
         self.pan = [0, 0]
         self.refresh()
@@ -84,20 +92,28 @@ class CanvasView(Widget):
                 else Style()
         return self._parsed[name]
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # rich_style walks every ancestor's styles: once per repaint, not per line.
+        base = self.rich_style
+        if base != self._base:
+            self._base = base
+            self._rows.clear()
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
         ox, oy = self.origin()
         row = y + oy
         width = self.size.width
+        base = self._base
         if row >= self.canvas.height:
-            return Strip.blank(width, self.rich_style)
+            return Strip.blank(width, base)
         strip = self._rows.get(row)
         if strip is None:
-            base = self.rich_style
             segments = [Segment(" ", base)] + [
                 Segment(chunk, base + self._style(style))
                 for chunk, style in self.canvas.runs(row)]
             strip = self._rows[row] = Strip(segments, self.canvas.width + 1)
-        return strip.crop_extend(ox, ox + width, self.rich_style)
+        return strip.crop_extend(ox, ox + width, base)
 
     def box_at(self, x: int, y: int) -> layout.Box | None:
         """The box under cell (x, y) of this widget, if any."""
@@ -146,9 +162,7 @@ class GraphScene:
         self.inputs = inputs
         self.users = lambda i: users_now.get(i, []) + [
             u for u in users_before.get(i, []) if u in self.removed]
-        events = model.events_of(run)
-        self.bad = {i for i, e in events.items()
-                    if e.get("summary") and (e["summary"]["nan"] or e["summary"]["inf"])}
+        self.bad = model.nonfinite(run)
 
     def kind(self, node_id: str) -> str:
         node = self.node(node_id)
@@ -330,7 +344,7 @@ class GraphView(Widget):
         cap.append(f" · {info.nodes_after} nodes in {len(overview.groups)} boxes (layer · "
                    "phase; ×N = N repeated layers) · enter expands · z: neighbourhood",
                    styles["dim"])
-        self.query_one("#graph-caption", Static).update(cap)
+        self._caption(cap)
         box = canvas.boxes.get(selected) if selected else None
         focus = Region(box.x, box.y, box.w, layout.BOX_H) if box is not None else None
         self.query_one("#graph-canvas", CanvasView).show(canvas, styles, focus)
@@ -358,14 +372,17 @@ class GraphView(Widget):
 
     # -- drawing ---------------------------------------------------------------------
 
+    def _caption(self, text: Text) -> None:
+        # One row whatever the text (CSS height 1): no layout pass, only a repaint.
+        self.query_one("#graph-caption", Static).update(text, layout=False)
+
     def sync(self) -> None:
         app = self.tapp
         model = app.model
         styles = palette.styles(app.dark)
         if model is None or not model.graphs:
             if model is not None:
-                self.query_one("#graph-caption", Static).update(
-                    Text("This record holds no graph.", style=styles["dim"]))
+                self._caption(Text("This record holds no graph.", style=styles["dim"]))
             return
         index = app.pass_index
         center = self.center(model, index, app.selected)
@@ -375,8 +392,7 @@ class GraphView(Widget):
             self.query_one("#pass-list", Static).update(self.pass_list(model, index, styles))
             self.query_one("#rewrites", Static).update(self.rewrites(model, index, styles))
         if center is None:
-            self.query_one("#graph-caption", Static).update(
-                Text("(empty graph)", style=styles["dim"]))
+            self._caption(Text("(empty graph)", style=styles["dim"]))
             self.query_one("#graph-canvas", CanvasView).show(layout.Canvas(1, 1), styles)
         elif self.overview_mode and not self.outline_mode:
             self._draw_overview(styles)
@@ -388,7 +404,6 @@ class GraphView(Widget):
         """The k-hop drawing around `center` (or the outline), with its caption."""
         app = self.tapp
         view = self.query_one("#graph-canvas", CanvasView)
-        caption = self.query_one("#graph-caption", Static)
         scene = GraphScene(model, index, center, self.hops, app.run_index)
         info = model.passes[index]
         cap = Text(no_wrap=True, overflow="ellipsis")
@@ -400,7 +415,7 @@ class GraphView(Widget):
             cap.append(f" −{len(info.removed)}", styles["removed"].replace("strike ", ""))
         if self.last_error:
             cap.append(f"  {self.last_error}", styles["warn"])
-        caption.update(cap)
+        self._caption(cap)
         if self.outline_mode:
             rows = scene.outline()
             canvas = layout.Canvas(max([len(t) + len(d) + 2 for t, d, _ in rows] + [1]),

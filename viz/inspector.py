@@ -38,7 +38,9 @@ class Inspector(Static):
         return self.app  # type: ignore[return-value]
 
     def sync(self) -> None:
-        self.update(self.describe())
+        # Its size is set by the app's CSS (a column, or 7 rows when narrow), never by
+        # its text: a cursor move repaints it without a layout pass of the screen.
+        self.update(self.describe(), layout=False)
 
     def describe(self) -> Text:
         app = self.tapp

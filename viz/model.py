@@ -66,8 +66,11 @@ class RecordModel:
         self._events_of: dict[int, dict[str, dict]] = {}
         self._lanes: dict[int, dict[int, list[dict]]] = {}
         self._critical: dict[int, set[int]] = {}
+        self._spans: dict[int, tuple[float, float]] = {}
+        self._nonfinite: dict[int, set[str]] = {}
         self.passes = self._pass_infos()
         self._provenance: dict[str, str] | None = None
+        self._changes: dict[str, dict[str, tuple[PassInfo, str | None]]] = {}
         self.live = trace.live_bytes_per_step(record)
 
     # -- graphs and passes -----------------------------------------------------------
@@ -174,27 +177,44 @@ class RecordModel:
                             self._provenance.setdefault(gone, new)
         return self._provenance.get(node_id)
 
+    def _changed_by(self, side: str) -> dict[str, tuple[PassInfo, str | None]]:
+        """{id: (the first pass whose `side` ("added" or "removed") lists it, the
+        reason of its first rewrite that does)}: built once, since the inspector asks
+        on every cursor move and a big record's passes remove thousands of nodes."""
+        if side not in self._changes:
+            index: dict[str, tuple[PassInfo, str | None]] = {}
+            for p in self.passes:
+                mine = {i for i in getattr(p, side) if i not in index}
+                reasons: dict[str, str] = {}
+                for rw in p.rewrites:
+                    for i in rw[side]:
+                        if i in mine:
+                            reasons.setdefault(i, rw["reason"])
+                index.update((i, (p, reasons.get(i))) for i in mine)
+            self._changes[side] = index
+        return self._changes[side]
+
     def fate(self, node_id: str) -> str | None:
         """One line: which pass removed `node_id` and why (None if it survived)."""
-        for p in self.passes:
-            if node_id in p.removed:
-                reasons = [rw["reason"] for rw in p.rewrites if node_id in rw["removed"]]
-                into = self.final_id(node_id)
-                text = f"removed by {p.name}"
-                if reasons:
-                    text += f": {reasons[0]}"
-                if into and into != node_id:
-                    text += f" (now {into})"
-                return text
-        return None
+        found = self._changed_by("removed").get(node_id)
+        if found is None:
+            return None
+        p, reason = found
+        into = self.final_id(node_id)
+        text = f"removed by {p.name}"
+        if reason is not None:
+            text += f": {reason}"
+        if into and into != node_id:
+            text += f" (now {into})"
+        return text
 
     def origin(self, node_id: str) -> str | None:
         """One line: which pass added `node_id` and why (None for input nodes)."""
-        for p in self.passes:
-            if node_id in p.added:
-                reasons = [rw["reason"] for rw in p.rewrites if node_id in rw["added"]]
-                return f"added by {p.name}" + (f": {reasons[0]}" if reasons else "")
-        return None
+        found = self._changed_by("added").get(node_id)
+        if found is None:
+            return None
+        p, reason = found
+        return f"added by {p.name}" + (f": {reason}" if reason is not None else "")
 
     def search(self, query: str, index: int | None = None) -> list[str]:
         """Ids of graph `index` whose id, op or source line contains `query`
@@ -254,10 +274,21 @@ class RecordModel:
         return self._lanes[run]
 
     def span(self, run: int) -> tuple[float, float]:
-        events = self.timelines[run]["events"] if self.timelines else []
-        if not events:
-            return 0.0, 1e-6
-        return min(e["start"] for e in events), max(e["end"] for e in events)
+        """(first start, last end) of timeline `run` (the inspector asks per move)."""
+        if run not in self._spans:
+            events = self.timelines[run]["events"] if self.timelines else []
+            self._spans[run] = (min(e["start"] for e in events),
+                                max(e["end"] for e in events)) if events else (0.0, 1e-6)
+        return self._spans[run]
+
+    def nonfinite(self, run: int) -> set[str]:
+        """Ids of the nodes whose value held a NaN or Inf in timeline `run` (the graph
+        drawing colours them), found once per run."""
+        if run not in self._nonfinite:
+            self._nonfinite[run] = {
+                i for i, e in self.events_of(run).items()
+                if e.get("summary") and (e["summary"]["nan"] or e["summary"]["inf"])}
+        return self._nonfinite[run]
 
     def critical_path(self, run: int) -> set[int]:
         """ids (Python id()) of the events on the critical path of timeline `run`.
