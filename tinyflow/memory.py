@@ -433,6 +433,22 @@ class Conflicts:
         clash &= (self.size[j] > 0) & (j != i)
         return np.sort(j[clash])
 
+    def crowd(self) -> list[int]:
+        """For each block, its own bytes plus the bytes of every block it conflicts
+        with. Serially that is every block minus those dead before it is born and
+        those born after it dies: two sums over sorted arrays, not a list per block
+        (one block can conflict with O(n) others)."""
+        if not self.serial:
+            return [int(self.size[self.of(i)].sum() + self.size[i])
+                    for i in range(len(self.size))]
+        by_last, by_first = np.argsort(self.last), np.argsort(self.first)
+        died = np.concatenate([[0], np.cumsum(self.size[by_last])])
+        born = np.concatenate([[0], np.cumsum(self.size[by_first])])
+        dead_before = died[np.searchsorted(self.last[by_last], self.first, side="left")]
+        born_after = born[-1] - born[np.searchsorted(self.first[by_first], self.last,
+                                                     side="right")]
+        return (born[-1] - dead_before - born_after).tolist()
+
     def clash(self, i: int, j: int) -> bool:
         """Whether blocks i and j conflict."""
         if self.serial:
@@ -459,10 +475,102 @@ def _best_fit(size: int, starts: np.ndarray, ends: np.ndarray) -> int:
     return int(top_before[fits[np.argmin(gaps[fits])]])
 
 
+def _add_run(starts: list[int], ends: list[int], lo: int, hi: int) -> None:
+    """Add the bytes [lo, hi) to the union of sorted, disjoint runs [starts[k],
+    ends[k]), merging the runs it overlaps or touches (so tensors packed side by
+    side stay a handful of runs however many there are)."""
+    i = bisect.bisect_left(ends, lo)         # the first run ending at or after lo
+    j = bisect.bisect_right(starts, hi)      # runs before j start at or before hi
+    if i < j:
+        lo, hi = min(lo, starts[i]), max(hi, ends[j - 1])
+    starts[i:j] = [lo]
+    ends[i:j] = [hi]
+
+
+class _Occupancy:
+    """The bytes taken by placed blocks, queried by a window of steps: which bytes
+    does any placed block alive during steps [first, last] use? (Serial conflicts:
+    two blocks conflict exactly when their [first, last] windows meet.)
+
+    Asking every placed block is O(n) per query, and the answer can name O(n)
+    blocks (a gradient keeps every forward activation alive at once), so the
+    greedy strategies were O(n^2). Instead a segment tree over the steps keeps
+    unions of byte ranges as runs (`_add_run`): a window splits into O(log n)
+    tree nodes (its "cover" nodes); `cover[v]` holds the bytes of the blocks with
+    v among their cover nodes, `below[v]` those with a cover node in v's subtree.
+    Two windows meet exactly when a cover node of one is an ancestor of, or equal
+    to, a cover node of the other, so a query's answer is the union of `below`
+    of its own cover nodes and `cover` of their strict ancestors: O(log n) sets
+    of runs, each a few runs when the packing is tight. `_best_fit_runs` then
+    sees the same bytes taken as with the blocks one by one: the same gap wins.
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.leaves = 1 << max(steps - 1, 0).bit_length()   # a power of two >= steps
+        self.cover: dict[int, tuple[list[int], list[int]]] = {}
+        self.below: dict[int, tuple[list[int], list[int]]] = {}
+
+    def nodes(self, first: int, last: int) -> tuple[list[int], list[int]]:
+        """(the tree nodes that exactly cover steps [first, last], all their strict
+        ancestors): the same for every strategy, so callers may keep them."""
+        nodes: list[int] = []
+        lo, hi = first + self.leaves, last + 1 + self.leaves
+        while lo < hi:
+            if lo & 1:
+                nodes.append(lo)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                nodes.append(hi)
+            lo, hi = lo >> 1, hi >> 1
+        ancestors: set[int] = set()
+        for v in nodes:
+            v >>= 1
+            while v and v not in ancestors:
+                ancestors.add(v)
+                v >>= 1
+        return nodes, sorted(ancestors)
+
+    def add(self, nodes: tuple[list[int], list[int]], lo: int, hi: int) -> None:
+        """The block whose window has these `nodes` now holds the bytes [lo, hi)."""
+        cover, ancestors = nodes
+        for table, where in ((self.cover, cover), (self.below, cover),
+                             (self.below, ancestors)):
+            for v in where:
+                runs = table.get(v)
+                if runs is None:
+                    table[v] = ([lo], [hi])
+                else:
+                    _add_run(runs[0], runs[1], lo, hi)
+
+    def taken(self, nodes: tuple[list[int], list[int]]) -> list[tuple[int, int]]:
+        """Byte runs whose union is exactly the bytes of the placed blocks alive at
+        some step of the window with these `nodes` (overlapping one another)."""
+        cover, ancestors = nodes
+        found = [self.below.get(v) for v in cover] + [self.cover.get(v) for v in ancestors]
+        return [run for runs in found if runs is not None for run in zip(*runs)]
+
+
+def _best_fit_runs(size: int, runs: list[tuple[int, int]]) -> int:
+    """`_best_fit` for a few byte runs [start, end), in plain Python: the start of
+    the smallest gap between them that holds `size` bytes (the lowest among equals),
+    else the top of the highest run. Only the union of the runs matters."""
+    runs.sort()
+    top, best, best_gap = 0, None, 0
+    for start, end in runs:
+        gap = start - top
+        if gap >= size and (best is None or gap < best_gap):
+            best, best_gap = top, gap
+        top = max(top, end)
+    return top if best is None else best
+
+
 def _place_in_order(order: Iterable[int], blocks: Sequence[Block],
                     conflicts: Conflicts) -> list[int]:
     """Place blocks one by one in `order`, each at its best fit among the already
     placed blocks it conflicts with (the common core of the two greedy orders)."""
+    if conflicts.serial:
+        return _place_serial(order, blocks)
     offsets = np.full(len(blocks), -1, dtype=np.int64)
     for i in order:
         if blocks[i].size == 0:
@@ -473,6 +581,21 @@ def _place_in_order(order: Iterable[int], blocks: Sequence[Block],
         offsets[i] = _best_fit(blocks[i].size, offsets[others],
                                offsets[others] + conflicts.size[others])
     return [int(o) for o in offsets]
+
+
+def _place_serial(order: Iterable[int], blocks: Sequence[Block]) -> list[int]:
+    """`_place_in_order` without streams: the placed blocks a block conflicts with
+    are those alive during its [first, last], which `_Occupancy` answers in bytes."""
+    offsets = [0] * len(blocks)
+    taken = _Occupancy(max((b.last for b in blocks), default=0) + 1)
+    for i in order:
+        block = blocks[i]
+        if block.size == 0:
+            continue
+        nodes = taken.nodes(block.first, block.last)
+        offsets[i] = _best_fit_runs(block.size, taken.taken(nodes))
+        taken.add(nodes, offsets[i], offsets[i] + block.size)
+    return offsets
 
 
 def naive(blocks: Sequence[Block], conflicts: Conflicts) -> list[int]:
@@ -568,8 +691,7 @@ def greedy_by_conflicts(blocks: Sequence[Block], conflicts: Conflicts) -> list[i
     (plus their own), so the blocks that live through the busiest stretches are
     placed while the arena is still empty; each at its best fit. (Our variant of
     Pisarchyk & Lee's breadth idea, keyed per tensor instead of per step.)"""
-    crowd = [int(conflicts.size[conflicts.of(i)].sum()) + b.size
-             for i, b in enumerate(blocks)]
+    crowd = conflicts.crowd()
     order = sorted(range(len(blocks)),
                    key=lambda i: (-crowd[i], -blocks[i].size, blocks[i].first))
     return _place_in_order(order, blocks, conflicts)
