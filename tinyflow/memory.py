@@ -387,6 +387,8 @@ class Conflicts:
         self.size = np.array([b.size for b in blocks], dtype=np.int64)
         self.define = np.array([b.define for b in blocks], dtype=np.int64)
         self.serial = happens_before is None
+        # Serially, each block's _Occupancy keys (set by _place_serial, once).
+        self.occupancy_keys: list[tuple[list[int], list[int]]] | None = None
         if self.serial:
             self._index(self.first, self.last)
             return
@@ -496,58 +498,61 @@ class _Occupancy:
     blocks (a gradient keeps every forward activation alive at once), so the
     greedy strategies were O(n^2). Instead a segment tree over the steps keeps
     unions of byte ranges as runs (`_add_run`): a window splits into O(log n)
-    tree nodes (its "cover" nodes); `cover[v]` holds the bytes of the blocks with
-    v among their cover nodes, `below[v]` those with a cover node in v's subtree.
+    tree nodes (its "cover" nodes); cover(v) holds the bytes of the blocks with
+    v among their cover nodes, below(v) those with a cover node in v's subtree.
     Two windows meet exactly when a cover node of one is an ancestor of, or equal
-    to, a cover node of the other, so a query's answer is the union of `below`
-    of its own cover nodes and `cover` of their strict ancestors: O(log n) sets
-    of runs, each a few runs when the packing is tight. `_best_fit_runs` then
-    sees the same bytes taken as with the blocks one by one: the same gap wins.
+    to, a cover node of the other, so a query's answer is the union of below(v)
+    for its own cover nodes v and cover(u) for their strict ancestors u: O(log n)
+    sets of runs, each a few runs when the packing is tight. `_best_fit_runs`
+    then sees the same bytes taken as with the blocks one by one: the same gap
+    wins. In `runs`, the key of cover(v) is v and that of below(v) is -v (tree
+    nodes are numbered from 1).
     """
 
     def __init__(self, steps: int) -> None:
         self.leaves = 1 << max(steps - 1, 0).bit_length()   # a power of two >= steps
-        self.cover: dict[int, tuple[list[int], list[int]]] = {}
-        self.below: dict[int, tuple[list[int], list[int]]] = {}
+        self.runs: dict[int, tuple[list[int], list[int]]] = {}
 
-    def nodes(self, first: int, last: int) -> tuple[list[int], list[int]]:
-        """(the tree nodes that exactly cover steps [first, last], all their strict
-        ancestors): the same for every strategy, so callers may keep them."""
-        nodes: list[int] = []
+    def keys(self, first: int, last: int) -> tuple[list[int], list[int]]:
+        """(the sets a block alive over steps [first, last] goes into, the sets
+        whose union answers a query for that window): the same for every
+        strategy, so callers may keep them."""
+        cover: list[int] = []
         lo, hi = first + self.leaves, last + 1 + self.leaves
         while lo < hi:
             if lo & 1:
-                nodes.append(lo)
+                cover.append(lo)
                 lo += 1
             if hi & 1:
                 hi -= 1
-                nodes.append(hi)
+                cover.append(hi)
             lo, hi = lo >> 1, hi >> 1
         ancestors: set[int] = set()
-        for v in nodes:
+        for v in cover:
             v >>= 1
             while v and v not in ancestors:
                 ancestors.add(v)
                 v >>= 1
-        return nodes, sorted(ancestors)
+        below = [-v for v in cover]
+        return cover + below + [-v for v in sorted(ancestors)], below + sorted(ancestors)
 
-    def add(self, nodes: tuple[list[int], list[int]], lo: int, hi: int) -> None:
-        """The block whose window has these `nodes` now holds the bytes [lo, hi)."""
-        cover, ancestors = nodes
-        for table, where in ((self.cover, cover), (self.below, cover),
-                             (self.below, ancestors)):
-            for v in where:
-                runs = table.get(v)
-                if runs is None:
-                    table[v] = ([lo], [hi])
-                else:
-                    _add_run(runs[0], runs[1], lo, hi)
+    def add(self, keys: list[int], lo: int, hi: int) -> None:
+        """A block whose window has these insertion `keys` now holds [lo, hi)."""
+        runs = self.runs
+        for key in keys:
+            found = runs.get(key)
+            if found is None:
+                runs[key] = ([lo], [hi])
+            elif lo > found[1][-1]:       # above every run: the common case, cheaply
+                found[0].append(lo)
+                found[1].append(hi)
+            else:
+                _add_run(found[0], found[1], lo, hi)
 
-    def taken(self, nodes: tuple[list[int], list[int]]) -> list[tuple[int, int]]:
+    def taken(self, keys: list[int]) -> list[tuple[int, int]]:
         """Byte runs whose union is exactly the bytes of the placed blocks alive at
-        some step of the window with these `nodes` (overlapping one another)."""
-        cover, ancestors = nodes
-        found = [self.below.get(v) for v in cover] + [self.cover.get(v) for v in ancestors]
+        some step of the window with these query `keys` (they may overlap)."""
+        found = [self.runs.get(key) for key in keys]
         return [run for runs in found if runs is not None for run in zip(*runs)]
 
 
@@ -570,7 +575,7 @@ def _place_in_order(order: Iterable[int], blocks: Sequence[Block],
     """Place blocks one by one in `order`, each at its best fit among the already
     placed blocks it conflicts with (the common core of the two greedy orders)."""
     if conflicts.serial:
-        return _place_serial(order, blocks)
+        return _place_serial(order, blocks, conflicts)
     offsets = np.full(len(blocks), -1, dtype=np.int64)
     for i in order:
         if blocks[i].size == 0:
@@ -583,18 +588,33 @@ def _place_in_order(order: Iterable[int], blocks: Sequence[Block],
     return [int(o) for o in offsets]
 
 
-def _place_serial(order: Iterable[int], blocks: Sequence[Block]) -> list[int]:
+def _occupancy_keys(taken: _Occupancy, blocks: Sequence[Block]
+                    ) -> list[tuple[list[int], list[int]]]:
+    """Each block's (insertion keys, query keys) in `taken`, less the sets no block
+    ever asks about (not kept up to date) and those no block ever goes into
+    (always empty): most of them, and they cost as much as the others."""
+    keys = [taken.keys(b.first, b.last) if b.size else ([], []) for b in blocks]
+    asked = {key for _, ask in keys for key in ask}
+    keys = [([key for key in add if key in asked], ask) for add, ask in keys]
+    added = {key for add, _ in keys for key in add}
+    return [(add, [key for key in ask if key in added]) for add, ask in keys]
+
+
+def _place_serial(order: Iterable[int], blocks: Sequence[Block],
+                  conflicts: Conflicts) -> list[int]:
     """`_place_in_order` without streams: the placed blocks a block conflicts with
     are those alive during its [first, last], which `_Occupancy` answers in bytes."""
     offsets = [0] * len(blocks)
     taken = _Occupancy(max((b.last for b in blocks), default=0) + 1)
+    if conflicts.occupancy_keys is None:      # the same for every greedy strategy
+        conflicts.occupancy_keys = _occupancy_keys(taken, blocks)
     for i in order:
-        block = blocks[i]
-        if block.size == 0:
+        size = blocks[i].size
+        if size == 0:
             continue
-        nodes = taken.nodes(block.first, block.last)
-        offsets[i] = _best_fit_runs(block.size, taken.taken(nodes))
-        taken.add(nodes, offsets[i], offsets[i] + block.size)
+        add, ask = conflicts.occupancy_keys[i]
+        offsets[i] = _best_fit_runs(size, taken.taken(ask))
+        taken.add(add, offsets[i], offsets[i] + size)
     return offsets
 
 
