@@ -425,6 +425,10 @@ class Conflicts:
 
     def of(self, i: int) -> np.ndarray:
         """Indices of the (non-empty) blocks that conflict with block i, ascending."""
+        return np.sort(self.unsorted_of(i))
+
+    def unsorted_of(self, i: int) -> np.ndarray:
+        """`of` in no particular order (for sums and unions, where order is moot)."""
         j = self._candidates(i)
         if self.serial:
             clash = (self.first[j] <= self.last[i]) & (self.last[j] >= self.first[i])
@@ -433,7 +437,7 @@ class Conflicts:
             before = self.define[i] >= self.safe[j, self.define_stream[i]]  # j before i
             clash = ~after & ~before
         clash &= (self.size[j] > 0) & (j != i)
-        return np.sort(j[clash])
+        return j[clash]
 
     def crowd(self) -> list[int]:
         """For each block, its own bytes plus the bytes of every block it conflicts
@@ -441,7 +445,7 @@ class Conflicts:
         those born after it dies: two sums over sorted arrays, not a list per block
         (one block can conflict with O(n) others)."""
         if not self.serial:
-            return [int(self.size[self.of(i)].sum() + self.size[i])
+            return [int(self.size[self.unsorted_of(i)].sum() + self.size[i])
                     for i in range(len(self.size))]
         by_last, by_first = np.argsort(self.last), np.argsort(self.first)
         died = np.concatenate([[0], np.cumsum(self.size[by_last])])
@@ -581,7 +585,7 @@ def _place_in_order(order: Iterable[int], blocks: Sequence[Block],
         if blocks[i].size == 0:
             offsets[i] = 0
             continue
-        others = conflicts.of(i)
+        others = conflicts.unsorted_of(i)     # best fit depends on their union alone
         others = others[offsets[others] >= 0]
         offsets[i] = _best_fit(blocks[i].size, offsets[others],
                                offsets[others] + conflicts.size[others])
