@@ -481,18 +481,6 @@ def _best_fit(size: int, starts: np.ndarray, ends: np.ndarray) -> int:
     return int(top_before[fits[np.argmin(gaps[fits])]])
 
 
-def _add_run(starts: list[int], ends: list[int], lo: int, hi: int) -> None:
-    """Add the bytes [lo, hi) to the union of sorted, disjoint runs [starts[k],
-    ends[k]), merging the runs it overlaps or touches (so tensors packed side by
-    side stay a handful of runs however many there are)."""
-    i = bisect.bisect_left(ends, lo)         # the first run ending at or after lo
-    j = bisect.bisect_right(starts, hi)      # runs before j start at or before hi
-    if i < j:
-        lo, hi = min(lo, starts[i]), max(hi, ends[j - 1])
-    starts[i:j] = [lo]
-    ends[i:j] = [hi]
-
-
 class _Occupancy:
     """The bytes taken by placed blocks, queried by a window of steps: which bytes
     does any placed block alive during steps [first, last] use? (Serial conflicts:
@@ -501,7 +489,7 @@ class _Occupancy:
     Asking every placed block is O(n) per query, and the answer can name O(n)
     blocks (a gradient keeps every forward activation alive at once), so the
     greedy strategies were O(n^2). Instead a segment tree over the steps keeps
-    unions of byte ranges as runs (`_add_run`): a window splits into O(log n)
+    unions of byte ranges as sorted, disjoint runs: a window splits into O(log n)
     tree nodes (its "cover" nodes); cover(v) holds the bytes of the blocks with
     v among their cover nodes, below(v) those with a cover node in v's subtree.
     Two windows meet exactly when a cover node of one is an ancestor of, or equal
@@ -541,17 +529,25 @@ class _Occupancy:
         return cover + below + [-v for v in sorted(ancestors)], below + sorted(ancestors)
 
     def add(self, keys: list[int], lo: int, hi: int) -> None:
-        """A block whose window has these insertion `keys` now holds [lo, hi)."""
+        """A block whose window has these insertion `keys` now holds [lo, hi): each
+        set adds it to its runs, merged with the runs it overlaps or touches (so
+        tensors packed side by side stay one run). (Called some 20 times per
+        block, hence written out here and not a function per set.)"""
         runs = self.runs
         for key in keys:
             found = runs.get(key)
             if found is None:
                 runs[key] = ([lo], [hi])
-            elif lo > found[1][-1]:       # above every run: the common case, cheaply
-                found[0].append(lo)
-                found[1].append(hi)
-            else:
-                _add_run(found[0], found[1], lo, hi)
+                continue
+            starts, ends = found
+            i = bisect.bisect_left(ends, lo)           # the first run ending at/after lo
+            j = bisect.bisect_right(starts, hi, i)     # runs i..j-1 start at/before hi
+            if i == j:
+                starts.insert(i, lo)
+                ends.insert(i, hi)
+                continue
+            starts[i:j] = [min(lo, starts[i])]
+            ends[i:j] = [max(hi, ends[j - 1])]
 
     def taken(self, keys: list[int]) -> list[tuple[int, int]]:
         """Byte runs whose union is exactly the bytes of the placed blocks alive at
