@@ -427,9 +427,12 @@ class Conflicts:
         """Indices of the (non-empty) blocks that conflict with block i, ascending."""
         return np.sort(self.unsorted_of(i))
 
-    def unsorted_of(self, i: int) -> np.ndarray:
-        """`of` in no particular order (for sums and unions, where order is moot)."""
+    def unsorted_of(self, i: int, among: np.ndarray | None = None) -> np.ndarray:
+        """`of` in no particular order (for sums and unions, where order is moot);
+        `among`: a mask over the blocks, to ask only about those where it is True."""
         j = self._candidates(i)
+        if among is not None:
+            j = j[among[j]]
         if self.serial:
             clash = (self.first[j] <= self.last[i]) & (self.last[j] >= self.first[i])
         else:
@@ -576,13 +579,13 @@ def _place_in_order(order: Iterable[int], blocks: Sequence[Block],
     placed blocks it conflicts with (the common core of the two greedy orders)."""
     if conflicts.serial:
         return _place_serial(order, blocks, conflicts)
-    offsets = np.full(len(blocks), -1, dtype=np.int64)
+    offsets = np.zeros(len(blocks), dtype=np.int64)
+    placed = np.zeros(len(blocks), dtype=bool)
     for i in order:
+        placed[i] = True
         if blocks[i].size == 0:
-            offsets[i] = 0
             continue
-        others = conflicts.unsorted_of(i)     # best fit depends on their union alone
-        others = others[offsets[others] >= 0]
+        others = conflicts.unsorted_of(i, among=placed)  # best fit: their union alone
         offsets[i] = _best_fit(blocks[i].size, offsets[others],
                                offsets[others] + conflicts.size[others])
     return [int(o) for o in offsets]
