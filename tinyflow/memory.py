@@ -801,6 +801,10 @@ def plan_memory(steps: Sequence[PlanStep],
     if strategy != "auto" and strategy not in STRATEGIES:
         raise ValueError(f"unknown memory strategy {strategy!r}; choose 'auto' or one of "
                          f"{sorted(STRATEGIES)}")
+    if len({step.stream for step in steps}) <= 1:
+        # Steps on one stream run in list order, so the serial rules are exact (and
+        # the serial conflicts are answered in O(log n), the general ones in O(n)).
+        happens_before = None
     specs = liveness(steps, external, keep, happens_before)
     arena_specs = [s for s in specs.values() if s.kind in ARENA_KINDS]
     shared = make_blocks(arena_specs, alignment, inplace=True)
