@@ -375,7 +375,10 @@ class Conflicts:
     meet can conflict. Blocks with short windows are kept sorted by window start,
     so their candidates are one slice found by binary search; the few long-lived
     ones (fetched outputs, values read much later) are always candidates. The exact
-    test then runs in numpy on the candidates alone.
+    test then runs in numpy on the candidates alone. That is still O(n) per block
+    when O(n) blocks are alive at once (a gradient's activations), so without
+    streams the greedy strategies and `crowd` do not list conflicts at all
+    (`_Occupancy`, sums over sorted arrays); with streams they still do.
     """
 
     SHORT = 64      # windows of at most this many steps are "short"
