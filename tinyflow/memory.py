@@ -804,10 +804,7 @@ def plan_memory(steps: Sequence[PlanStep],
     if strategy != "auto" and strategy not in STRATEGIES:
         raise ValueError(f"unknown memory strategy {strategy!r}; choose 'auto' or one of "
                          f"{sorted(STRATEGIES)}")
-    if len({step.stream for step in steps}) <= 1:
-        # Steps on one stream run in list order, so the serial rules are exact (and
-        # the serial conflicts are answered in O(log n), the general ones in O(n)).
-        happens_before = None
+    happens_before = _across_streams(steps, happens_before)
     specs = liveness(steps, external, keep, happens_before)
     arena_specs = [s for s in specs.values() if s.kind in ARENA_KINDS]
     shared = make_blocks(arena_specs, alignment, inplace=True)
@@ -829,6 +826,15 @@ def plan_memory(steps: Sequence[PlanStep],
                       lower_bound(shared), best, {n: a for n, (a, _) in tried.items()},
                       alignment, kinds, frozenset(s.name for s in specs.values()
                                                   if s.kind == "output"))
+
+
+def _across_streams(steps: Sequence[PlanStep], happens_before: HappensBefore | None
+                    ) -> HappensBefore | None:
+    """`happens_before`, or None (the serial rules) when every step is on one
+    stream: steps on one stream run in list order, so the serial rules are then
+    exact, and the serial conflicts are answered in O(log n) per block, the
+    general ones in O(n)."""
+    return None if len({step.stream for step in steps}) <= 1 else happens_before
 
 
 def _placed_tensors(specs: dict[str, TensorSpec], blocks: list[Block],
