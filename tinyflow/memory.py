@@ -546,6 +546,10 @@ class _Occupancy:
                 runs[key] = ([lo], [hi])
                 continue
             starts, ends = found
+            if len(ends) == 1 and lo <= ends[0] and starts[0] <= hi:
+                # One run that [lo, hi) meets: the usual case when packing is tight.
+                starts[0], ends[0] = min(lo, starts[0]), max(hi, ends[0])
+                continue
             i = bisect.bisect_left(ends, lo)           # the first run ending at/after lo
             j = bisect.bisect_right(starts, hi, i)     # runs i..j-1 start at/before hi
             if i == j:
@@ -572,7 +576,8 @@ def _best_fit_runs(size: int, runs: list[tuple[int, int]]) -> int:
         gap = start - top
         if gap >= size and (best is None or gap < best_gap):
             best, best_gap = top, gap
-        top = max(top, end)
+        if end > top:
+            top = end
     return top if best is None else best
 
 
