@@ -606,3 +606,70 @@ def test_conflict_windows_find_exactly_the_brute_force_conflicts(streams, seed):
     conflicts = memory.Conflicts(blocks, hb, stream_of if hb else None)
     for i in range(steps):
         assert conflicts.of(i).tolist() == _brute_force_conflicts(conflicts, i), i
+
+
+def _brute_force_placement(order, blocks, conflicts) -> list[int]:
+    """Each block at the best fit among the placed blocks it conflicts with, found
+    by comparing it with every block (the definition of the greedy strategies)."""
+    offsets = [None] * len(blocks)
+    for i in order:
+        if blocks[i].size == 0:
+            offsets[i] = 0
+            continue
+        placed = [j for j in _brute_force_conflicts(conflicts, i) if offsets[j] is not None]
+        offsets[i] = memory._best_fit(blocks[i].size,
+                                      np.array([offsets[j] for j in placed], dtype=np.int64),
+                                      np.array([offsets[j] + blocks[j].size for j in placed],
+                                               dtype=np.int64))
+    return offsets
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_serial_placement_and_crowd_match_the_brute_force_definitions(seed):
+    # Without streams the greedy strategies ask a segment tree of byte runs which
+    # bytes are taken (memory._Occupancy), and greedy_by_conflicts sums the bytes
+    # it conflicts with from sorted arrays: both must agree with block-by-block.
+    rng = np.random.default_rng(seed)
+    steps, blocks = 300, []
+    for b in range(250):
+        first = int(rng.integers(0, steps))
+        span = int(rng.integers(0, steps)) if rng.random() < 0.2 else int(rng.integers(0, 8))
+        size = int(rng.choice([0, 1, 1, 2, 5, 40])) * 64
+        blocks.append(memory.Block([f"t{b}"], size, first, min(steps - 1, first + span),
+                                   first, {first}))
+    conflicts = memory.Conflicts(blocks)
+    assert conflicts.crowd() == [
+        sum(int(conflicts.size[j]) for j in _brute_force_conflicts(conflicts, i)) + b.size
+        for i, b in enumerate(blocks)]
+    order = [int(i) for i in rng.permutation(len(blocks))]
+    assert memory._place_in_order(order, blocks, conflicts) == \
+        _brute_force_placement(order, blocks, conflicts)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_stream_with_happens_before_plans_as_serial(seed):
+    # plan_memory drops happens_before when every step is on one stream (list order
+    # is then the order); the plan must be what the happens-before rules give.
+    from tinyflow.streams import build_schedule
+    rng = np.random.default_rng(seed)
+    n = 120
+    deps = [sorted(set(rng.integers(max(0, b - 30), b, size=min(b, 2)).tolist()))
+            for b in range(n)]
+    schedule = build_schedule([0] * n, ["compute", "comm"], deps)
+    steps = [memory.PlanStep(f"t{b}", [f"t{d}" for d in deps[b]],
+                             int(rng.integers(1, 4)) * 64,
+                             0 if deps[b] and rng.random() < 0.3 else None)
+             for b in range(n)]
+    keep = {f"t{n - 1}"}
+    plan = memory.plan_memory(steps, keep=keep, happens_before=schedule.happens_before)
+    for name in memory.STRATEGIES:     # each strategy, under the general rules
+        specs = memory.liveness(steps, keep=keep, happens_before=schedule.happens_before)
+        arena = [s for s in specs.values() if s.kind in memory.ARENA_KINDS]
+        blocks = memory.make_blocks(arena, memory.ALIGNMENT, inplace=name != "naive")
+        conflicts = memory.Conflicts(blocks, schedule.happens_before, [0] * n)
+        offsets = memory.STRATEGIES[name](blocks, conflicts)
+        assert plan.strategies[name] == max(o + b.size for o, b in zip(offsets, blocks))
+        if name == plan.strategy:
+            offset_of = {t: o for o, b in zip(offsets, blocks) for t in b.names}
+            assert {t.name: t.offset for t in plan.tensors} == offset_of
+    memory.validate_plan(plan, steps, happens_before=schedule.happens_before)

@@ -375,7 +375,10 @@ class Conflicts:
     meet can conflict. Blocks with short windows are kept sorted by window start,
     so their candidates are one slice found by binary search; the few long-lived
     ones (fetched outputs, values read much later) are always candidates. The exact
-    test then runs in numpy on the candidates alone.
+    test then runs in numpy on the candidates alone. That is still O(n) per block
+    when O(n) blocks are alive at once (a gradient's activations), so without
+    streams the greedy strategies and `crowd` do not list conflicts at all
+    (`_Occupancy`, sums over sorted arrays); with streams they still do.
     """
 
     SHORT = 64      # windows of at most this many steps are "short"
@@ -387,6 +390,8 @@ class Conflicts:
         self.size = np.array([b.size for b in blocks], dtype=np.int64)
         self.define = np.array([b.define for b in blocks], dtype=np.int64)
         self.serial = happens_before is None
+        # Serially, each block's _Occupancy keys (set by _place_serial, once).
+        self.occupancy_keys: list[tuple[list[int], list[int]]] | None = None
         if self.serial:
             self._index(self.first, self.last)
             return
@@ -423,7 +428,14 @@ class Conflicts:
 
     def of(self, i: int) -> np.ndarray:
         """Indices of the (non-empty) blocks that conflict with block i, ascending."""
+        return np.sort(self.unsorted_of(i))
+
+    def unsorted_of(self, i: int, among: np.ndarray | None = None) -> np.ndarray:
+        """`of` in no particular order (for sums and unions, where order is moot);
+        `among`: a mask over the blocks, to ask only about those where it is True."""
         j = self._candidates(i)
+        if among is not None:
+            j = j[among[j]]
         if self.serial:
             clash = (self.first[j] <= self.last[i]) & (self.last[j] >= self.first[i])
         else:
@@ -431,7 +443,23 @@ class Conflicts:
             before = self.define[i] >= self.safe[j, self.define_stream[i]]  # j before i
             clash = ~after & ~before
         clash &= (self.size[j] > 0) & (j != i)
-        return np.sort(j[clash])
+        return j[clash]
+
+    def crowd(self) -> list[int]:
+        """For each block, its own bytes plus the bytes of every block it conflicts
+        with. Serially that is every block minus those dead before it is born and
+        those born after it dies: two sums over sorted arrays, not a list per block
+        (one block can conflict with O(n) others)."""
+        if not self.serial:
+            return [int(self.size[self.unsorted_of(i)].sum() + self.size[i])
+                    for i in range(len(self.size))]
+        by_last, by_first = np.argsort(self.last), np.argsort(self.first)
+        died = np.concatenate([[0], np.cumsum(self.size[by_last])])
+        born = np.concatenate([[0], np.cumsum(self.size[by_first])])
+        dead_before = died[np.searchsorted(self.last[by_last], self.first, side="left")]
+        born_after = born[-1] - born[np.searchsorted(self.first[by_first], self.last,
+                                                     side="right")]
+        return (born[-1] - dead_before - born_after).tolist()
 
     def clash(self, i: int, j: int) -> bool:
         """Whether blocks i and j conflict."""
@@ -459,20 +487,146 @@ def _best_fit(size: int, starts: np.ndarray, ends: np.ndarray) -> int:
     return int(top_before[fits[np.argmin(gaps[fits])]])
 
 
+class _Occupancy:
+    """The bytes taken by placed blocks, queried by a window of steps: which bytes
+    does any placed block alive during steps [first, last] use? (Serial conflicts:
+    two blocks conflict exactly when their [first, last] windows meet.)
+
+    Asking every placed block is O(n) per query, and the answer can name O(n)
+    blocks (a gradient keeps every forward activation alive at once), so the
+    greedy strategies were O(n^2). Instead a segment tree over the steps keeps
+    unions of byte ranges as sorted, disjoint runs: a window splits into O(log n)
+    tree nodes (its "cover" nodes); cover(v) holds the bytes of the blocks with
+    v among their cover nodes, below(v) those with a cover node in v's subtree.
+    Two windows meet exactly when a cover node of one is an ancestor of, or equal
+    to, a cover node of the other, so a query's answer is the union of below(v)
+    for its own cover nodes v and cover(u) for their strict ancestors u: O(log n)
+    sets of runs, each a few runs when the packing is tight. `_best_fit_runs`
+    then sees the same bytes taken as with the blocks one by one: the same gap
+    wins. In `runs`, the key of cover(v) is v and that of below(v) is -v (tree
+    nodes are numbered from 1).
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.leaves = 1 << max(steps - 1, 0).bit_length()   # a power of two >= steps
+        self.runs: dict[int, tuple[list[int], list[int]]] = {}
+
+    def keys(self, first: int, last: int) -> tuple[list[int], list[int]]:
+        """(the sets a block alive over steps [first, last] goes into, the sets
+        whose union answers a query for that window): the same for every
+        strategy, so callers may keep them."""
+        cover: list[int] = []
+        lo, hi = first + self.leaves, last + 1 + self.leaves
+        while lo < hi:
+            if lo & 1:
+                cover.append(lo)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                cover.append(hi)
+            lo, hi = lo >> 1, hi >> 1
+        ancestors: set[int] = set()
+        for v in cover:
+            v >>= 1
+            while v and v not in ancestors:
+                ancestors.add(v)
+                v >>= 1
+        below = [-v for v in cover]
+        return cover + below + [-v for v in sorted(ancestors)], below + sorted(ancestors)
+
+    def add(self, keys: list[int], lo: int, hi: int) -> None:
+        """A block whose window has these insertion `keys` now holds [lo, hi): each
+        set adds it to its runs, merged with the runs it overlaps or touches (so
+        tensors packed side by side stay one run). (Called some 20 times per
+        block, hence written out here and not a function per set.)"""
+        runs = self.runs
+        for key in keys:
+            found = runs.get(key)
+            if found is None:
+                runs[key] = ([lo], [hi])
+                continue
+            starts, ends = found
+            if len(ends) == 1 and lo <= ends[0] and starts[0] <= hi:
+                # One run that [lo, hi) meets: the usual case when packing is tight.
+                starts[0], ends[0] = min(lo, starts[0]), max(hi, ends[0])
+                continue
+            i = bisect.bisect_left(ends, lo)           # the first run ending at/after lo
+            j = bisect.bisect_right(starts, hi, i)     # runs i..j-1 start at/before hi
+            if i == j:
+                starts.insert(i, lo)
+                ends.insert(i, hi)
+                continue
+            starts[i:j] = [min(lo, starts[i])]
+            ends[i:j] = [max(hi, ends[j - 1])]
+
+    def taken(self, keys: list[int]) -> list[tuple[int, int]]:
+        """Byte runs whose union is exactly the bytes of the placed blocks alive at
+        some step of the window with these query `keys` (they may overlap)."""
+        found = [self.runs.get(key) for key in keys]
+        return [run for runs in found if runs is not None for run in zip(*runs)]
+
+
+def _best_fit_runs(size: int, runs: list[tuple[int, int]]) -> int:
+    """`_best_fit` for a few byte runs [start, end), in plain Python: the start of
+    the smallest gap between them that holds `size` bytes (the lowest among equals),
+    else the top of the highest run. Only the union of the runs matters."""
+    runs.sort()
+    top, best, best_gap = 0, None, 0
+    for start, end in runs:
+        gap = start - top
+        if gap >= size and (best is None or gap < best_gap):
+            best, best_gap = top, gap
+        if end > top:
+            top = end
+    return top if best is None else best
+
+
 def _place_in_order(order: Iterable[int], blocks: Sequence[Block],
                     conflicts: Conflicts) -> list[int]:
     """Place blocks one by one in `order`, each at its best fit among the already
     placed blocks it conflicts with (the common core of the two greedy orders)."""
-    offsets = np.full(len(blocks), -1, dtype=np.int64)
+    if conflicts.serial:
+        return _place_serial(order, blocks, conflicts)
+    offsets = np.zeros(len(blocks), dtype=np.int64)
+    placed = np.zeros(len(blocks), dtype=bool)
     for i in order:
+        placed[i] = True
         if blocks[i].size == 0:
-            offsets[i] = 0
             continue
-        others = conflicts.of(i)
-        others = others[offsets[others] >= 0]
+        others = conflicts.unsorted_of(i, among=placed)  # best fit: their union alone
         offsets[i] = _best_fit(blocks[i].size, offsets[others],
                                offsets[others] + conflicts.size[others])
     return [int(o) for o in offsets]
+
+
+def _occupancy_keys(taken: _Occupancy, blocks: Sequence[Block]
+                    ) -> list[tuple[list[int], list[int]]]:
+    """Each block's (insertion keys, query keys) in `taken`, less the sets no block
+    ever asks about (not kept up to date) and those no block ever goes into
+    (always empty): most of them, and they cost as much as the others."""
+    keys = [taken.keys(b.first, b.last) if b.size else ([], []) for b in blocks]
+    asked = {key for _, ask in keys for key in ask}
+    keys = [([key for key in add if key in asked], ask) for add, ask in keys]
+    added = {key for add, _ in keys for key in add}
+    return [(add, [key for key in ask if key in added]) for add, ask in keys]
+
+
+def _place_serial(order: Iterable[int], blocks: Sequence[Block],
+                  conflicts: Conflicts) -> list[int]:
+    """`_place_in_order` without streams: the placed blocks a block conflicts with
+    are those alive during its [first, last], which `_Occupancy` answers in bytes."""
+    offsets = [0] * len(blocks)
+    taken = _Occupancy(max((b.last for b in blocks), default=0) + 1)
+    if conflicts.occupancy_keys is None:      # the same for every greedy strategy
+        conflicts.occupancy_keys = _occupancy_keys(taken, blocks)
+    for i in order:
+        size = blocks[i].size
+        if size == 0:
+            continue
+        add, ask = conflicts.occupancy_keys[i]
+        offsets[i] = _best_fit_runs(size, taken.taken(ask))
+        taken.add(add, offsets[i], offsets[i] + size)
+    return offsets
 
 
 def naive(blocks: Sequence[Block], conflicts: Conflicts) -> list[int]:
@@ -568,8 +722,7 @@ def greedy_by_conflicts(blocks: Sequence[Block], conflicts: Conflicts) -> list[i
     (plus their own), so the blocks that live through the busiest stretches are
     placed while the arena is still empty; each at its best fit. (Our variant of
     Pisarchyk & Lee's breadth idea, keyed per tensor instead of per step.)"""
-    crowd = [int(conflicts.size[conflicts.of(i)].sum()) + b.size
-             for i, b in enumerate(blocks)]
+    crowd = conflicts.crowd()
     order = sorted(range(len(blocks)),
                    key=lambda i: (-crowd[i], -blocks[i].size, blocks[i].first))
     return _place_in_order(order, blocks, conflicts)
@@ -656,6 +809,7 @@ def plan_memory(steps: Sequence[PlanStep],
     if strategy != "auto" and strategy not in STRATEGIES:
         raise ValueError(f"unknown memory strategy {strategy!r}; choose 'auto' or one of "
                          f"{sorted(STRATEGIES)}")
+    happens_before = _across_streams(steps, happens_before)
     specs = liveness(steps, external, keep, happens_before)
     arena_specs = [s for s in specs.values() if s.kind in ARENA_KINDS]
     shared = make_blocks(arena_specs, alignment, inplace=True)
@@ -677,6 +831,15 @@ def plan_memory(steps: Sequence[PlanStep],
                       lower_bound(shared), best, {n: a for n, (a, _) in tried.items()},
                       alignment, kinds, frozenset(s.name for s in specs.values()
                                                   if s.kind == "output"))
+
+
+def _across_streams(steps: Sequence[PlanStep], happens_before: HappensBefore | None
+                    ) -> HappensBefore | None:
+    """`happens_before`, or None (the serial rules) when every step is on one
+    stream: steps on one stream run in list order, so the serial rules are then
+    exact, and the serial conflicts are answered in O(log n) per block, the
+    general ones in O(n)."""
+    return None if len({step.stream for step in steps}) <= 1 else happens_before
 
 
 def _placed_tensors(specs: dict[str, TensorSpec], blocks: list[Block],

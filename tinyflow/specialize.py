@@ -41,6 +41,7 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
     taken: dict[str, int] = {}
     order = topological_order(fetches, leaves)
     first_written = _first_written(order, fetches, sources)
+    first_writers = set(first_written.values())   # (a set: asked once per node)
     for node in order:
         name = node.name
         while name in taken:
@@ -65,7 +66,7 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
                                 "tf.global_variables_initializer() or assign it first")
             continue  # only written here: cloned with the shape of the value written
         else:
-            if id(node) in first_written.values():
+            if id(node) in first_writers:
                 target = node.inputs[0]
                 value = clones[node.inputs[1]]
                 clones[target] = Node("variable", (), {"shape": value.shape,

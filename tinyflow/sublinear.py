@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tinyflow.graph import Graph, Node, ordering_dependencies
-from tinyflow.memory import (ALIGNMENT, format_bytes, in_arena, liveness, lower_bound,
-                             make_blocks, node_nbytes, steps_from_graph)
+from tinyflow.memory import (ALIGNMENT, PlanStep, format_bytes, in_arena, liveness,
+                             lower_bound, make_blocks, node_nbytes, steps_from_graph)
 from tinyflow.ops import REGISTRY, OpDef, infer_same, make, register
 from tinyflow.registry import source_kind
 
@@ -151,10 +151,17 @@ class _ListScheduler:
                     self.push(s)
 
 
-def peak_bytes(graph: Graph, order: Sequence[Node]) -> int:
-    """The most arena bytes alive at one step if `graph` runs in `order`."""
-    steps, external, keep = steps_from_graph(graph, order)
-    specs = liveness(steps, external, keep)
+def peak_bytes(graph: Graph, order: Sequence[Node],
+               planned: tuple[list[PlanStep], dict[str, str], set[str]] | None = None
+               ) -> int:
+    """The most arena bytes alive at one step if `graph` runs in `order`.
+
+    `planned`: `steps_from_graph(graph)`, if the caller has it: a node's step does
+    not depend on the order, so several orders can share it (reordered here)."""
+    steps, external, keep = planned or steps_from_graph(graph)
+    step_of = {step.name: step for step in steps}
+    ordered = [step_of[node.name] for node in order if node.name in step_of]
+    specs = liveness(ordered, external, keep)
     return lower_bound(make_blocks(specs.values(), ALIGNMENT))
 
 
@@ -170,9 +177,10 @@ def memory_order(graph: Graph) -> list[Node]:
     a small peak: each order in ORDERS is tried and the lowest peak kept (the
     graph's own depth-first order on a tie)."""
     best, best_peak = graph.nodes, None
+    planned = steps_from_graph(graph)
     for make_order in ORDERS.values():
         order = make_order(graph)
-        peak = peak_bytes(graph, order)
+        peak = peak_bytes(graph, order, planned)
         if best_peak is None or peak < best_peak:
             best, best_peak = order, peak
     return list(best)
