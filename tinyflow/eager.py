@@ -93,8 +93,14 @@ class Block:
                  "pool", "view", "view_key")
 
     def __init__(self, segment: int, offset: int, size: int, pool: list, id: int = 0) -> None:
-        self.segment, self.offset, self.size, self.pool, self.id = segment, offset, size, pool, id
-        self.allocated, self.requested = False, 0
+        # One name a line: a tuple assignment of five builds a tuple, on the op path.
+        self.segment = segment
+        self.offset = offset
+        self.size = size
+        self.pool = pool
+        self.id = id
+        self.allocated = False
+        self.requested = 0
         self.prev: Block | None = None
         self.next: Block | None = None
         self.view: np.ndarray | None = None
@@ -279,11 +285,14 @@ class CachingAllocator:
         remainder = block.size - size
         if block.pool is self.free_large and remainder <= SPLIT_REMAINDER_LARGE:
             return
-        rest = self._block(block.segment, block.offset + size, remainder, block.pool)
-        rest.prev, rest.next = block, block.next
+        self._next_block += 1
+        rest = Block(block.segment, block.offset + size, remainder, block.pool, self._next_block)
+        rest.prev = block
+        rest.next = block.next
         if block.next is not None:
             block.next.prev = rest
-        block.next, block.size = rest, size
+        block.next = rest
+        block.size = size
         bisect.insort(rest.pool, (remainder, rest.segment, rest.offset, rest))
 
     def _merge(self, first: Block, second: Block) -> Block:
@@ -377,8 +386,14 @@ class Tensor:
     grad           the accumulated gradient of a leaf after `backward()`
     """
 
-    __slots__ = ("data", "node", "requires_grad", "_grad", "_op", "_inputs", "_attrs",
-                 "_block", "_alloc", "__weakref__")
+    # No __slots__: every op makes a Tensor, and with the defaults below on the class
+    # it sets only the three fields that differ (measured: a third cheaper).
+    node: Node | None = None
+    requires_grad = False
+    _grad: Tensor | None = None
+    _op: str | None = None          # the op that made it, its inputs and attributes:
+    _inputs: Sequence[Tensor] | None = None   # its place on the tape (None: a leaf)
+    _attrs: dict | None = None
     __tinyflow_tensor__ = True   # ops.make routes ops on these to `apply`
     __array_priority__ = 1000    # numpy defers `array + tensor` to our operators
 
@@ -572,15 +587,14 @@ def _wrap(data: np.ndarray | None, block: Block | None, alloc: CachingAllocator 
           node: Node | None = None) -> Tensor:
     """A Tensor over `data` (in `block` of `alloc`, when the allocator gave it), or a
     symbolic one for `node`. Not `__init__`, which copies: every op makes one of
-    these, so the slots are set one by one (a four-name tuple assignment would build
-    a tuple) by a module function (a classmethod call costs twice as much)."""
+    these, so it is a plain module function (a classmethod call costs more) that
+    sets only what differs from the class defaults."""
     t = _new_object(Tensor)
     t.data = data
     t._block = block
     t._alloc = alloc
-    t.node = node
-    t.requires_grad = False
-    t._grad = t._op = t._inputs = t._attrs = None
+    if node is not None:
+        t.node = node
     return t
 
 
