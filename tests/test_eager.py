@@ -309,6 +309,23 @@ def test_allocator_never_overlaps_live_blocks(script):
         assert a.allocated == sum(b.size for b in live)
 
 
+def test_a_reused_block_hands_out_a_view_of_the_shape_and_dtype_asked_now():
+    """Blocks keep their last ndarray view (making one costs more than a small op);
+    a block reused for another shape or dtype must give a fresh view of its bytes."""
+    a = CachingAllocator()
+    x, block = a.array((2, 3), np.float32)
+    assert a.view_as(block, (2, 3), np.dtype(np.float32)) is x   # the kept view
+    a.free(block)
+    y, again = a.array((6,), np.int32)          # the same 512-byte block, best fit
+    assert again is block and y.shape == (6,) and y.dtype == np.int32
+    z, other = a.array((3,), np.float64)        # a live neighbour: no shared bytes
+    y[:] = 7
+    z[:] = 1.5
+    assert (y == 7).all() and (z == 1.5).all()
+    assert y.ctypes.data == a.segments[0].buffer.ctypes.data + block.offset
+    assert z.ctypes.data == a.segments[0].buffer.ctypes.data + other.offset
+
+
 def test_freed_blocks_are_poisoned():
     a = CachingAllocator(poison=True)
     old = E.set_allocator(a)

@@ -239,6 +239,9 @@ class Recorder:
 
 _local = threading.local()
 _global_recorder: list[Recorder] = []  # the TINYFLOW_TRACE recorder, if any
+# Every recorder active in any thread (TINYFLOW_TRACE's too). Eager ops run millions
+# of times unrecorded: they call `current()` only when this is not empty.
+active: set[Recorder] = set()
 
 
 def current() -> Recorder | None:
@@ -261,10 +264,12 @@ def record(path: str | os.PathLike, *, title: str | None = None,
     if not hasattr(_local, "stack"):
         _local.stack = []
     _local.stack.append(recorder)
+    active.add(recorder)
     try:
         yield recorder
     finally:
         _local.stack.pop()
+        active.discard(recorder)
         recorder.save()
 
 
@@ -297,6 +302,7 @@ def start_from_environment() -> None:
     recorder = Recorder(path, trace_values=check or os.environ.get("TINYFLOW_TRACE_VALUES")
                         == "1", check_numerics=check)
     _global_recorder.append(recorder)
+    active.add(recorder)
     atexit.register(_save_at_exit, recorder)
 
 

@@ -81,17 +81,30 @@ class Block:
     """A run of bytes inside a segment, free or handed out to one Tensor.
 
     `prev` and `next` are its neighbours in the same segment (for merging);
-    `requested` is what the Tensor asked for (the size is rounded up). A plain class
-    with slots, not a dataclass: one is made per split, on every eager op's path.
+    `requested` is what the Tensor asked for (the size is rounded up); `pool` is the
+    free list it goes back to. A block's segment and offset never change (a split
+    keeps the front part, a merge keeps the lower block), so `view` can keep the
+    ndarray it last handed out for `view_key` = (shape, dtype) and hand it out again.
+    A plain class with slots, not a dataclass: one is made per split, on every
+    eager op's path.
     """
 
-    __slots__ = ("segment", "offset", "size", "allocated", "requested", "prev", "next", "id")
+    __slots__ = ("segment", "offset", "size", "allocated", "requested", "prev", "next", "id",
+                 "pool", "view", "view_key")
 
-    def __init__(self, segment: int, offset: int, size: int, id: int = 0) -> None:
-        self.segment, self.offset, self.size, self.id = segment, offset, size, id
-        self.allocated, self.requested = False, 0
+    def __init__(self, segment: int, offset: int, size: int, pool: list, id: int = 0) -> None:
+        # One name a line: a tuple assignment of five builds a tuple, on the op path.
+        self.segment = segment
+        self.offset = offset
+        self.size = size
+        self.pool = pool
+        self.id = id
+        self.allocated = False
+        self.requested = 0
         self.prev: Block | None = None
         self.next: Block | None = None
+        self.view: np.ndarray | None = None
+        self.view_key: tuple | None = None
 
     def __repr__(self) -> str:
         state = "allocated" if self.allocated else "free"
@@ -116,6 +129,12 @@ class CachingAllocator:
     and merges it with free neighbours, so large requests can reuse the space later.
     `events` records every step (for the debugger's memory view and the lesson);
     `reserved` is what segments hold, `allocated` what live blocks hold.
+
+    Each pool is a list of its free blocks as (size, segment, offset, block), kept
+    sorted: best fit is one binary search, and ties go to the lowest address, as
+    PyTorch's set of blocks orders them. Both calls run once per eager op, so they
+    are written as straight-line code with the rare cases (a new segment, a split,
+    a merge, recording) behind one test each.
     """
 
     poison: bool = False
@@ -133,14 +152,15 @@ class CachingAllocator:
     # -- the two calls -----------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:
         """A block of at least `nbytes` bytes (a multiple of ROUND), not shared."""
-        size = max(ROUND, -(-nbytes // ROUND) * ROUND)
-        small = size <= SMALL_REQUEST
-        pool = self.free_small if small else self.free_large
-        index = bisect.bisect_left(pool, (size, -1, -1))
+        size = -(-nbytes // ROUND) * ROUND if nbytes > ROUND else ROUND
+        pool = self.free_small if size <= SMALL_REQUEST else self.free_large
+        # (size,) sorts before every (size, segment, offset, block): the first fit.
+        index = bisect.bisect_left(pool, (size,))
         reused = index < len(pool)
-        block = pool.pop(index)[3] if reused else self._new_segment(size, small)
+        block = pool.pop(index)[3] if reused else self._new_segment(size, pool)
         found_size = block.size
-        self._split(block, size, small)
+        if found_size != size:
+            self._split(block, size)
         block.allocated, block.requested = True, nbytes
         self.allocated += block.size
         if self.allocated > self.peak_allocated:
@@ -162,19 +182,34 @@ class CachingAllocator:
             self.view(block, block.size, np.uint8).fill(POISON_BYTE)
         if self.record:
             self._event("free", block, "its Tensor was released")
-        small = self.segments[block.segment].small
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and not neighbour.allocated:
-                self._remove_free(neighbour, small)
-                block = self._merge(block, neighbour)
-        self._insert_free(block, small)
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated:
+            self._take(before)
+            block = self._merge(before, block)
+        if after is not None and not after.allocated:
+            self._take(after)
+            block = self._merge(block, after)
+        bisect.insort(block.pool, (block.size, block.segment, block.offset, block))
 
     def array(self, shape: tuple, dtype: Any) -> tuple[np.ndarray, Block]:
         """An uninitialized array of `shape` and `dtype` in a fresh block."""
         dtype = np.dtype(dtype)
+        shape = tuple(shape)
         block = self.malloc(math.prod(shape) * dtype.itemsize)
-        buffer = self.segments[block.segment].buffer
-        return np.ndarray(shape, dtype, buffer=buffer, offset=block.offset), block
+        return self.view_as(block, shape, dtype), block
+
+    def view_as(self, block: Block, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """`block`'s bytes as an array of `shape` and `dtype` (they must fit).
+
+        Making an ndarray over a buffer costs about 1 us, more than a one-element
+        kernel, and an eager loop asks for the same (shape, dtype) in the same block
+        step after step; so the block keeps the last view it gave."""
+        key = (shape, dtype)
+        if block.view_key != key:
+            buffer = self.segments[block.segment].buffer
+            block.view = np.ndarray(shape, dtype, buffer=buffer, offset=block.offset)
+            block.view_key = key
+        return block.view
 
     def view(self, block: Block, nbytes: int, dtype: Any) -> np.ndarray:
         buffer = self.segments[block.segment].buffer
@@ -191,6 +226,7 @@ class CachingAllocator:
                     self.reserved -= seg.buffer.size
                     self._event("segment_free", block, "empty_cache: the segment was unused")
                     seg.buffer, seg.head = np.empty(0, np.uint8), None
+                    block.view = block.view_key = None
 
     # -- checks and figures ------------------------------------------------------
     def live_blocks(self) -> list[Block]:
@@ -227,7 +263,8 @@ class CachingAllocator:
         return 0.0 if not self.reserved else 1.0 - self.allocated / self.reserved
 
     # -- inside ------------------------------------------------------------------
-    def _new_segment(self, size: int, small: bool) -> Block:
+    def _new_segment(self, size: int, pool: list) -> Block:
+        small = pool is self.free_small
         if small:
             seg_size = SMALL_SEGMENT
         elif size < MIN_LARGE_ALLOC:
@@ -238,45 +275,45 @@ class CachingAllocator:
         self.segments.append(seg)
         self.reserved += seg_size
         self.peak_reserved = max(self.peak_reserved, self.reserved)
-        block = seg.head = self._block(seg.id, 0, seg_size)
+        block = seg.head = self._block(seg.id, 0, seg_size, pool)
         self._event("segment_alloc", block, f"reserved {seg_size} B "
                     f"({'small' if small else 'large'} pool)")
         return block
 
-    def _split(self, block: Block, size: int, small: bool) -> None:
+    def _split(self, block: Block, size: int) -> None:
+        """Cut `block` to `size` and free the rest, when the rest is worth keeping."""
         remainder = block.size - size
-        if remainder <= 0 or (not small and remainder <= SPLIT_REMAINDER_LARGE):
+        if block.pool is self.free_large and remainder <= SPLIT_REMAINDER_LARGE:
             return
-        rest = self._block(block.segment, block.offset + size, remainder)
-        rest.prev, rest.next = block, block.next
+        self._next_block += 1
+        rest = Block(block.segment, block.offset + size, remainder, block.pool, self._next_block)
+        rest.prev = block
+        rest.next = block.next
         if block.next is not None:
             block.next.prev = rest
-        block.next, block.size = rest, size
-        self._insert_free(rest, small)
+        block.next = rest
+        block.size = size
+        bisect.insort(rest.pool, (remainder, rest.segment, rest.offset, rest))
 
-    def _merge(self, block: Block, other: Block) -> Block:
-        first, second = (block, other) if block.offset < other.offset else (other, block)
+    def _merge(self, first: Block, second: Block) -> Block:
+        """`second` (the block right after `first`) joins `first`; `first` remains."""
         first.size += second.size
         first.next = second.next
         if second.next is not None:
             second.next.prev = first
         return first
 
-    def _block(self, segment: int, offset: int, size: int) -> Block:
+    def _block(self, segment: int, offset: int, size: int, pool: list) -> Block:
         self._next_block += 1
-        return Block(segment, offset, size, id=self._next_block)
+        return Block(segment, offset, size, pool, self._next_block)
 
     def _first_block(self, segment: int) -> Block | None:
         return self.segments[segment].head
 
-    def _insert_free(self, block: Block, small: bool) -> None:
-        bisect.insort(self.free_small if small else self.free_large,
-                      (block.size, block.segment, block.offset, block))
-
-    def _remove_free(self, block: Block, small: bool) -> None:
-        pool = self.free_small if small else self.free_large
-        index = bisect.bisect_left(pool, (block.size, block.segment, block.offset))
-        del pool[index]
+    def _take(self, block: Block) -> None:
+        """Remove free `block` from its pool (to merge it)."""
+        pool = block.pool
+        del pool[bisect.bisect_left(pool, (block.size, block.segment, block.offset))]
 
     def _event(self, kind: str, block: Block, reason: str) -> None:
         if self.record:
@@ -361,8 +398,14 @@ class Tensor:
     grad           the accumulated gradient of a leaf after `backward()`
     """
 
-    __slots__ = ("data", "node", "requires_grad", "_grad", "_op", "_inputs", "_attrs",
-                 "_block", "_alloc", "__weakref__")
+    # No __slots__: every op makes a Tensor, and with the defaults below on the class
+    # it sets only the three fields that differ (measured: a third cheaper).
+    node: Node | None = None
+    requires_grad = False
+    _grad: Tensor | None = None
+    _op: str | None = None          # the op that made it, its inputs and attributes:
+    _inputs: Sequence[Tensor] | None = None   # its place on the tape (None: a leaf)
+    _attrs: dict | None = None
     __tinyflow_tensor__ = True   # ops.make routes ops on these to `apply`
     __array_priority__ = 1000    # numpy defers `array + tensor` to our operators
 
@@ -375,15 +418,6 @@ class Tensor:
         self.requires_grad = requires_grad
         self._grad = None
         self._op = self._inputs = self._attrs = None
-
-    @classmethod
-    def _wrap(cls, data: np.ndarray | None, block: Block | None, node: Node | None = None,
-              alloc: CachingAllocator | None = None) -> Tensor:
-        t = cls.__new__(cls)
-        t.data, t._block, t._alloc, t.node = data, block, alloc, node
-        t.requires_grad, t._grad = False, None
-        t._op = t._inputs = t._attrs = None
-        return t
 
     def __del__(self) -> None:
         if self._block is not None:
@@ -558,6 +592,24 @@ class Tensor:
         return shape_ops.transpose(self)
 
 
+_new_object = object.__new__
+
+
+def _wrap(data: np.ndarray | None, block: Block | None, alloc: CachingAllocator | None = None,
+          node: Node | None = None) -> Tensor:
+    """A Tensor over `data` (in `block` of `alloc`, when the allocator gave it), or a
+    symbolic one for `node`. Not `__init__`, which copies: every op makes one of
+    these, so it is a plain module function (a classmethod call costs more) that
+    sets only what differs from the class defaults."""
+    t = _new_object(Tensor)
+    t.data = data
+    t._block = block
+    t._alloc = alloc
+    if node is not None:
+        t.node = node
+    return t
+
+
 def tensor(value: Any, requires_grad: bool = False, dtype: Any = None) -> Tensor:
     """A leaf Tensor holding a copy of `value` (torch.tensor)."""
     return Tensor(value, requires_grad=requires_grad, dtype=dtype)
@@ -565,7 +617,7 @@ def tensor(value: Any, requires_grad: bool = False, dtype: Any = None) -> Tensor
 
 def _new_array(shape: tuple, dtype: Any) -> tuple[np.ndarray, Block | None, Any]:
     alloc = _allocator
-    array, block = alloc.array(tuple(shape), dtype)
+    array, block = alloc.array(shape, dtype)
     return array, block, alloc
 
 
@@ -583,13 +635,31 @@ def _literal(op: str, value: Any, like: Any) -> Tensor:
     `x * 0.5` every step."""
     hashable = isinstance(value, (int, float, bool, np.generic))
     key = (type(value), value, like) if hashable else None
-    if key is not None and key in _literals:
-        return _literals[key]
-    array = ops._literal(op, value, like, user_source_line()).attrs["value"].array
-    tensor = Tensor._wrap(array, None)   # read-only (ConstValue's copy)
-    if key is not None and len(_literals) < 4096:
-        _literals[key] = tensor
+    tensor = _literals.get(key) if hashable else None
+    if tensor is None:
+        array = ops._literal(op, value, like, user_source_line()).attrs["value"].array
+        tensor = _wrap(array, None)   # read-only (ConstValue's copy)
+        if hashable and len(_literals) < 4096:
+            _literals[key] = tensor
     return tensor
+
+
+def _with_literals(op: str, inputs: Sequence[Any]) -> tuple[list[Tensor], list]:
+    """`inputs` with each literal (a number, an array, a tf.constant) as a Tensor,
+    typed beside the first Tensor among them; and their arrays. (Loops, not a generator and a
+    comprehension: half the ops of `y = y * 0.5 + 1` come here, and in CPython 3.11
+    those two cost more than the rest of this function.)"""
+    like = None
+    for i in inputs:
+        if isinstance(i, Tensor):
+            like = i.dtype
+            break
+    tensors, arrays = [], []
+    for i in inputs:
+        t = i if isinstance(i, Tensor) else _constant_tensor(op, i, like)
+        tensors.append(t)
+        arrays.append(t.data)
+    return tensors, arrays
 
 
 _inferred: dict[tuple, tuple] = {}
@@ -598,22 +668,47 @@ MAX_INFERRED = 65536  # distinct (op, shapes, dtypes, attrs); a model has a few 
 
 def _infer(op: str, opdef: Any, arrays: list, attrs: dict) -> tuple:
     """`opdef.infer` on the arrays' shapes and dtypes, remembered: a shape rule is a
-    pure function, and an eager loop asks it the same question every step."""
-    shapes = tuple([a.shape for a in arrays])
-    dtypes = tuple([a.dtype for a in arrays])
-    key = (op, shapes, dtypes, tuple(attrs.items())) if attrs else (op, shapes, dtypes)
+    pure function, and an eager loop asks it the same question every step.
+
+    Returns (shape, dtype, nbytes) of the result. The key is (op, shape, dtype of
+    each input, attributes), spelled out for one and two inputs (nearly every op):
+    in CPython 3.11 a comprehension is a function call, as dear as the lookup.
+    """
+    if len(arrays) == 1:
+        key = (op, arrays[0].shape, arrays[0].dtype)
+    elif len(arrays) == 2:
+        key = (op, arrays[0].shape, arrays[0].dtype, arrays[1].shape, arrays[1].dtype)
+    else:
+        key = (op, *[x for a in arrays for x in (a.shape, a.dtype)])
+    if attrs:
+        key = (*key, tuple(attrs.items()))
     try:
         result = _inferred.get(key)
     except TypeError:  # an attribute that cannot be hashed: just ask
         key = result = None
     if result is None:
+        shapes = [a.shape for a in arrays]
         try:
-            result = opdef.infer(list(shapes), list(dtypes), attrs)
+            shape, dtype = opdef.infer(shapes, [a.dtype for a in arrays], attrs)
         except Mismatch as why:
             raise shape_error(op, shapes, str(why), user_source_line()) from None
+        shape, dtype = tuple(shape), np.dtype(dtype)
+        result = (shape, dtype, math.prod(shape) * dtype.itemsize)
         if key is not None and len(_inferred) < MAX_INFERRED:
             _inferred[key] = result
     return result
+
+
+def _run_kernel(compute: Callable, arrays: list, out: np.ndarray, attrs: dict) -> Any:
+    """`compute(np, *arrays, out=out, **attrs)`, spelled out for one and two inputs
+    without attributes: in CPython 3.11 the starred call builds a tuple and a dict,
+    about 0.5 us, as long as a one-element kernel takes."""
+    if not attrs:
+        if len(arrays) == 1:
+            return compute(np, arrays[0], out=out)
+        if len(arrays) == 2:
+            return compute(np, arrays[0], arrays[1], out=out)
+    return compute(np, *arrays, out=out, **attrs)
 
 
 def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) -> Tensor:
@@ -623,25 +718,34 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     shapes and the user's line) and names the result's shape and dtype; `compute`
     writes the result into the block the allocator hands out. When recording is on
     and an input requires grad, the result remembers (op, inputs, attrs) for backward.
+
+    This runs once per op, and on tiny Tensors its Python is the whole cost (see
+    benchmarks/eager_bench.py), so it avoids what is dear in CPython: generator
+    expressions, starred calls, calls that are not needed (`debug.current()` only
+    while some recorder is active).
     """
     tracer = _mode.tracer
     if tracer is not None:
         return tracer.apply(op, inputs, attrs, name)
-    like = next((i.dtype for i in inputs if isinstance(i, Tensor)), None)
-    tensors = [i if isinstance(i, Tensor) else _constant_tensor(op, i, like) for i in inputs]
+    arrays = []
+    for i in inputs:
+        if not isinstance(i, Tensor):   # a literal among them: make it a Tensor
+            inputs, arrays = _with_literals(op, inputs)
+            break
+        arrays.append(i.data)
     opdef = REGISTRY[op]
-    arrays = [t.data for t in tensors]
-    shape, dtype = _infer(op, opdef, arrays, attrs)
+    shape, dtype, nbytes = _infer(op, opdef, arrays, attrs)
     if opdef.random:  # its compute draws from `generators` (the registry says so)
         attrs = {**attrs, "generators": _generators}
     alloc = _allocator
-    recorder = debug.current()
+    recorder = debug.current() if debug.active else None
     if recorder is not None and recorder.eager_log is None:
         recorder.eager_log = EagerLog(alloc)   # from now on the allocator keeps events
     began = time.perf_counter() if recorder is not None else None
-    out, block = alloc.array(shape, dtype)
+    block = alloc.malloc(nbytes)
+    out = alloc.view_as(block, shape, dtype)
     try:
-        result = opdef.compute(np, *arrays, out=out, **attrs)
+        result = _run_kernel(opdef.compute, arrays, out, attrs)
         if result is not out:  # the kernel could not write into `out`
             out[...] = result
     except TinyFlowError:
@@ -651,12 +755,16 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
         alloc.free(block)
         raise EagerError(f"{op} failed at {user_source_line()} on inputs of shapes "
                          f"{[a.shape for a in arrays]}: {err}") from err
-    result_tensor = Tensor._wrap(out, block, alloc=alloc)
+    result_tensor = _wrap(out, block, alloc)
     if began is not None:  # inside tf.debug.record: the op goes into the record
-        recorder.eager_log.add(op, tensors, result_tensor, block, began, time.perf_counter())
-    if _mode.grad_enabled and opdef.differentiable and any(t.requires_grad for t in tensors):
-        result_tensor.requires_grad = True
-        result_tensor._op, result_tensor._inputs, result_tensor._attrs = op, tensors, attrs
+        recorder.eager_log.add(op, inputs, result_tensor, block, began, time.perf_counter())
+    if _mode.grad_enabled and opdef.differentiable:
+        for t in inputs:
+            if t.requires_grad:   # the result goes on the tape
+                result_tensor.requires_grad = True
+                result_tensor._op, result_tensor._inputs = op, inputs
+                result_tensor._attrs = attrs
+                break
     return result_tensor
 
 
@@ -668,7 +776,7 @@ def _constant_tensor(op: str, value: Any, like: Any) -> Tensor:
             raise EagerError(f"{op} at {user_source_line()} mixes eager Tensors with the "
                              f"graph node {value.name} ({value.op}); eager ops take "
                              "Tensors, arrays, numbers and tf.constant values")
-        return Tensor._wrap(value.attrs["value"].array, None)
+        return _wrap(value.attrs["value"].array, None)
     return _literal(op, value, like)
 
 
@@ -851,7 +959,7 @@ class _Trace:
             return None
         node = self._capture(("grad", id(t)), t.shape, t._grad.dtype,
                              lambda t=t: t._grad.data, "the .grad of a Tensor")
-        return Tensor._wrap(None, None, node=node)
+        return _wrap(None, None, node=node)
 
     def _capture(self, key: tuple, shape: tuple, dtype: Any, read: Callable,
                  what: str) -> Node:
@@ -865,7 +973,7 @@ class _Trace:
     def apply(self, op: str, inputs: Sequence[Any], attrs: dict, name: str | None) -> Tensor:
         nodes = [self.node_of(i) for i in inputs]
         node = ops.make(op, *nodes, name=name, **attrs)
-        out = Tensor._wrap(None, None, node=node)
+        out = _wrap(None, None, node=node)
         out.requires_grad = (_mode.grad_enabled and REGISTRY[op].differentiable and any(
             isinstance(i, Tensor) and i.requires_grad for i in inputs))
         return out
@@ -889,7 +997,7 @@ class _Trace:
         for t, g in zip(targets, grads):
             if g is None:
                 continue
-            new = Tensor._wrap(None, None, node=g)
+            new = _wrap(None, None, node=g)
             previous = self.grad_of(t)
             self.grad_writes[id(t)] = (t, new if previous is None else previous + new)
 
@@ -953,7 +1061,7 @@ class Function:
         for index, arg in enumerate(args):
             if isinstance(arg, (Tensor, np.ndarray)):
                 placeholder = api.placeholder(arg.dtype, arg.shape, name=f"arg{index}")
-                value = Tensor._wrap(None, None, node=placeholder)
+                value = _wrap(None, None, node=placeholder)
                 value.requires_grad = bool(getattr(arg, "requires_grad", False))
                 arg_slots.append((index, placeholder))
                 symbolic.append(value)

@@ -123,9 +123,11 @@ def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
     input is an eager Tensor (eager.py), the op runs at once instead and a Tensor
     comes back: every builder in TinyFlow works in both modes.
     """
-    if _eager_dispatch is not None and any(isinstance(i, _eager_dispatch[1])
-                                           for i in inputs):
-        return _eager_dispatch[0](op, inputs, attrs, name)
+    if _eager_dispatch is not None:
+        apply, tensor_type = _eager_dispatch
+        for i in inputs:  # a loop, not any(...): a generator costs more than the test
+            if isinstance(i, tensor_type):
+                return apply(op, inputs, attrs, name)
     where = user_source_line()
     like = next((i.dtype for i in inputs if isinstance(i, Node) and i.dtype is not None),
                 None)
