@@ -16,7 +16,9 @@ what live recording costs the training loop.
 ``curve_redraw_1m_ms``
     The curves view with one 1,000,000-point series: milliseconds to redraw it
     (thin to a min/max envelope, plot with textual-plot, render), median of 5,
-    smoothing on (the EMA is computed once, on the full data, and cached).
+    smoothing on (the EMA is computed once, on the full data, and cached). Timed
+    like a key: CPU seconds from `sync()` to the screen drawn (the wall time is in
+    the note; on an idle machine the two agree).
 ``record_overhead_mlp``
     Step time of the MLP training step (64-128-128-10, batch 64, Adam, like
     tutorials/train_mlp.py) inside ``tf.debug.record(PATH, live=True)``, logging the
@@ -107,7 +109,11 @@ async def _open_and_move(path: str) -> tuple[float, list[float], list[float]]:
     return opened, moves["overview"], moves["neighbourhood"]
 
 
-async def _curve_redraw(points: int) -> list[float]:
+async def _curve_redraw(points: int) -> tuple[list[float], list[float]]:
+    """CPU and wall milliseconds of redrawing the curves view, timed as `_move_ms`
+    times a key: from `sync()` to the screen drawn and nothing left queued, without
+    `pilot.pause`'s idle waits (20 ms sleeps until the process looks idle, which
+    are not drawing)."""
     from viz.app import DebuggerApp
     from viz.curves_view import CurvesView
     record = trace.load(ROOT / "tests" / "fixtures" / "mlp.record.json")
@@ -119,13 +125,20 @@ async def _curve_redraw(points: int) -> list[float]:
         await app.workers.wait_for_complete()
         await pilot.pause()
         curves = app.query_one(CurvesView)
-        times = []
+        cpu, wall = [], []
         for _ in range(5):
-            t = time.perf_counter()
+            start, start_wall = time.process_time(), time.perf_counter()
             curves.sync()
+            # Drain the queues and draw, three times: the plot lays out on the first,
+            # its canvas paints on the second (measured: 35 ms, then 20 ms, then the
+            # 3 ms an idle drain costs), the third finds nothing left to do.
+            for _ in range(3):
+                await pilot._wait_for_screen()
+                app.screen._on_timer_update()
+            cpu.append((time.process_time() - start) * 1e3)
+            wall.append((time.perf_counter() - start_wall) * 1e3)
             await pilot.pause()
-            times.append((time.perf_counter() - t) * 1e3)
-    return times
+    return cpu, wall
 
 
 def _mlp_loop(steps: int, path: str | None) -> float:
@@ -177,10 +190,11 @@ def figures(quick: bool = False, only: str | None = None) -> list[dict]:
                          f"neighbourhood mode: {statistics.median(hops):.1f} ms"})
         if want("curve_redraw_1m_ms"):
             points = 100_000 if quick else 1_000_000
-            times = asyncio.run(_curve_redraw(points))
-            rows.append({"name": "curve_redraw_1m_ms", "value": statistics.median(times),
+            cpu, wall = asyncio.run(_curve_redraw(points))
+            rows.append({"name": "curve_redraw_1m_ms", "value": statistics.median(cpu),
                          "goal": "< 100", "unit": "ms", "note": f"{points} points, textual-"
-                         "plot, a min/max bucket per column (2 points), median of 5"})
+                         "plot, a min/max bucket per column (2 points), median of 5, CPU "
+                         f"time (wall: {statistics.median(wall):.1f} ms)"})
         if want("record_overhead_mlp"):
             steps, rounds = (50, 2) if quick else (300, 5)
             ratios = []

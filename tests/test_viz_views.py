@@ -576,3 +576,21 @@ def test_debug_command_passes_view_theme_two_records_and_check_numerics(tmp_path
     assert not Path(opened_with[-1][0]).exists(), "--run removes its temporary record"
     record = records_seen[-1]
     assert record["check"] is not None, "check mode stopped at the NaN and recorded it"
+
+
+# -- loading a big record --------------------------------------------------------------
+
+@pilot_test
+async def test_the_loaded_record_is_frozen_from_the_collector_until_the_app_closes():
+    """Loading pauses the cyclic collector and freezes what it built (a big record is
+    millions of objects each collection would walk again); closing the app gives
+    them back, so apps opened one after another in a process leak nothing."""
+    import gc
+    frozen_before = gc.get_freeze_count()
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot)
+        assert gc.isenabled()                                # on again after loading
+        assert gc.get_freeze_count() > frozen_before + 1000  # the record's objects
+        assert app.model.graphs
+    assert gc.get_freeze_count() == 0

@@ -189,7 +189,10 @@ class CurvesView(Widget):
         if app.model is None:
             return
         styles = palette.styles(app.dark)
-        self.query_one("#series-list", Static).update(self.series_list(styles))
+        # Its size is fixed in CSS (34 x 1fr), so new text needs no layout of the
+        # screen: a repaint of it alone (a layout pass costs more than the plot).
+        self.query_one("#series-list", Static).update(self.series_list(styles),
+                                                      layout=False)
         self.draw()
 
     def series_list(self, styles: dict) -> Text:
