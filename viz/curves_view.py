@@ -233,10 +233,9 @@ class CurvesView(Widget):
         prefix = f"   {label}: " if label else "   "
         if not len(series.values):
             return prefix + "empty\n"
-        finite = series.values[np.isfinite(series.values)]
         line = f"{prefix}{len(series.values)} pts"
-        if len(finite):
-            line += f" last {series.values[-1]:.4g} min {finite.min():.4g}"
+        if series.finite_min is not None:
+            line += f" last {series.values[-1]:.4g} min {series.finite_min:.4g}"
         bad = len(series.bad_steps)
         if bad:
             line += f"\n   ⚠ {bad} NaN/Inf from step {series.bad_steps[0]:g}"

@@ -15,6 +15,7 @@ Nothing here imports Textual; the functions take and return numpy arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -40,10 +41,19 @@ class Series:
                              len(points))
         return cls(name, steps, values)
 
-    @property
+    # A Series is never changed once built (a live series that grew is a new one),
+    # so what a redraw asks of all its points is computed once.
+
+    @cached_property
     def bad_steps(self) -> np.ndarray:
         """Steps whose value is NaN or +-Inf."""
         return self.steps[~np.isfinite(self.values)]
+
+    @cached_property
+    def finite_min(self) -> float | None:
+        """The smallest finite value (None: there is none)."""
+        finite = self.values[np.isfinite(self.values)]
+        return float(finite.min()) if len(finite) else None
 
     def last(self) -> float | None:
         return float(self.values[-1]) if len(self.values) else None
