@@ -54,7 +54,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -222,7 +222,7 @@ def liveness(steps: Sequence[PlanStep],
 
 def _writers_and_uses(steps: Sequence[PlanStep], kinds: Mapping[str, str]
                       ) -> tuple[dict[str, int], dict[str, list[int]]]:
-    """({tensor: the step that writes it}, {tensor: the steps that read it}),
+    """({tensor: the step that writes it}, {tensor: the steps that read it, ascending}),
     checking that names are unique and every input was written (or is external)."""
     index: dict[str, int] = {}
     uses: dict[str, list[int]] = {}
@@ -230,11 +230,16 @@ def _writers_and_uses(steps: Sequence[PlanStep], kinds: Mapping[str, str]
         if step.name in index:
             raise PlanError(f"steps {index[step.name]} and {k} both write {step.name!r}; "
                             "tensor names must be unique")
-        for name in dict.fromkeys(step.inputs):   # reading x twice is one use
-            if name not in index and name not in kinds:
-                raise PlanError(f"step {k} ({step.name}) reads {name!r}, which no earlier "
-                                "step writes and which is not external")
-            uses.setdefault(name, []).append(k)
+        for name in step.inputs:
+            read = uses.get(name)
+            if read is None:
+                # A name's first reader checks it exists; later readers come after.
+                if name not in index and name not in kinds:
+                    raise PlanError(f"step {k} ({step.name}) reads {name!r}, which no "
+                                    "earlier step writes and which is not external")
+                uses[name] = [k]
+            elif read[-1] != k:        # reading x twice in one step is one use
+                read.append(k)
         index[step.name] = k
     return index, uses
 
@@ -243,32 +248,34 @@ def _lifetimes(steps: Sequence[PlanStep], kinds: Mapping[str, str], keep: set[st
                index: dict[str, int], uses: dict[str, list[int]]) -> dict[str, TensorSpec]:
     """Each tensor's first and last step: an intermediate lives from its writer to
     its last reader, a fetched one to the end, an external one outside the arena
-    (a variable to the end: the Session keeps it)."""
+    (a variable to the end: the Session keeps it). (`uses` lists are ascending, so
+    a tensor's last reader is the last entry.)"""
     last = len(steps) - 1
     specs: dict[str, TensorSpec] = {}
 
     def add_external(name: str) -> None:
         kind = kinds[name]
-        read = uses.get(name, [])
-        end = last if kind == "variable" else max(read, default=index.get(name, 0))
+        read = uses.get(name, ())
+        end = last if kind == "variable" else (read[-1] if read else index.get(name, 0))
         nbytes = steps[index[name]].nbytes if name in index else 0
         specs[name] = TensorSpec(name, nbytes, 0, end, kind, defined_at=index.get(name),
                                  uses=tuple(read), reason=f"{kind}: lives outside the arena")
 
     for k, step in enumerate(steps):
         for name in step.inputs:
-            if name not in specs:
+            if name not in specs:      # not written by an earlier step: external
                 add_external(name)
-        if step.name in kinds:
-            add_external(step.name)
+        name = step.name
+        if name in kinds:
+            add_external(name)
             continue
-        read = uses.get(step.name, [])
-        if step.name in keep:
-            specs[step.name] = TensorSpec(step.name, step.nbytes, k, last, "output",
-                                          defined_at=k, uses=tuple(read))
+        read = uses.get(name, ())
+        if name in keep:
+            specs[name] = TensorSpec(name, step.nbytes, k, last, "output",
+                                     defined_at=k, uses=tuple(read))
         else:
-            specs[step.name] = TensorSpec(step.name, step.nbytes, k, max(read, default=k),
-                                          defined_at=k, uses=tuple(read))
+            specs[name] = TensorSpec(name, step.nbytes, k, read[-1] if read else k,
+                                     defined_at=k, uses=tuple(read))
     return specs
 
 
@@ -319,7 +326,7 @@ def make_blocks(specs: Iterable[TensorSpec], alignment: int, inplace: bool = Tru
     for spec in specs:
         if spec.kind not in ARENA_KINDS:
             continue
-        touches = set(spec.uses) | {spec.defined_at}
+        touches = {spec.defined_at, *spec.uses}
         parent = block_of.get(spec.inplace_of) if inplace and spec.inplace_of else None
         if parent is not None:
             parent.names.append(spec.name)
@@ -392,6 +399,8 @@ class Conflicts:
         self.serial = happens_before is None
         # Serially, each block's _Occupancy keys (set by _place_serial, once).
         self.occupancy_keys: list[tuple[list[int], list[int]]] | None = None
+        # The offsets each placement order gave (`_place_in_order`), by order.
+        self.placed: dict[tuple[int, ...], list[int]] = {}
         if self.serial:
             self._index(self.first, self.last)
             return
@@ -531,8 +540,8 @@ class _Occupancy:
             while v and v not in ancestors:
                 ancestors.add(v)
                 v >>= 1
-        below = [-v for v in cover]
-        return cover + below + [-v for v in sorted(ancestors)], below + sorted(ancestors)
+        below, above = [-v for v in cover], sorted(ancestors)
+        return cover + below + [-v for v in above], below + above
 
     def add(self, keys: list[int], lo: int, hi: int) -> None:
         """A block whose window has these insertion `keys` now holds [lo, hi): each
@@ -548,7 +557,11 @@ class _Occupancy:
             starts, ends = found
             if len(ends) == 1 and lo <= ends[0] and starts[0] <= hi:
                 # One run that [lo, hi) meets: the usual case when packing is tight.
-                starts[0], ends[0] = min(lo, starts[0]), max(hi, ends[0])
+                # (Comparisons, not min/max: this line runs millions of times.)
+                if lo < starts[0]:
+                    starts[0] = lo
+                if hi > ends[0]:
+                    ends[0] = hi
                 continue
             i = bisect.bisect_left(ends, lo)           # the first run ending at/after lo
             j = bisect.bisect_right(starts, hi, i)     # runs i..j-1 start at/before hi
@@ -562,8 +575,12 @@ class _Occupancy:
     def taken(self, keys: list[int]) -> list[tuple[int, int]]:
         """Byte runs whose union is exactly the bytes of the placed blocks alive at
         some step of the window with these query `keys` (they may overlap)."""
-        found = [self.runs.get(key) for key in keys]
-        return [run for runs in found if runs is not None for run in zip(*runs)]
+        get, taken = self.runs.get, []
+        for key in keys:
+            found = get(key)
+            if found is not None:
+                taken.extend(zip(*found))
+        return taken
 
 
 def _best_fit_runs(size: int, runs: list[tuple[int, int]]) -> int:
@@ -584,9 +601,22 @@ def _best_fit_runs(size: int, runs: list[tuple[int, int]]) -> int:
 def _place_in_order(order: Iterable[int], blocks: Sequence[Block],
                     conflicts: Conflicts) -> list[int]:
     """Place blocks one by one in `order`, each at its best fit among the already
-    placed blocks it conflicts with (the common core of the two greedy orders)."""
-    if conflicts.serial:
-        return _place_serial(order, blocks, conflicts)
+    placed blocks it conflicts with (the common core of the greedy strategies).
+
+    Their orders often coincide (with blocks of one size, largest first is birth
+    order, and so is busiest step first when every step holds the same bytes), and
+    one order always gives the same offsets: each order is placed once per
+    `conflicts` and remembered there."""
+    order = tuple(order)
+    if order not in conflicts.placed:
+        place = _place_serial if conflicts.serial else _place_with_streams
+        conflicts.placed[order] = place(order, blocks, conflicts)
+    return list(conflicts.placed[order])
+
+
+def _place_with_streams(order: Iterable[int], blocks: Sequence[Block],
+                        conflicts: Conflicts) -> list[int]:
+    """`_place_in_order` with streams: the conflicts are listed block by block."""
     offsets = np.zeros(len(blocks), dtype=np.int64)
     placed = np.zeros(len(blocks), dtype=bool)
     for i in order:
@@ -844,17 +874,23 @@ def _across_streams(steps: Sequence[PlanStep], happens_before: HappensBefore | N
 
 def _placed_tensors(specs: dict[str, TensorSpec], blocks: list[Block],
                     offsets: list[int], naive: bool) -> list[TensorSpec]:
-    """Every tensor with its offset (arena tensors) and why it got it."""
+    """Every tensor with its offset (arena tensors) and why it got it (new specs:
+    the liveness ones stay as they were)."""
     reasons = _reasons(blocks, offsets, specs)
     offset_of = {name: off for block, off in zip(blocks, offsets) for name in block.names}
     tensors = []
-    for spec in specs.values():
-        if spec.kind not in ARENA_KINDS:
-            tensors.append(replace(spec))
+    for s in specs.values():
+        # The constructor, not dataclasses.replace: the same copy, at a third of
+        # the cost (this runs once per tensor of every compile).
+        if s.kind not in ARENA_KINDS:
+            tensors.append(TensorSpec(s.name, s.nbytes, s.first_step, s.last_step, s.kind,
+                                      s.inplace_of, s.defined_at, s.uses, s.offset,
+                                      s.reason))
             continue
-        reason = "naive: its own bytes, no reuse" if naive else reasons[spec.name]
-        tensors.append(replace(spec, offset=offset_of[spec.name], reason=reason,
-                               inplace_of=None if naive else spec.inplace_of))
+        reason = "naive: its own bytes, no reuse" if naive else reasons[s.name]
+        tensors.append(TensorSpec(s.name, s.nbytes, s.first_step, s.last_step, s.kind,
+                                  None if naive else s.inplace_of, s.defined_at, s.uses,
+                                  offset_of[s.name], reason))
     return tensors
 
 
@@ -892,7 +928,9 @@ def validate_plan(plan: MemoryPlan, steps: Sequence[PlanStep],
         _check_placement(plan, spec, mine)
         _check_inplace(placed, spec, mine)
         if spec.nbytes:
-            arena.append(replace(spec, offset=mine.offset, inplace_of=mine.inplace_of))
+            # (liveness made `spec` for this check alone: set the plan's place on it)
+            spec.offset, spec.inplace_of = mine.offset, mine.inplace_of
+            arena.append(spec)
     _check_sharing(arena, happens_before, steps)
 
 
