@@ -286,6 +286,10 @@ def test_every_strategy_gives_a_valid_plan_on_random_schedules(case, with_stream
                 validate_plan(plan, steps, happens_before=hb)
     auto = plan_memory(steps, {"x0", "x1"}, keep, happens_before=hb)
     assert auto.arena_bytes == min(arenas.values()) and auto.strategies == arenas
+    # peak_alive counts the serial lower bound without planning.
+    serial = memory.liveness(steps, {"x0", "x1"}, keep)
+    assert memory.peak_alive(steps, {"x0", "x1"}, keep) == memory.lower_bound(
+        memory.make_blocks(serial.values(), memory.ALIGNMENT))
 
 
 def _clashing_pair(plan, hb):
@@ -557,6 +561,7 @@ def test_every_random_graph_gets_a_valid_plan(case):
                 plan = plan_memory(steps, external, keep, strategy)
                 validate_plan(plan, steps)
                 assert plan.lower_bound_bytes <= plan.arena_bytes <= plan.naive_bytes
+            assert memory.peak_alive(steps, external, keep) == plan.lower_bound_bytes
 
 
 def case_specs(arrays):

@@ -52,6 +52,7 @@ are the other half of the story, in `sublinear.py`.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -780,6 +781,49 @@ def _bytes_alive(blocks: Sequence[Block]) -> np.ndarray:
 def lower_bound(blocks: Sequence[Block]) -> int:
     """The most bytes alive at one step: no arena can be smaller."""
     return int(_bytes_alive(blocks).max()) if blocks else 0
+
+
+def peak_alive(steps: Sequence[PlanStep],
+               external: Iterable[str] | Mapping[str, str] = frozenset(),
+               keep: Iterable[str] = frozenset(), alignment: int = ALIGNMENT) -> int:
+    """The most arena bytes alive at one step when `steps` run in list order on one
+    stream: ``lower_bound(make_blocks(liveness(steps, external, keep).values(),
+    alignment))``, by the same rules, but counted on the fly, with no TensorSpec or
+    Block made (`sublinear.memory_order` asks it of several orders of one graph).
+
+    An in-place child is born at the step where its parent dies (its last reader,
+    which overwrites it), so counting the child from the step after counts the
+    bytes of their chain once.
+    """
+    kinds = dict(external) if isinstance(external, Mapping) else \
+        dict.fromkeys(external, "feed")
+    keep = set(keep)
+    _, uses = _writers_and_uses(steps, kinds)
+    # born[k]: bytes that start to be alive at step k less those dead after k - 1.
+    born = [0] * (len(steps) + 1)
+    intermediate: dict[str, int] = {}    # not external, not fetched: its bytes
+    overwritten: set[str] = set()
+    for k, step in enumerate(steps):
+        if step.name in kinds:
+            continue
+        read = uses.get(step.name, ())
+        first, last = k, len(steps) - 1 if step.name in keep else (read[-1] if read else k)
+        i = step.inplace_input
+        if i is not None:     # granted as in `_grant_inplace`, serially
+            if not 0 <= i < len(step.inputs):
+                raise PlanError(f"step {k} ({step.name}) asks to run in place over "
+                                f"input {i}, but it has {len(step.inputs)} inputs")
+            parent = step.inputs[i]
+            if (intermediate.get(parent) == step.nbytes > 0 and parent not in overwritten
+                    and uses[parent][-1] == k):
+                overwritten.add(parent)
+                first = k + 1
+        if step.name not in keep:
+            intermediate[step.name] = step.nbytes
+        if first <= last:
+            born[first] += _align(step.nbytes, alignment)
+            born[last + 1] -= _align(step.nbytes, alignment)
+    return max(itertools.accumulate(born[:-1]), default=0)
 
 
 def _reasons(blocks: Sequence[Block], offsets: Sequence[int], specs: dict[str, TensorSpec]

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tinyflow.graph import Graph, Node, ordering_dependencies
-from tinyflow.memory import (ALIGNMENT, PlanStep, format_bytes, in_arena, liveness,
-                             lower_bound, make_blocks, node_nbytes, steps_from_graph)
+from tinyflow.memory import (PlanStep, format_bytes, in_arena, node_nbytes, peak_alive,
+                             steps_from_graph)
 from tinyflow.ops import REGISTRY, OpDef, infer_same, make, register
 from tinyflow.registry import source_kind
 
@@ -39,18 +39,22 @@ from tinyflow.registry import source_kind
 # the one with the smallest peak; we do the same with three.
 # ----------------------------------------------------------------------------------
 
-def _dependencies(graph: Graph) -> dict[int, list[Node]]:
-    """Each node's inputs plus the variable reader-before-writer edges."""
+Dependencies = dict[int, list[Node]]
+
+
+def _dependencies(graph: Graph) -> Dependencies:
+    """Each node's inputs plus the variable reader-before-writer edges (by id)."""
     nodes = graph.nodes
     extra = ordering_dependencies(nodes)
     return {id(n): list(dict.fromkeys(list(n.inputs) + extra.get(n, []))) for n in nodes}
 
 
-def reversed_dfs_order(graph: Graph) -> list[Node]:
+def reversed_dfs_order(graph: Graph, deps: Dependencies | None = None) -> list[Node]:
     """Depth-first post-order that visits outputs and inputs right to left. For a
     training step the optimizer's updates then run from the last layer down, each
-    as soon as its gradient exists, which is when the activations it read can go."""
-    deps = _dependencies(graph)
+    as soon as its gradient exists, which is when the activations it read can go.
+    (`deps`: `_dependencies(graph)`, if the caller has them.)"""
+    deps = _dependencies(graph) if deps is None else deps
     order: list[Node] = []
     seen: set[int] = set()
     for root in reversed(graph.outputs):
@@ -71,7 +75,7 @@ def reversed_dfs_order(graph: Graph) -> list[Node]:
     return order
 
 
-def list_order(graph: Graph) -> list[Node]:
+def list_order(graph: Graph, deps: Dependencies | None = None) -> list[Node]:
     """Greedy list scheduling: of the nodes whose inputs are ready, run the one that
     frees the most bytes net of what it allocates (earliest in depth-first order
     among equals). Sources (no inputs: feeds, variables, constants) run just before
@@ -79,17 +83,18 @@ def list_order(graph: Graph) -> list[Node]:
 
     A heap keeps the choice O(log n): a node's gain only rises, when it becomes the
     last reader of an input, and it is pushed again then (stale entries are skipped).
+    (`deps`: `_dependencies(graph)`, if the caller has them.)
     """
-    return _ListScheduler(graph).run()
+    return _ListScheduler(graph, _dependencies(graph) if deps is None else deps).run()
 
 
 class _ListScheduler:
     """The state of `list_order`: what each node waits for, who reads what, and a
     heap of ready nodes keyed by (net bytes allocated, depth-first position)."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, deps: Dependencies) -> None:
         self.nodes = nodes = graph.nodes
-        self.deps = _dependencies(graph)
+        self.deps = deps
         self.by_id = {id(n): n for n in nodes}
         self.position = {id(n): k for k, n in enumerate(nodes)}
         self.size = {id(n): node_nbytes(n) if in_arena(n) else 0 for n in nodes}
@@ -161,12 +166,12 @@ def peak_bytes(graph: Graph, order: Sequence[Node],
     steps, external, keep = planned or steps_from_graph(graph)
     step_of = {step.name: step for step in steps}
     ordered = [step_of[node.name] for node in order if node.name in step_of]
-    specs = liveness(ordered, external, keep)
-    return lower_bound(make_blocks(specs.values(), ALIGNMENT))
+    return peak_alive(ordered, external, keep)
 
 
-ORDERS: dict[str, Callable[[Graph], list[Node]]] = {
-    "dfs": lambda graph: graph.nodes,
+# Each takes the graph and, optionally, its `_dependencies` (found once for all).
+ORDERS: dict[str, Callable[..., list[Node]]] = {
+    "dfs": lambda graph, deps=None: graph.nodes,
     "dfs_reversed": reversed_dfs_order,
     "list": list_order,
 }
@@ -177,9 +182,16 @@ def memory_order(graph: Graph) -> list[Node]:
     a small peak: each order in ORDERS is tried and the lowest peak kept (the
     graph's own depth-first order on a tie)."""
     best, best_peak = graph.nodes, None
-    planned = steps_from_graph(graph)
+    planned, deps = steps_from_graph(graph), _dependencies(graph)
+    measured: list[list[Node]] = []
     for make_order in ORDERS.values():
-        order = make_order(graph)
+        order = make_order(graph, deps)
+        # Orders often coincide (a chain has only one): the same order has the same
+        # peak, and the earlier one wins a tie anyway. (Lists of nodes compare
+        # by identity, element by element.)
+        if any(order == seen for seen in measured):
+            continue
+        measured.append(order)
         peak = peak_bytes(graph, order, planned)
         if best_peak is None or peak < best_peak:
             best, best_peak = order, peak
