@@ -48,7 +48,7 @@ def format_shape(shape: Sequence | None) -> str:
 
 def tensor_nbytes(shape: Sequence | None, dtype: Any) -> int | None:
     """Bytes of a tensor of `shape` and `dtype`; None when either is not fully known."""
-    if shape is None or dtype is None or any(d is None for d in shape):
+    if shape is None or dtype is None or None in shape:
         return None
     return math.prod(shape) * np.dtype(dtype).itemsize
 
@@ -176,19 +176,18 @@ def ordering_dependencies(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
     among themselves (TF1 leaves two updates of one variable in one run unordered
     too).
     """
+    writers = [(node, target) for node in nodes
+               if (target := written_variable(node)) is not None]
+    if not writers:      # (most graphs: no reader needs listing, no edge is added)
+        return {}
     readers: dict[Node, list[Node]] = {}
     for node in nodes:
         target = mutated_input(node)
         for k, inp in enumerate(node.inputs):
             if k != target and source_kind(inp) == "variable":
                 readers.setdefault(inp, []).append(node)
-    extra: dict[Node, list[Node]] = {}
-    for node in nodes:
-        target = written_variable(node)
-        if target is not None:
-            extra[node] = [r for r in readers.get(target, ()) if r is not node
-                           and written_variable(r) is not target]
-    return extra
+    return {node: [r for r in readers.get(target, ()) if r is not node
+                   and written_variable(r) is not target] for node, target in writers}
 
 
 def reachable(outputs: Iterable[Node], leaves: frozenset[int] = frozenset()) -> list[Node]:

@@ -1111,17 +1111,18 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
     external: dict[str, str] = {}
     steps: list[PlanStep] = []
     for node in order:
-        if source_kind(node) is not None:
-            external[node.name] = source_kind(node)
+        opdef = REGISTRY[node.op]   # (looked up once: this runs per node, per compile)
+        if opdef.source is not None:
+            external[node.name] = opdef.source
             continue
-        inplace = REGISTRY[node.op].inplace
+        inplace = opdef.inplace
         if inplace is not None:
             source = node.inputs[inplace] if inplace < len(node.inputs) else None
             if (source is None or not in_arena(source)
                     or source.shape != node.shape or source.dtype != node.dtype
                     or node.inputs.count(source) > 1):
                 inplace = None
-        nbytes = node_nbytes(node) if in_arena(node) else 0
+        nbytes = node_nbytes(node) if opdef.mutates is None else 0    # in_arena(node)
         steps.append(PlanStep(node.name, [i.name for i in node.inputs], nbytes, inplace))
     keep = {o.name for o in graph.outputs if source_kind(o) is None}
     return steps, external, keep
