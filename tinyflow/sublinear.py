@@ -39,14 +39,15 @@ from tinyflow.registry import source_kind
 # the one with the smallest peak; we do the same with three.
 # ----------------------------------------------------------------------------------
 
-Dependencies = dict[int, list[Node]]
+# Nodes hash by identity, so they key these dicts and sets directly (no id() calls).
+Dependencies = dict[Node, list[Node]]
 
 
 def _dependencies(graph: Graph) -> Dependencies:
-    """Each node's inputs plus the variable reader-before-writer edges (by id)."""
+    """Each node's inputs plus the variable reader-before-writer edges."""
     nodes = graph.nodes
     extra = ordering_dependencies(nodes)
-    return {id(n): list(dict.fromkeys(list(n.inputs) + extra.get(n, []))) for n in nodes}
+    return {n: list(dict.fromkeys(list(n.inputs) + extra.get(n, []))) for n in nodes}
 
 
 def reversed_dfs_order(graph: Graph, deps: Dependencies | None = None) -> list[Node]:
@@ -56,19 +57,19 @@ def reversed_dfs_order(graph: Graph, deps: Dependencies | None = None) -> list[N
     (`deps`: `_dependencies(graph)`, if the caller has them.)"""
     deps = _dependencies(graph) if deps is None else deps
     order: list[Node] = []
-    seen: set[int] = set()
+    seen: set[Node] = set()
     for root in reversed(graph.outputs):
-        if id(root) in seen:
+        if root in seen:
             continue
-        seen.add(id(root))
-        stack = [(root, deps[id(root)][::-1], 0)]
+        seen.add(root)
+        stack = [(root, deps[root][::-1], 0)]
         while stack:       # an explicit stack: a 10,000-deep chain must not recurse
             node, inputs, i = stack[-1]
             if i < len(inputs):
                 stack[-1] = (node, inputs, i + 1)
-                if id(inputs[i]) not in seen:
-                    seen.add(id(inputs[i]))
-                    stack.append((inputs[i], deps[id(inputs[i])][::-1], 0))
+                if inputs[i] not in seen:
+                    seen.add(inputs[i])
+                    stack.append((inputs[i], deps[inputs[i]][::-1], 0))
             else:
                 stack.pop()
                 order.append(node)
@@ -90,69 +91,68 @@ def list_order(graph: Graph, deps: Dependencies | None = None) -> list[Node]:
 
 class _ListScheduler:
     """The state of `list_order`: what each node waits for, who reads what, and a
-    heap of ready nodes keyed by (net bytes allocated, depth-first position)."""
+    heap of ready nodes keyed by (net bytes allocated, depth-first position); the
+    position names the node too (nodes[position])."""
 
     def __init__(self, graph: Graph, deps: Dependencies) -> None:
         self.nodes = nodes = graph.nodes
         self.deps = deps
-        self.by_id = {id(n): n for n in nodes}
-        self.position = {id(n): k for k, n in enumerate(nodes)}
-        self.size = {id(n): node_nbytes(n) if in_arena(n) else 0 for n in nodes}
-        self.fetched = {id(o) for o in graph.outputs}
-        self.source = {id(n) for n in nodes if not self.deps[id(n)]}
-        self.readers: dict[int, list[Node]] = {id(n): [] for n in nodes}
-        self.successors: dict[int, list[Node]] = {id(n): [] for n in nodes}
-        self.waiting: dict[int, int] = {}
+        self.position = {n: k for k, n in enumerate(nodes)}
+        self.size = {n: node_nbytes(n) if in_arena(n) else 0 for n in nodes}
+        self.fetched = set(graph.outputs)
+        self.source = {n for n in nodes if not deps[n]}
+        self.readers: dict[Node, list[Node]] = {n: [] for n in nodes}
+        self.successors: dict[Node, list[Node]] = {n: [] for n in nodes}
+        self.waiting: dict[Node, int] = {}
         for node in nodes:
             for i in set(node.inputs):
-                self.readers[id(i)].append(node)
-            for d in self.deps[id(node)]:
-                self.successors[id(d)].append(node)
-            self.waiting[id(node)] = sum(id(d) not in self.source for d in self.deps[id(node)])
-        self.readers_left = {key: len(r) for key, r in self.readers.items()}
-        self.done: set[int] = set()
+                self.readers[i].append(node)
+            for d in deps[node]:
+                self.successors[d].append(node)
+            self.waiting[node] = sum(d not in self.source for d in deps[node])
+        self.readers_left = {node: len(r) for node, r in self.readers.items()}
+        self.done: set[Node] = set()
         self.order: list[Node] = []
-        self.heap: list[tuple[int, int, int]] = []
+        self.heap: list[tuple[int, int]] = []
 
     def run(self) -> list[Node]:
         for node in self.nodes:
-            if id(node) not in self.source and self.waiting[id(node)] == 0:
+            if node not in self.source and self.waiting[node] == 0:
                 self.push(node)
         while self.heap:
-            key = heapq.heappop(self.heap)[2]
-            if key in self.done:
+            node = self.nodes[heapq.heappop(self.heap)[1]]
+            if node in self.done:
                 continue
-            for d in self.deps[key]:
-                if id(d) in self.source and id(d) not in self.done:
+            for d in self.deps[node]:
+                if d in self.source and d not in self.done:
                     self.emit(d)
-            self.emit(self.by_id[key])
+            self.emit(node)
         for node in self.nodes:       # sources nobody reads (a fetched constant)
-            if id(node) not in self.done:
+            if node not in self.done:
                 self.emit(node)
         return self.order
 
     def push(self, node: Node) -> None:
         """Offer `node` (its inputs are ready), keyed by the bytes it would add."""
-        freed = sum(self.size[id(i)] for i in set(node.inputs)
-                    if self.readers_left[id(i)] == 1 and id(i) not in self.fetched)
-        heapq.heappush(self.heap, (self.size[id(node)] - freed, self.position[id(node)],
-                                   id(node)))
+        freed = sum(self.size[i] for i in set(node.inputs)
+                    if self.readers_left[i] == 1 and i not in self.fetched)
+        heapq.heappush(self.heap, (self.size[node] - freed, self.position[node]))
 
     def emit(self, node: Node) -> None:
         """Run `node`: its inputs lose a reader (a last reader gains), its
         successors wait for one fewer."""
-        self.done.add(id(node))
+        self.done.add(node)
         self.order.append(node)
         for i in set(node.inputs):
-            self.readers_left[id(i)] -= 1
-            if self.readers_left[id(i)] == 1:     # its last reader would now free it
-                last = next(r for r in self.readers[id(i)] if id(r) not in self.done)
-                if self.waiting[id(last)] == 0:
+            self.readers_left[i] -= 1
+            if self.readers_left[i] == 1:     # its last reader would now free it
+                last = next(r for r in self.readers[i] if r not in self.done)
+                if self.waiting[last] == 0:
                     self.push(last)
-        if id(node) not in self.source:
-            for s in self.successors[id(node)]:
-                self.waiting[id(s)] -= 1
-                if self.waiting[id(s)] == 0:
+        if node not in self.source:
+            for s in self.successors[node]:
+                self.waiting[s] -= 1
+                if self.waiting[s] == 0:
                     self.push(s)
 
 
