@@ -207,10 +207,12 @@ def reachable(outputs: Iterable[Node], leaves: frozenset[int] = frozenset()) -> 
     return result
 
 
-def _deps(node: Node, leaves: frozenset[int], extra: dict[Node, list[Node]]) -> list[Node]:
-    if id(node) in leaves:
-        return []
-    return list(node.inputs) + extra.get(node, [])
+def _deps(node: Node, leaves: frozenset[int], extra: dict[Node, list[Node]]
+          ) -> Sequence[Node]:
+    if leaves and id(node) in leaves:
+        return ()
+    more = extra.get(node)
+    return node.inputs if more is None else node.inputs + tuple(more)
 
 
 def topological_order(outputs: Sequence[Node],
@@ -228,20 +230,20 @@ def topological_order(outputs: Sequence[Node],
     nodes = reachable(outputs, leaves)
     extra = ordering_dependencies(nodes)
     order: list[Node] = []
-    state: dict[int, int] = {}  # id -> 1 while on the stack, 2 when emitted
+    state: dict[Node, int] = {}  # 1 while on the stack, 2 when emitted
     for root in outputs:
-        if state.get(id(root)) == 2:
+        if state.get(root) == 2:
             continue
-        stack: list[tuple[Node, list[Node], int]] = []
+        stack: list[tuple[Node, Sequence[Node], int]] = []
         deps = _deps(root, leaves, extra)
         stack.append((root, deps, 0))
-        state[id(root)] = 1
+        state[root] = 1
         while stack:
             node, deps, i = stack[-1]
             if i < len(deps):
                 stack[-1] = (node, deps, i + 1)
                 child = deps[i]
-                mark = state.get(id(child))
+                mark = state.get(child)
                 if mark == 2:
                     continue
                 if mark == 1:
@@ -251,11 +253,11 @@ def topological_order(outputs: Sequence[Node],
                         "impossible: a node both reads a variable and depends on an "
                         "assign to it, or two assigns each read the other's variable "
                         "(for a swap, copy one first: tf.assign(v, w * 1.0))")
-                state[id(child)] = 1
+                state[child] = 1
                 stack.append((child, _deps(child, leaves, extra), 0))
             else:
                 stack.pop()
-                state[id(node)] = 2
+                state[node] = 2
                 order.append(node)
     return order
 

@@ -87,6 +87,8 @@ def assign_streams(nodes: Sequence[Node], deps: Sequence[Sequence[int]],
     names = [f"compute{s}" for s in range(num_streams)]
     if any(n.attrs.get("stream") == COMM_STREAM_NAME for n in nodes):
         names.append(COMM_STREAM_NAME)
+    if len(names) == 1:     # one stream, no comm steps: nothing to choose or cost
+        return [0] * len(nodes), names
     comm = len(names) - 1
     first_consumer, follows = _followers(nodes, deps)
     stream_of: list[int] = [0] * len(nodes)
