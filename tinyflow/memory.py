@@ -505,16 +505,22 @@ class _Occupancy:
     Asking every placed block is O(n) per query, and the answer can name O(n)
     blocks (a gradient keeps every forward activation alive at once), so the
     greedy strategies were O(n^2). Instead a segment tree over the steps keeps
-    unions of byte ranges as sorted, disjoint runs: a window splits into O(log n)
-    tree nodes (its "cover" nodes); cover(v) holds the bytes of the blocks with
-    v among their cover nodes, below(v) those with a cover node in v's subtree.
-    Two windows meet exactly when a cover node of one is an ancestor of, or equal
-    to, a cover node of the other, so a query's answer is the union of below(v)
-    for its own cover nodes v and cover(u) for their strict ancestors u: O(log n)
-    sets of runs, each a few runs when the packing is tight. `_best_fit_runs`
-    then sees the same bytes taken as with the blocks one by one: the same gap
-    wins. In `runs`, the key of cover(v) is v and that of below(v) is -v (tree
-    nodes are numbered from 1).
+    unions of byte ranges as sorted, disjoint runs. A placed block's window
+    [f', l'] meets the query's [f, l] exactly when the block is alive at step f
+    (f' <= f <= l') or is born during the window (f < f' <= l), never both:
+
+    * alive at f: a window splits into O(log n) tree nodes (its "cover" nodes);
+      alive(v) holds the bytes of the blocks with v among their cover nodes, and
+      the blocks alive at step f are those in alive(v) for the nodes v on the
+      path from leaf f to the root;
+    * born during (f, l]: born(v) holds the bytes of the blocks born at a leaf
+      under v (a block goes into born(v) for every v on its birth leaf's path),
+      and the query asks the cover nodes of (f, l].
+
+    So an answer is the union of O(log n) sets of runs, each a few runs when the
+    packing is tight, and `_best_fit_runs` sees the same bytes taken as with the
+    blocks one by one: the same gap wins. In `runs`, the key of alive(v) is v and
+    that of born(v) is -v (tree nodes are numbered from 1).
     """
 
     def __init__(self, steps: int) -> None:
@@ -525,6 +531,16 @@ class _Occupancy:
         """(the sets a block alive over steps [first, last] goes into, the sets
         whose union answers a query for that window): the same for every
         strategy, so callers may keep them."""
+        path: list[int] = []         # leaf `first` and its ancestors
+        v = first + self.leaves
+        while v:
+            path.append(v)
+            v >>= 1
+        return (self._cover(first, last) + [-v for v in path],
+                path + [-v for v in self._cover(first + 1, last)])
+
+    def _cover(self, first: int, last: int) -> list[int]:
+        """The tree nodes whose leaves together are exactly steps [first, last]."""
         cover: list[int] = []
         lo, hi = first + self.leaves, last + 1 + self.leaves
         while lo < hi:
@@ -535,14 +551,7 @@ class _Occupancy:
                 hi -= 1
                 cover.append(hi)
             lo, hi = lo >> 1, hi >> 1
-        ancestors: set[int] = set()
-        for v in cover:
-            v >>= 1
-            while v and v not in ancestors:
-                ancestors.add(v)
-                v >>= 1
-        below, above = [-v for v in cover], sorted(ancestors)
-        return cover + below + [-v for v in above], below + above
+        return cover
 
     def add(self, keys: list[int], lo: int, hi: int) -> None:
         """A block whose window has these insertion `keys` now holds [lo, hi): each
