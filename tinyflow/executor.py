@@ -595,12 +595,14 @@ def _compile(fetches: list[Node], feeds: dict, variables: dict, device: str,
     program = Program(graph, ctx, target, opts)
     # The order of the steps: with a memory plan, the topological order with the
     # lowest peak of live bytes (sublinear.memory_order, as XLA picks among orders).
-    order = graph.nodes if opts["memory"] is None else sublinear.memory_order(graph)
+    # (The planner's steps do not depend on the order: made once, for both.)
+    planned = None if opts["memory"] is None else memory.steps_from_graph(graph)
+    order = graph.nodes if planned is None else sublinear.memory_order(graph, planned)
     _make_steps(program, order, user_of, generators)
     _schedule(program)
     _bind_kernels(program, user_of)
-    if opts["memory"] is not None:
-        _plan_memory(program, order)
+    if planned is not None:
+        _plan_memory(program, memory.steps_in_order(planned, order))
     else:
         _free_values(program)
     _make_runner(program)
@@ -806,12 +808,15 @@ def _free_values(program: Program) -> None:
         step.free_after = tuple(frees.get(k, ()))
 
 
-def _plan_memory(program: Program, order: list[Node]) -> None:
-    """Phase 5: plan the arena (memory.py), check the plan, and bind each planned
-    step's output slot to its view of the arena; set up poisoning when asked."""
+def _plan_memory(program: Program, planned: tuple[list[memory.PlanStep], dict[str, str],
+                                                   set[str]]) -> None:
+    """Phase 5: plan the arena (memory.py) for `planned`, the planner's steps in
+    the program's order (`memory.steps_from_graph`), check the plan, and bind each
+    planned step's output slot to its view of the arena; set up poisoning when
+    asked."""
     steps, schedule = program.steps, program.schedule
     # The planner's steps are the program's steps (feeds and variables are external).
-    plan_steps, external, keep_names = memory.steps_from_graph(program.graph, order)
+    plan_steps, external, keep_names = planned
     for plan_step, step in zip(plan_steps, steps, strict=True):
         plan_step.stream = step.stream
     happens_before = schedule.happens_before if len(schedule.names) > 1 else None

@@ -1135,3 +1135,13 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
         steps.append(PlanStep(node.name, [i.name for i in node.inputs], nbytes, inplace))
     keep = {o.name for o in graph.outputs if source_kind(o) is None}
     return steps, external, keep
+
+
+def steps_in_order(planned: tuple[list[PlanStep], dict[str, str], set[str]],
+                   order: Sequence[Node]) -> tuple[list[PlanStep], dict[str, str], set[str]]:
+    """`steps_from_graph(graph, order)`, from `planned` = `steps_from_graph(graph)`:
+    a node's step does not depend on the order, so several orders can share them
+    (the steps are the same objects, reordered)."""
+    steps, external, keep = planned
+    step_of = {step.name: step for step in steps}
+    return [step_of[node.name] for node in order if node.name in step_of], external, keep

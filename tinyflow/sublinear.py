@@ -26,7 +26,7 @@ from typing import Any
 
 from tinyflow.graph import Graph, Node, ordering_dependencies
 from tinyflow.memory import (PlanStep, format_bytes, in_arena, node_nbytes, peak_alive,
-                             steps_from_graph)
+                             steps_from_graph, steps_in_order)
 from tinyflow.ops import REGISTRY, OpDef, infer_same, make, register
 from tinyflow.registry import source_kind
 
@@ -163,10 +163,7 @@ def peak_bytes(graph: Graph, order: Sequence[Node],
 
     `planned`: `steps_from_graph(graph)`, if the caller has it: a node's step does
     not depend on the order, so several orders can share it (reordered here)."""
-    steps, external, keep = planned or steps_from_graph(graph)
-    step_of = {step.name: step for step in steps}
-    ordered = [step_of[node.name] for node in order if node.name in step_of]
-    return peak_alive(ordered, external, keep)
+    return peak_alive(*steps_in_order(planned or steps_from_graph(graph), order))
 
 
 # Each takes the graph and, optionally, its `_dependencies` (found once for all).
@@ -177,12 +174,14 @@ ORDERS: dict[str, Callable[..., list[Node]]] = {
 }
 
 
-def memory_order(graph: Graph) -> list[Node]:
+def memory_order(graph: Graph,
+                 planned: tuple[list[PlanStep], dict[str, str], set[str]] | None = None
+                 ) -> list[Node]:
     """A topological order of `graph` (variable readers still before writers) with
     a small peak: each order in ORDERS is tried and the lowest peak kept (the
-    graph's own depth-first order on a tie)."""
+    graph's own depth-first order on a tie). `planned`: as in `peak_bytes`."""
     best, best_peak = graph.nodes, None
-    planned, deps = steps_from_graph(graph), _dependencies(graph)
+    planned, deps = planned or steps_from_graph(graph), _dependencies(graph)
     measured: list[list[Node]] = []
     for make_order in ORDERS.values():
         order = make_order(graph, deps)
