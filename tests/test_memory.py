@@ -651,6 +651,29 @@ def test_serial_placement_and_crowd_match_the_brute_force_definitions(seed):
         _brute_force_placement(order, blocks, conflicts)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_occupancy_keys_are_each_blocks_keys_less_the_unused_sets(seed):
+    # _occupancy_keys finds every block's keys at once in numpy; block by block,
+    # they are _Occupancy.keys less the sets no block asks about or goes into.
+    rng = np.random.default_rng(seed)
+    steps = int(rng.integers(1, 400))
+    blocks = []
+    for b in range(int(rng.integers(0, 300))):
+        first = int(rng.integers(0, steps))
+        last = min(steps - 1, first + int(rng.integers(0, steps if b % 5 == 0 else 8)))
+        blocks.append(memory.Block([f"t{b}"], int(rng.choice([0, 1, 2])) * 64, first, last,
+                                   first, {first}))
+    taken = memory._Occupancy(steps)
+    keys = [taken.keys(b.first, b.last) if b.size else ([], []) for b in blocks]
+    asked = {key for _, ask in keys for key in ask}
+    keys = [([key for key in add if key in asked], ask) for add, ask in keys]
+    added = {key for add, _ in keys for key in add}
+    expected = [(sorted(add), sorted(key for key in ask if key in added))
+                for add, ask in keys]
+    got = memory._occupancy_keys(taken, blocks)
+    assert [(sorted(add), sorted(ask)) for add, ask in got] == expected
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_one_stream_with_happens_before_plans_as_serial(seed):
     # plan_memory drops happens_before when every step is on one stream (list order

@@ -641,14 +641,83 @@ def _place_with_streams(order: Iterable[int], blocks: Sequence[Block],
 
 def _occupancy_keys(taken: _Occupancy, blocks: Sequence[Block]
                     ) -> list[tuple[list[int], list[int]]]:
-    """Each block's (insertion keys, query keys) in `taken`, less the sets no block
-    ever asks about (not kept up to date) and those no block ever goes into
-    (always empty): most of them, and they cost as much as the others."""
-    keys = [taken.keys(b.first, b.last) if b.size else ([], []) for b in blocks]
-    asked = {key for _, ask in keys for key in ask}
-    keys = [([key for key in add if key in asked], ask) for add, ask in keys]
-    added = {key for add, _ in keys for key in add}
-    return [(add, [key for key in ask if key in added]) for add, ask in keys]
+    """Each block's (insertion keys, query keys) in `taken` (`_Occupancy.keys`), less
+    the sets no block ever asks about (not kept up to date) and those no block ever
+    goes into (always empty): most of them, and they cost as much as the others.
+
+    Found for every block at once, in numpy, one tree level at a time (block by
+    block in Python this cost as much as a placement). The order of a block's keys
+    does not matter: an insertion goes into each set, a query takes their union.
+    """
+    ids = np.array([i for i, b in enumerate(blocks) if b.size], dtype=np.int64)
+    if len(ids) == 0:
+        return [([], []) for _ in blocks]
+    first = np.array([blocks[i].first for i in ids], dtype=np.int64)
+    last = np.array([blocks[i].last for i in ids], dtype=np.int64)
+    path = _tree_paths(taken.leaves, ids, first)           # alive(v) asked, born(v) added
+    alive = _tree_covers(taken.leaves, ids, first, last)   # alive(v) added
+    born = _tree_covers(taken.leaves, ids, first + 1, last)    # born(v) asked
+    tree = 2 * taken.leaves
+    # Insert only into the sets some block asks about ...
+    keep_alive = _marked(tree, path[1])[alive[1]]
+    keep_born = _marked(tree, born[1])[path[1]]
+    # ... and ask only the sets some block goes into.
+    ask_alive = _marked(tree, alive[1][keep_alive])[path[1]]
+    ask_born = _marked(tree, path[1][keep_born])[born[1]]
+    add = _per_block(len(blocks), [(alive[0][keep_alive], alive[1][keep_alive]),
+                                   (path[0][keep_born], -path[1][keep_born])])
+    ask = _per_block(len(blocks), [(path[0][ask_alive], path[1][ask_alive]),
+                                   (born[0][ask_born], -born[1][ask_born])])
+    return list(zip(add, ask))
+
+
+def _tree_paths(leaves: int, ids: np.ndarray, first: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(block id, tree node) for every node on the path from leaf first[k] to the
+    root, for every block ids[k] (the `path` of `_Occupancy.keys`)."""
+    depth = leaves.bit_length()           # nodes on a leaf's path to the root
+    nodes = (first + leaves)[:, None] >> np.arange(depth)[None, :]
+    return np.repeat(ids, depth), nodes.ravel()
+
+
+def _tree_covers(leaves: int, ids: np.ndarray, first: np.ndarray, last: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(block id, tree node) for every cover node of every window [first[k], last[k]]
+    (none when empty): `_Occupancy._cover`, for all windows at once, level by level."""
+    who, nodes = [], []
+    lo, hi = first + leaves, last + 1 + leaves
+    while True:
+        live = lo < hi
+        if not live.any():
+            break
+        left = live & (lo & 1 == 1)
+        who.append(ids[left])
+        nodes.append(lo[left])
+        right = live & (hi & 1 == 1)    # (lo + 1 == hi here only when hi is even)
+        hi = hi - right
+        who.append(ids[right])
+        nodes.append(hi[right])
+        lo, hi = (lo + left) >> 1, hi >> 1
+    empty = np.zeros(0, dtype=np.int64)
+    return np.concatenate(who or [empty]), np.concatenate(nodes or [empty])
+
+
+def _marked(size: int, nodes: np.ndarray) -> np.ndarray:
+    """A mask over tree nodes 0..size-1, True at `nodes`."""
+    mask = np.zeros(size, dtype=bool)
+    mask[nodes] = True
+    return mask
+
+
+def _per_block(count: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> list[list[int]]:
+    """For each block 0..count-1, the keys of `parts` ((block ids, keys) pairs) that
+    belong to it, as a Python list (what `_Occupancy.add` and `taken` loop over)."""
+    who = np.concatenate([w for w, _ in parts])
+    keys = np.concatenate([k for _, k in parts])
+    by_block = np.argsort(who, kind="stable")
+    keys = keys[by_block].tolist()
+    ends = np.cumsum(np.bincount(who, minlength=count)).tolist()
+    return [keys[start:end] for start, end in zip([0] + ends[:-1], ends)]
 
 
 def _place_serial(order: Iterable[int], blocks: Sequence[Block],
