@@ -701,3 +701,13 @@ def test_one_stream_with_happens_before_plans_as_serial(seed):
             offset_of = {t: o for o, b in zip(offsets, blocks) for t in b.names}
             assert {t.name: t.offset for t in plan.tensors} == offset_of
     memory.validate_plan(plan, steps, happens_before=schedule.happens_before)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 1000])
+def test_range_min_is_the_minimum_of_each_slice(n):
+    rng = np.random.default_rng(n)
+    values = rng.integers(0, 100, n)
+    lo = rng.integers(0, n, 200)
+    hi = np.minimum(n - 1, lo + rng.integers(0, n, 200))
+    assert memory._range_min(values, lo, hi).tolist() == [
+        int(values[a:b + 1].min()) for a, b in zip(lo, hi)]
