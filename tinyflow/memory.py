@@ -889,12 +889,16 @@ def peak_alive(steps: Sequence[PlanStep],
 
     An in-place child is born at the step where its parent dies (its last reader,
     which overwrites it), so counting the child from the step after counts the
-    bytes of their chain once.
+    bytes of their chain once. The steps are trusted to be well formed (unique
+    names, inputs written before they are read): `liveness` checks that.
     """
     kinds = dict(external) if isinstance(external, Mapping) else \
         dict.fromkeys(external, "feed")
     keep = set(keep)
-    _, uses = _writers_and_uses(steps, kinds)
+    last_read: dict[str, int] = {}
+    for k, step in enumerate(steps):
+        for name in step.inputs:
+            last_read[name] = k
     # born[k]: bytes that start to be alive at step k less those dead after k - 1.
     born = [0] * (len(steps) + 1)
     intermediate: dict[str, int] = {}    # not external, not fetched: its bytes
@@ -902,8 +906,8 @@ def peak_alive(steps: Sequence[PlanStep],
     for k, step in enumerate(steps):
         if step.name in kinds:
             continue
-        read = uses.get(step.name, ())
-        first, last = k, len(steps) - 1 if step.name in keep else (read[-1] if read else k)
+        first = k
+        last = len(steps) - 1 if step.name in keep else last_read.get(step.name, k)
         i = step.inplace_input
         if i is not None:     # granted as in `_grant_inplace`, serially
             if not 0 <= i < len(step.inputs):
@@ -911,7 +915,7 @@ def peak_alive(steps: Sequence[PlanStep],
                                 f"input {i}, but it has {len(step.inputs)} inputs")
             parent = step.inputs[i]
             if (intermediate.get(parent) == step.nbytes > 0 and parent not in overwritten
-                    and uses[parent][-1] == k):
+                    and last_read[parent] == k):
                 overwritten.add(parent)
                 first = k + 1
         if step.name not in keep:
