@@ -332,6 +332,24 @@ def generated_source(program: Program, shapes: Sequence[tuple], dtypes: Sequence
     return _make_plan(program, shapes, dtypes).source
 
 
+def _stream_plan(workspace: dict, program: Program, shapes: Sequence[tuple],
+                 dtypes: Sequence[Any], out_is_input: bool = False) -> _Plan:
+    """`_make_plan` on the CPU, made once per stream for each program, shapes and
+    dtypes, and kept in the stream's `workspace`: a graph of repeated layers binds
+    many fused nodes alike, and they can share one plan (its kernel reads and
+    writes only its arguments; its temporaries come from the workspace anyway)."""
+    key = ("fused plan", program, tuple(tuple(s) for s in shapes), tuple(dtypes),
+           out_is_input)
+    try:
+        plan = workspace.get(key)
+    except TypeError:      # an attribute value that does not hash: a plan of its own
+        return _make_plan(program, shapes, dtypes, np, out_is_input=out_is_input)
+    if plan is None:
+        plan = workspace[key] = _make_plan(program, shapes, dtypes, np,
+                                           out_is_input=out_is_input)
+    return plan
+
+
 def _workspace_buffers(plan: _Plan, workspace: dict) -> list[Any]:
     """The plan's temporaries, from a stream's workspace: the i-th temporary of a
     (shape, dtype) is the same array for every node bound on that stream."""
@@ -357,7 +375,7 @@ def _fused_elementwise_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[A
     up nothing. On a GPU the generic compute (a generated kernel) is kept."""
     if xp is not np:
         return None
-    plan = _make_plan(attrs["program"], shapes, dtypes, xp)
+    plan = _stream_plan(workspace, attrs["program"], shapes, dtypes)
     temporaries = _workspace_buffers(plan, workspace)
     out_shape, out_dtype = plan.buffers[OUT]
     kernel = plan.kernel
@@ -405,7 +423,8 @@ def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
         def gpu_update(xp, var, *arrays, out=None, program=()):
             return gpu.fused_compute(xp, *arrays, out=var, program=program)
         return gpu_update
-    plan = _make_plan(attrs["program"], shapes[1:], dtypes[1:], xp, out_is_input=True)
+    plan = _stream_plan(workspace, attrs["program"], shapes[1:], dtypes[1:],
+                        out_is_input=True)
     temporaries = _workspace_buffers(plan, workspace)
     kernel = plan.kernel
 
