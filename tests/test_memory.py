@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import tinyflow as tf
 from tinyflow import memory, ops, passes, sublinear, trace
-from tinyflow.graph import Graph, ordering_dependencies
+from tinyflow.graph import Graph, ordering_dependencies, topological_order
 from tinyflow.memory import PlanError, PlanStep, plan_memory, validate_plan
 
 # ----------------------------------------------------------------------------------
@@ -552,6 +552,8 @@ def test_every_random_graph_gets_a_valid_plan(case):
     sources = {n: (a.shape, a.dtype) for n, a in case.feed_dict.items()}
     sources.update({v: (a.shape, a.dtype) for v, a in case.init_values.items()})
     specialized, _ = passes.specialize(case.fetches, sources)
+    # (specialize may hand its clones' order to the Graph: it must be the true one)
+    assert specialized.nodes == topological_order(specialized.outputs)
     optimized = tf.compile(case.fetches, case_specs(case.feed_dict),
                            case_specs(case.init_values)).graph
     for graph in (specialized, optimized):

@@ -266,12 +266,13 @@ class Graph:
     """A value: the output Nodes of a program. Everything else is reachable.
 
     `nodes` is the topological order, computed once per Graph and cached here (not
-    on the nodes, which many graphs may share). Passes return new Graphs.
+    on the nodes, which many graphs may share). Passes return new Graphs. A caller
+    that already holds `topological_order(outputs)` may hand it over as `order`.
     """
 
-    def __init__(self, outputs: Sequence[Node]) -> None:
+    def __init__(self, outputs: Sequence[Node], order: list[Node] | None = None) -> None:
         self.outputs: list[Node] = list(outputs)
-        self._order: list[Node] | None = None
+        self._order: list[Node] | None = order
 
     @property
     def nodes(self) -> list[Node]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from tinyflow.graph import FeedError, Graph, Node, topological_order
 from tinyflow.ops import infer_node
-from tinyflow.registry import mutated_input, source_kind
+from tinyflow.registry import mutated_input, source_kind, written_variable
 
 
 def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
@@ -79,7 +79,13 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
                          provenance=node.provenance, phase=node.phase)
             clone.shape, clone.dtype = infer_node(node.op, inputs, node.attrs, node.where)
         clones[node] = clone
-    return Graph([clones[f] for f in fetches]), clones
+    # The clones mirror the nodes (a source or a fed node has no inputs in either
+    # graph), so a depth-first walk of the clones visits them in `order`, unless
+    # variable writers add ordering edges, which a fed variable (a placeholder in
+    # the clone) changes. Without writers, that order is handed on, not recomputed.
+    if any(written_variable(node) is not None for node in order):
+        return Graph([clones[f] for f in fetches]), clones
+    return Graph([clones[f] for f in fetches], order=[clones[n] for n in order]), clones
 
 
 def _first_written(order: list[Node], fetches: list[Node], sources: dict) -> dict[int, int]:
