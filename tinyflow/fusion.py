@@ -86,9 +86,34 @@ def program_ops(program: Program) -> list[str]:
     return [op for op, _, _ in program]
 
 
+_registers: dict[tuple, tuple[list[tuple], list[Any]]] = {}  # see _infer_registers
+MAX_REMEMBERED = 4096
+
+
 def _infer_registers(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]
                      ) -> tuple[list[tuple], list[Any]]:
-    """Shape and dtype of every register (inputs first), by each op's own rule."""
+    """Shape and dtype of every register (inputs first), by each op's own rule.
+
+    Remembered by (program, shapes, dtypes): each fused node is inferred by the
+    infer_shapes pass and again when it is bound, and a graph of repeated layers
+    fuses into many programs alike (or one long one)."""
+    try:
+        key = (program, tuple(tuple(s) for s in shapes), tuple(dtypes))
+        found = _registers.get(key)
+    except TypeError:         # an attribute value that does not hash
+        key = found = None
+    if found is None:
+        found = _infer_each_register(program, shapes, dtypes)
+        if key is not None:
+            if len(_registers) >= MAX_REMEMBERED:
+                _registers.clear()
+            _registers[key] = found
+    return list(found[0]), list(found[1])
+
+
+def _infer_each_register(program: Program, shapes: Sequence[tuple], dtypes: Sequence[Any]
+                         ) -> tuple[list[tuple], list[Any]]:
+    """`_infer_registers`, computed: each instruction's rule, in order."""
     shapes, dtypes = [tuple(s) for s in shapes], list(dtypes)
     num_inputs = len(shapes)
     for op, operands, attrs in program:
