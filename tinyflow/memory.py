@@ -530,7 +530,8 @@ class _Occupancy:
     def keys(self, first: int, last: int) -> tuple[list[int], list[int]]:
         """(the sets a block alive over steps [first, last] goes into, the sets
         whose union answers a query for that window): the same for every
-        strategy, so callers may keep them."""
+        strategy, so callers may keep them. (`_occupancy_keys` finds them for all
+        blocks at once, in numpy; this is their definition, one block at a time.)"""
         path: list[int] = []         # leaf `first` and its ancestors
         v = first + self.leaves
         while v:
