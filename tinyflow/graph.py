@@ -193,16 +193,16 @@ def ordering_dependencies(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
 def reachable(outputs: Iterable[Node], leaves: frozenset[int] = frozenset()) -> list[Node]:
     """All nodes reachable from `outputs` (inputs followed, but not past the nodes
     whose ids are in `leaves`), in no particular order."""
-    seen: set[int] = set()
+    seen: set[Node] = set()      # (nodes hash by identity)
     result: list[Node] = []
     stack = list(outputs)
     while stack:
         node = stack.pop()
-        if id(node) in seen:
+        if node in seen:
             continue
-        seen.add(id(node))
+        seen.add(node)
         result.append(node)
-        if id(node) not in leaves:
+        if not leaves or id(node) not in leaves:
             stack.extend(node.inputs)
     return result
 
