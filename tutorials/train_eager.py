@@ -58,6 +58,17 @@ def evaluate(model: object, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(predictions == y))
 
 
+def make_train_step(model: object, optimizer: object) -> object:
+    """One training step, PyTorch-style: zero the gradients, forward, backward, update."""
+    def train_step(x: eager.Tensor, y: eager.Tensor) -> eager.Tensor:
+        optimizer.zero_grad()
+        loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+    return train_step
+
+
 def static_plan_bytes(hidden: int, x: np.ndarray, y: np.ndarray) -> int:
     """The arena the memory planner gives the same training step traced: the static
     plan beside the eager run's caching allocator in the debugger's memory view.
@@ -67,15 +78,7 @@ def static_plan_bytes(hidden: int, x: np.ndarray, y: np.ndarray) -> int:
     previous = eager.set_allocator(eager.CachingAllocator())
     try:
         model = eager.to_eager(tf.nn.MLP([64, hidden, hidden, 10]))
-        optimizer = eager.Adam(eager.parameters(model))
-
-        def step(xb: eager.Tensor, yb: eager.Tensor) -> eager.Tensor:
-            optimizer.zero_grad()
-            loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(model(xb), yb)
-            loss.backward()
-            optimizer.step()
-            return loss
-
+        step = make_train_step(model, eager.Adam(eager.parameters(model)))
         comparison = eager.memory_comparison(step, eager.tensor(x), eager.tensor(y))
     finally:
         eager.set_allocator(previous)
@@ -86,15 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     x_train, y_train, x_test, y_test = load_digits(seed=0)
     model = eager.to_eager(tf.nn.MLP([64, args.hidden, args.hidden, 10]))
-    optimizer = eager.Adam(eager.parameters(model), lr=args.lr)
-
-    def train_step(x: eager.Tensor, y: eager.Tensor) -> eager.Tensor:
-        optimizer.zero_grad()
-        loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    train_step = make_train_step(model, eager.Adam(eager.parameters(model), lr=args.lr))
     step = tf.function(train_step) if args.traced else train_step
     recording = (tf.debug.record(args.trace, title="train_eager")
                  if args.trace and not args.traced else contextlib.nullcontext())
