@@ -130,6 +130,20 @@ def test_no_grad_and_in_place_rules():
     np.testing.assert_array_equal(w.numpy(), [0.0, 0.0, 0.0])
 
 
+def test_remembered_literals_keep_the_sign_of_zero_and_their_type():
+    """Regression: literals were remembered by (type, value, dtype), and 0.0 == -0.0
+    in Python, so `x * -0.0` after `x * 0.0` reused the +0.0 constant and gave +0."""
+    x = E.tensor(np.ones(2, np.float32))
+    for zero, negative_zero in [(0.0, -0.0), (np.float32(0.0), np.float32(-0.0)),
+                                (np.float64(0.0), np.float64(-0.0))]:
+        assert not np.signbit((x * zero).numpy()).any()
+        assert np.signbit((x * negative_zero).numpy()).all()
+        assert not np.signbit((x * zero).numpy()).any()
+    n = E.tensor(np.arange(3, dtype=np.int32))
+    assert (n + 1).dtype == np.int32 and (n + True).dtype == np.int32
+    assert (n + 1.0).dtype.kind == "f"   # int32 + 1.5-like: a float, not the int literal
+
+
 def test_shape_error_names_op_shapes_and_line():
     a, b = E.tensor(np.ones((2, 3))), E.tensor(np.ones((4, 5)))
     with pytest.raises(tf.ShapeError, match=r"matmul: .*\(2, 3\), \(4, 5\).*test_eager.py:\d+"):
@@ -314,7 +328,7 @@ def test_a_reused_block_hands_out_a_view_of_the_shape_and_dtype_asked_now():
     a block reused for another shape or dtype must give a fresh view of its bytes."""
     a = CachingAllocator()
     x, block = a.array((2, 3), np.float32)
-    assert a.view_as(block, (2, 3), np.dtype(np.float32)) is x   # the kept view
+    assert a.view_as(block, ((2, 3), np.dtype(np.float32))) is x   # the kept view
     a.free(block)
     y, again = a.array((6,), np.int32)          # the same 512-byte block, best fit
     assert again is block and y.shape == (6,) and y.dtype == np.int32

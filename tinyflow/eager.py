@@ -196,19 +196,20 @@ class CachingAllocator:
         dtype = np.dtype(dtype)
         shape = tuple(shape)
         block = self.malloc(math.prod(shape) * dtype.itemsize)
-        return self.view_as(block, shape, dtype), block
+        return self.view_as(block, (shape, dtype)), block
 
-    def view_as(self, block: Block, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        """`block`'s bytes as an array of `shape` and `dtype` (they must fit).
+    def view_as(self, block: Block, layout: tuple) -> np.ndarray:
+        """`block`'s bytes as an array of `layout` = (shape, dtype) (they must fit).
 
         Making an ndarray over a buffer costs about 1 us, more than a one-element
         kernel, and an eager loop asks for the same (shape, dtype) in the same block
-        step after step; so the block keeps the last view it gave."""
-        key = (shape, dtype)
-        if block.view_key != key:
+        step after step; so the block keeps the last view it gave, and the layout
+        tuple it gave it for (`apply` compares that tuple by identity first)."""
+        if block.view_key != layout:
+            shape, dtype = layout
             buffer = self.segments[block.segment].buffer
             block.view = np.ndarray(shape, dtype, buffer=buffer, offset=block.offset)
-            block.view_key = key
+        block.view_key = layout
         return block.view
 
     def view(self, block: Block, nbytes: int, dtype: Any) -> np.ndarray:
@@ -626,6 +627,23 @@ def _new_array(shape: tuple, dtype: Any) -> tuple[np.ndarray, Block | None, Any]
 # ----------------------------------------------------------------------------------
 
 _literals: dict[tuple, Tensor] = {}
+MAX_LITERALS = 4096  # distinct numbers remembered; a model uses a handful
+
+# The number types a literal may be remembered for: hashable, and ordered so that
+# math.copysign can read their sign (complex numbers are made each time).
+_NUMBER_TYPES = frozenset([bool, int, float, np.bool_, np.float16, np.float32, np.float64,
+                           np.int8, np.int16, np.int32, np.int64,
+                           np.uint8, np.uint16, np.uint32, np.uint64])
+
+
+def _literal_key(value: Any, like: Any) -> tuple | None:
+    """The key a number is remembered by, or None when it is not remembered.
+
+    The sign is part of it: 0.0 == -0.0 in Python (and they hash alike), but
+    `x * -0.0` must give -0.0 where `x * 0.0` gives 0.0."""
+    if value.__class__ not in _NUMBER_TYPES:
+        return None
+    return (value.__class__, value, like, math.copysign(1.0, value))
 
 
 def _literal(op: str, value: Any, like: Any) -> Tensor:
@@ -633,13 +651,12 @@ def _literal(op: str, value: Any, like: Any) -> Tensor:
     it (`ops.literal_dtype`: `x * 2` stays float32, `int32 + 1.5` is a float), as a
     Tensor outside the allocator. Numbers are remembered: a loop asks for the same
     `x * 0.5` every step."""
-    hashable = isinstance(value, (int, float, bool, np.generic))
-    key = (type(value), value, like) if hashable else None
-    tensor = _literals.get(key) if hashable else None
+    key = _literal_key(value, like)
+    tensor = _literals.get(key) if key is not None else None
     if tensor is None:
         array = ops._literal(op, value, like, user_source_line()).attrs["value"].array
         tensor = _wrap(array, None)   # read-only (ConstValue's copy)
-        if hashable and len(_literals) < 4096:
+        if key is not None and len(_literals) < MAX_LITERALS:
             _literals[key] = tensor
     return tensor
 
@@ -656,23 +673,34 @@ def _with_literals(op: str, inputs: Sequence[Any]) -> tuple[list[Tensor], list]:
             break
     tensors, arrays = [], []
     for i in inputs:
-        t = i if isinstance(i, Tensor) else _constant_tensor(op, i, like)
+        if isinstance(i, Tensor):
+            t = i
+        else:  # a number seen before is one dict lookup; anything else is made
+            key = _literal_key(i, like)
+            t = _literals.get(key) if key is not None else None
+            if t is None:
+                t = _constant_tensor(op, i, like)
         tensors.append(t)
         arrays.append(t.data)
     return tensors, arrays
 
 
-_inferred: dict[tuple, tuple] = {}
-MAX_INFERRED = 65536  # distinct (op, shapes, dtypes, attrs); a model has a few hundred
+_kernels: dict[tuple, tuple] = {}
+_layouts: dict[tuple, tuple] = {}   # (shape, dtype) -> the one tuple standing for it
+MAX_KERNELS = 65536  # distinct (op, shapes, dtypes, attrs); a model has a few hundred
 
 
-def _infer(op: str, opdef: Any, arrays: list, attrs: dict) -> tuple:
-    """`opdef.infer` on the arrays' shapes and dtypes, remembered: a shape rule is a
-    pure function, and an eager loop asks it the same question every step.
+def _kernel(op: str, arrays: list, attrs: dict) -> tuple:
+    """What running `op` on these arrays needs, remembered: the shape rule is a pure
+    function, and an eager loop asks it the same question every step.
 
-    Returns (shape, dtype, nbytes) of the result. The key is (op, shape, dtype of
-    each input, attributes), spelled out for one and two inputs (nearly every op):
-    in CPython 3.11 a comprehension is a function call, as dear as the lookup.
+    Returns (layout, nbytes, ufunc, opdef): the result's layout = (shape, dtype) and
+    size (`opdef.infer`, with its ShapeError naming op, shapes and the user's line),
+    and the numpy ufunc to call as `ufunc(*arrays, out=out)` when the registry says the
+    op's compute is that ufunc and nothing else (`OpDef.ufunc`), else None. The key is
+    (op, shape, dtype of each input, attributes), spelled out for one and two inputs
+    (nearly every op): in CPython 3.11 a comprehension is a function call, as dear
+    as the lookup.
     """
     if len(arrays) == 1:
         key = (op, arrays[0].shape, arrays[0].dtype)
@@ -683,20 +711,31 @@ def _infer(op: str, opdef: Any, arrays: list, attrs: dict) -> tuple:
     if attrs:
         key = (*key, tuple(attrs.items()))
     try:
-        result = _inferred.get(key)
+        kernel = _kernels.get(key)
     except TypeError:  # an attribute that cannot be hashed: just ask
-        key = result = None
-    if result is None:
-        shapes = [a.shape for a in arrays]
-        try:
-            shape, dtype = opdef.infer(shapes, [a.dtype for a in arrays], attrs)
-        except Mismatch as why:
-            raise shape_error(op, shapes, str(why), user_source_line()) from None
-        shape, dtype = tuple(shape), np.dtype(dtype)
-        result = (shape, dtype, math.prod(shape) * dtype.itemsize)
-        if key is not None and len(_inferred) < MAX_INFERRED:
-            _inferred[key] = result
-    return result
+        key = kernel = None
+    if kernel is None:
+        kernel = _new_kernel(op, arrays, attrs)
+        if key is not None and len(_kernels) < MAX_KERNELS:
+            _kernels[key] = kernel
+    return kernel
+
+
+def _new_kernel(op: str, arrays: list, attrs: dict) -> tuple:
+    opdef = REGISTRY[op]
+    shapes = [a.shape for a in arrays]
+    try:
+        shape, dtype = opdef.infer(shapes, [a.dtype for a in arrays], attrs)
+    except Mismatch as why:
+        raise shape_error(op, shapes, str(why), user_source_line()) from None
+    shape, dtype = tuple(shape), np.dtype(dtype)
+    ufunc = getattr(np, opdef.ufunc) if opdef.ufunc and not attrs else None
+    # One tuple object per layout, whichever op asks: a block's kept view is then
+    # found by identity (`apply`), though consecutive ops in the block differ.
+    layout = _layouts.get((shape, dtype), (shape, dtype))
+    if len(_layouts) < MAX_KERNELS:
+        _layouts.setdefault(layout, layout)
+    return layout, math.prod(shape) * dtype.itemsize, ufunc, opdef
 
 
 def _run_kernel(compute: Callable, arrays: list, out: np.ndarray, attrs: dict) -> Any:
@@ -722,7 +761,7 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     This runs once per op, and on tiny Tensors its Python is the whole cost (see
     benchmarks/eager_bench.py), so it avoids what is dear in CPython: generator
     expressions, starred calls, calls that are not needed (`debug.current()` only
-    while some recorder is active).
+    while some recorder is active; the Tensor made here, not by a helper).
     """
     tracer = _mode.tracer
     if tracer is not None:
@@ -733,8 +772,7 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
             inputs, arrays = _with_literals(op, inputs)
             break
         arrays.append(i.data)
-    opdef = REGISTRY[op]
-    shape, dtype, nbytes = _infer(op, opdef, arrays, attrs)
+    layout, nbytes, ufunc, opdef = _kernel(op, arrays, attrs)
     if opdef.random:  # its compute draws from `generators` (the registry says so)
         attrs = {**attrs, "generators": _generators}
     alloc = _allocator
@@ -743,11 +781,16 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
         recorder.eager_log = EagerLog(alloc)   # from now on the allocator keeps events
     began = time.perf_counter() if recorder is not None else None
     block = alloc.malloc(nbytes)
-    out = alloc.view_as(block, shape, dtype)
+    out = block.view if block.view_key is layout else alloc.view_as(block, layout)
     try:
-        result = _run_kernel(opdef.compute, arrays, out, attrs)
-        if result is not out:  # the kernel could not write into `out`
-            out[...] = result
+        if ufunc is None:
+            result = _run_kernel(opdef.compute, arrays, out, attrs)
+            if result is not out:  # the kernel could not write into `out`
+                out[...] = result
+        elif len(arrays) == 2:  # the op is this numpy ufunc (OpDef.ufunc): call it
+            ufunc(arrays[0], arrays[1], out=out)
+        else:
+            ufunc(*arrays, out=out)
     except TinyFlowError:
         alloc.free(block)
         raise
@@ -755,7 +798,10 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
         alloc.free(block)
         raise EagerError(f"{op} failed at {user_source_line()} on inputs of shapes "
                          f"{[a.shape for a in arrays]}: {err}") from err
-    result_tensor = _wrap(out, block, alloc)
+    result_tensor = _new_object(Tensor)   # _wrap(out, block, alloc), spelled out
+    result_tensor.data = out
+    result_tensor._block = block
+    result_tensor._alloc = alloc
     if began is not None:  # inside tf.debug.record: the op goes into the record
         recorder.eager_log.add(op, inputs, result_tensor, block, began, time.perf_counter())
     if _mode.grad_enabled and opdef.differentiable:
