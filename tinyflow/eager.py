@@ -776,10 +776,7 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     if opdef.random:  # its compute draws from `generators` (the registry says so)
         attrs = {**attrs, "generators": _generators}
     alloc = _allocator
-    recorder = debug.current() if debug.active else None
-    if recorder is not None and recorder.eager_log is None:
-        recorder.eager_log = EagerLog(alloc)   # from now on the allocator keeps events
-    began = time.perf_counter() if recorder is not None else None
+    recorder, began = _recording(alloc) if debug.active else _NOT_RECORDING
     block = alloc.malloc(nbytes)
     out = block.view if block.view_key is layout else alloc.view_as(block, layout)
     try:
@@ -805,13 +802,31 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     if began is not None:  # inside tf.debug.record: the op goes into the record
         recorder.eager_log.add(op, inputs, result_tensor, block, began, time.perf_counter())
     if _mode.grad_enabled and opdef.differentiable:
-        for t in inputs:
-            if t.requires_grad:   # the result goes on the tape
-                result_tensor.requires_grad = True
-                result_tensor._op, result_tensor._inputs = op, inputs
-                result_tensor._attrs = attrs
-                break
+        _put_on_tape(result_tensor, op, inputs, attrs)
     return result_tensor
+
+
+_NOT_RECORDING = (None, None)
+
+
+def _recording(alloc: CachingAllocator) -> tuple:
+    """(the active recorder, the op's start time), or _NOT_RECORDING. The first op
+    recorded turns on the allocator's events (an EagerLog)."""
+    recorder = debug.current()
+    if recorder is None:
+        return _NOT_RECORDING
+    if recorder.eager_log is None:
+        recorder.eager_log = EagerLog(alloc)   # from now on the allocator keeps events
+    return recorder, time.perf_counter()
+
+
+def _put_on_tape(result: Tensor, op: str, inputs: Sequence[Tensor], attrs: dict) -> None:
+    """When an input requires grad, `result` remembers (op, inputs, attrs) for backward."""
+    for t in inputs:
+        if t.requires_grad:
+            result.requires_grad = True
+            result._op, result._inputs, result._attrs = op, inputs, attrs
+            return
 
 
 def _constant_tensor(op: str, value: Any, like: Any) -> Tensor:
