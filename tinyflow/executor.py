@@ -34,6 +34,7 @@ import contextlib
 import functools
 import gc
 import math
+import operator
 import os
 import threading
 import weakref
@@ -171,6 +172,7 @@ class Step:
     nbytes: int = 0
     sources: tuple[tuple[str, str], ...] = ()  # fused: (name, line) per instruction
     kernel: Any = None
+    gather: Any = None
 
 
 @dataclass
@@ -300,7 +302,7 @@ class Program:
         drop the values it was the last reader of, and return its value. A kernel's
         error comes back naming the node, its line (and its stream, if several)."""
         try:
-            args = [values[i] for i in step.inputs]
+            args = step.gather(values)
             if step.planned:
                 result = values[step.output]
                 written = step.kernel(*args, out=result)
@@ -739,6 +741,18 @@ def _bind_kernels(program: Program, user_of: dict[int, Node]) -> None:
             var = user_of[id(inputs[opdef.mutates])]
             step.compute = _variable_writer(step.compute, var, step.node)
         step.kernel = _kernel_of(step, opdef, program.xp)
+        step.gather = _gather_of(step.inputs)
+
+
+def _gather_of(slots: tuple[int, ...]) -> Callable[[list], tuple]:
+    """values -> the tuple of values in `slots` (operator.itemgetter, a C call, where
+    it gives a tuple: for two slots or more)."""
+    if len(slots) >= 2:
+        return operator.itemgetter(*slots)
+    if len(slots) == 1:
+        slot = slots[0]
+        return lambda values: (values[slot],)
+    return lambda values: ()
 
 
 def _kernel_of(step: Step, opdef: OpDef, xp: Any) -> Callable:
