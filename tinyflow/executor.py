@@ -156,6 +156,7 @@ class Step:
     kernel        `compute` with the array module and the attributes bound (made by
                   `_bind_kernels`): the runner calls kernel(*inputs, out=...). An op
                   whose compute is one ufunc (OpDef.ufunc) gets the ufunc itself.
+    gather        values -> the tuple of this step's input values (`_gather_of`)
     """
 
     node: Node
@@ -729,7 +730,8 @@ def _schedule(program: Program) -> None:
 def _bind_kernels(program: Program, user_of: dict[int, Node]) -> None:
     """Phase 4: each step's kernel specialized to its static shapes, where its op
     can (OpDef.bind, with scratch space shared by the steps of one stream, which
-    never run at once); a variable writer's kernel bound to its variable."""
+    never run at once); a variable writer's kernel bound to its variable; then
+    what the runner calls, bound once: `Step.kernel` and `Step.gather`."""
     workspaces: list[dict] = [{} for _ in program.schedule.names]
     for step in program.steps:
         opdef, inputs = REGISTRY[step.node.op], step.node.inputs
