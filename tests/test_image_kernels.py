@@ -165,3 +165,24 @@ def test_bound_convs_sharing_a_streams_scratch_match_loops(memory):
     for _ in range(2):
         for got, expected in zip(program.run({xn: x}, {}), want):
             np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_bound_convs_whose_padded_buffers_share_a_shape_keep_their_zero_border():
+    # A 3x3 conv with padding 1 on 6x6 and a 4x4 SAME conv on 5x5 (padding 1 before,
+    # 2 after) pad into buffers of one shape and the same top-left corner, but the
+    # first writes one row and column more of its inside: that must not be left in
+    # the second's border (their scratch was once keyed by shape and corner only).
+    rng = np.random.default_rng(4)
+    x1, x2 = rng.standard_normal((1, 2, 6, 6)), rng.standard_normal((1, 2, 5, 5))
+    w1, w2 = rng.standard_normal((2, 2, 3, 3)), rng.standard_normal((2, 2, 4, 4))
+    x1n, x2n = tf.placeholder(tf.float64, x1.shape), tf.placeholder(tf.float64, x2.shape)
+    a = tf.nn.conv2d(x1n, tf.constant(w1, tf.float64), padding=1)
+    b = tf.nn.conv2d(x2n, tf.constant(w2, tf.float64), padding="SAME")
+    b = b + 0 * tf.reduce_sum(a)         # b's conv runs after a's
+    program = tf.compile([a, b], {x1n: (x1.shape, np.float64), x2n: (x2.shape, np.float64)},
+                         {})
+    for _ in range(2):
+        got_a, got_b = program.run({x1n: x1, x2n: x2}, {})
+        np.testing.assert_allclose(got_a, conv_reference(x1, w1, padding=1), rtol=1e-12)
+        np.testing.assert_allclose(got_b, conv_reference(x2, w2, padding="SAME"),
+                                   rtol=1e-12)

@@ -169,9 +169,11 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     cols = _scratch(xp, workspace, "im2col", (n, c, kh, kw, oh * row), dtype)
     if tuple(stride) == (1, 1):
         # The padded copy: its border is zeroed once, when the buffer is made, and
-        # every user of the buffer writes only the inside.
-        padded = _scratch(xp, workspace, ("pad", pt, pl), (n, c, h + pt + pb + 1, row),
-                          dtype, zeros=True)
+        # every user of the buffer writes only the inside. The key holds all four
+        # paddings: with the shape they fix the inside, so no user leaves data in
+        # another's border.
+        padded = _scratch(xp, workspace, ("pad", pt, pb, pl, pr),
+                          (n, c, h + pt + pb + 1, row), dtype, zeros=True)
         padded[:, :, pt:pt + h, pl:pl + w] = x
         flat = padded.reshape(n, c, -1)
         for i in range(kh):
