@@ -139,8 +139,8 @@ def _tap(x, i, j, oh, ow, stride):
 
 def _conv_layout(x_shape, kh, kw, stride, padding):
     """(pt, pb, pl, pr, oh, ow, row): the padding, the output size, and `row`, the
-    columns per output row in the GEMM layout: ow in general, but the padded width
-    when the stride is 1 (the "wide rows" layout of _im2col)."""
+    columns per output row in the layout of _col2im: ow in general, but the padded
+    width when the stride is 1 (its "wide rows")."""
     (sh, sw), (h, w) = stride, x_shape[2:]
     (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
     oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
@@ -148,7 +148,7 @@ def _conv_layout(x_shape, kh, kw, stride, padding):
 
 
 def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
-    """The windows of x as a (C*kh*kw, N*OH*row) matrix in `dtype` (see _conv_layout).
+    """The windows of x as a (C*kh*kw, N*OH*OW) matrix in `dtype`.
 
     Row c*kh*kw + i*kw + j holds tap (i, j) of channel c for every output pixel of
     every sample, so the rows match OIHW filters reshaped to (O, C*kh*kw). The batch
@@ -157,41 +157,32 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     BLAS runs one large product faster than N small ones, and the filter gradient
     then sums over the batch inside the GEMM (no per-sample products to add up).
     The price is a transposing copy of x in (done with the padding copy anyway)
-    and of the result out (done with the crop of the wide rows anyway).
+    and of the result out (a copy out of the GEMM's buffer anyway).
 
-    Stride 1 (the common case) uses "wide rows": the output is computed on the
-    padded width, so tap (i, j) of every window is ONE contiguous slice of each
-    flattened padded image, starting at i*Wp + j. The kh*kw copies then move long
-    runs (not OW-long pieces), and so do the adds of _col2im. The extra columns
-    (Wp - OW per row: +12% work for a 3x3 conv on 16x16) are thrown away; an extra
-    zero row at the bottom keeps the last tap's slice inside the array. Other
-    strides copy tap by tap from strided views.
+    Each tap is one strided view of the padded input, copied whole: kh*kw copies,
+    each over the whole batch. (_col2im uses "wide rows" instead, where a tap is a
+    contiguous slice; here they would cost GEMM work: +28% for a 5x5 conv on
+    14x14, more than the strided copies save.)
 
     `workspace` (a stream's scratch dict, see _bind_scratch) supplies the buffers;
     without it they are allocated here."""
-    pt, pb, pl, pr, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
+    pt, pb, pl, pr, oh, ow, _ = _conv_layout(x.shape, kh, kw, stride, padding)
     n, (c, h, w) = x.shape[0], x.shape[1:]
-    x_cn = x.transpose(1, 0, 2, 3)      # (C, N, H, W): a view, copied just below
-    cols = _scratch(xp, workspace, "im2col", (c, kh, kw, n, oh * row), dtype)
-    if tuple(stride) == (1, 1):
+    padded = x.transpose(1, 0, 2, 3)      # (C, N, H, W): a view, copied below
+    if pt or pb or pl or pr:
         # The padded copy: its border is zeroed once, when the buffer is made, and
         # every user of the buffer writes only the inside. The key holds all four
         # paddings: with the shape they fix the inside, so no user leaves data in
         # another's border.
+        inside = padded
         padded = _scratch(xp, workspace, ("pad", pt, pb, pl, pr),
-                          (c, n, h + pt + pb + 1, row), dtype, zeros=True)
-        padded[:, :, pt:pt + h, pl:pl + w] = x_cn
-        flat = padded.reshape(c, n, -1)
-        for i in range(kh):
-            for j in range(kw):
-                cols[:, i, j] = flat[:, :, i * row + j:i * row + j + oh * row]
-    else:
-        padded, _, _, _ = _padded(xp, x_cn, (kh, kw), stride, padding)
-        for i in range(kh):
-            for j in range(kw):
-                cols[:, i, j].reshape(c, n, oh, ow)[...] = \
-                    _tap(padded, i, j, oh, ow, stride)
-    return cols.reshape(c * kh * kw, n * oh * row)
+                          (c, n, h + pt + pb, w + pl + pr), dtype, zeros=True)
+        padded[:, :, pt:pt + h, pl:pl + w] = inside
+    cols = _scratch(xp, workspace, "im2col", (c, kh, kw, n, oh * ow), dtype)
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, i, j].reshape(c, n, oh, ow)[...] = _tap(padded, i, j, oh, ow, stride)
+    return cols.reshape(c * kh * kw, n * oh * ow)
 
 
 def _scratch(xp, workspace, kind, shape, dtype, zeros=False):
@@ -208,10 +199,10 @@ def _scratch(xp, workspace, kind, shape, dtype, zeros=False):
 
 def _rows(xp, g, row, dtype, workspace=None):
     """g (N, O, OH, OW) in the GEMM layout (O, N*OH*row), batch inside the rows as
-    in _im2col. In the wide layout the extra columns are zeros: they meet the
-    wrapped-around windows of _im2col, which must contribute nothing to either
-    gradient. (Zeroed once when the buffer is made; every user, keyed by `ow`
-    too, writes only the first ow columns.)"""
+    in _im2col. In the wide layout of _col2im (row > OW) the extra columns are
+    zeros: they meet the wrapped-around windows, which must get nothing. (Zeroed
+    once when the buffer is made; every user, keyed by OW too, writes only the
+    first OW columns.)"""
     n, o, oh, ow = g.shape
     wide = _scratch(xp, workspace, ("rows", ow), (o, n, oh, row), dtype, zeros=True)
     wide[..., :ow] = g.transpose(1, 0, 2, 3)
@@ -249,9 +240,16 @@ def _uncrop(xp, buffer, crop, out):
 
 def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
     """Adjoint of _im2col: add each tap's values (C, kh, kw, N, OH*row) back into
-    an image of x_shape; kh*kw adds, each over the whole batch (contiguous slices
-    in the wide-rows layout, strided views otherwise), into a CNHW image that is
-    transposed to NCHW at the end (into `out` when given)."""
+    an image of x_shape; kh*kw adds, each over the whole batch, into a CNHW image
+    that is transposed to NCHW at the end (into `out` when given).
+
+    Stride 1 uses "wide rows" (row = the padded width, see _conv_layout): the
+    gradient is computed for windows at every column of the padded width, so tap
+    (i, j) of every window is ONE contiguous slice of each flattened padded image,
+    starting at i*Wp + j, and the adds move long runs, twice as fast as adds into
+    strided views. The windows that wrap around a row's end get zeros from g
+    (see _rows); an extra zero row at the bottom keeps the last tap's slice inside
+    the array. Other strides add tap by tap into strided views."""
     c, kh, kw, n = dcols.shape[:4]
     pt, pb, pl, pr, oh, ow, row = _conv_layout(x_shape, kh, kw, stride, padding)
     h, w = x_shape[2:]
@@ -323,23 +321,22 @@ def _conv_infer(shapes, dtypes, attrs):
 
 
 def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
-    # One GEMM, (O, C*kh*kw) @ (C*kh*kw, N*OH*row): the result is (O, N, OH, row),
-    # CNHW with wide rows; one copy drops the extra columns and puts the batch
-    # first, straight into the planned output.
+    # One GEMM, (O, C*kh*kw) @ (C*kh*kw, N*OH*OW): the result is (O, N, OH, OW),
+    # CNHW; one copy puts the batch first, straight into the planned output.
     o, c, kh, kw = w.shape
     n, dtype = x.shape[0], xp.result_type(x, w)
-    _, _, _, _, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
+    _, _, _, _, oh, ow, _ = _conv_layout(x.shape, kh, kw, stride, padding)
     cols = _im2col(xp, x, kh, kw, stride, padding, dtype, workspace)
     wmat = w.reshape(o, c * kh * kw).astype(dtype, copy=False)
     y = xp.matmul(wmat, cols, out=_scratch(xp, workspace, "gemm", (o, cols.shape[1]),
                                            dtype))
-    return _to_nchw(xp, y.reshape(o, n, oh, row)[..., :ow], out)
+    return _to_nchw(xp, y.reshape(o, n, oh, ow), out)
 
 
 def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
                              workspace=None):
     # The adjoint of the forward: W^T @ g (one GEMM) gives every window's share of
-    # dx in the im2col layout, and col2im adds the kh*kw taps back.
+    # dx in the layout of _col2im, which adds the kh*kw taps back.
     o, c, kh, kw = w.shape
     dtype = xp.result_type(g, w)
     row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
@@ -353,15 +350,14 @@ def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
 
 def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
                               workspace=None):
-    # dW = g (O, N*OH*row) @ cols^T (N*OH*row, C*kh*kw): one GEMM on the forward's
+    # dW = g (O, N*OH*OW) @ cols^T (N*OH*OW, C*kh*kw): one GEMM on the forward's
     # im2col layout (the transpose is a BLAS flag, not a copy) whose inner
     # dimension runs over every pixel of every sample, so the sum over the batch
     # happens inside BLAS.
     o, c, kh, kw = w.shape
     dtype = xp.result_type(x, g)
-    row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
     cols = _im2col(xp, x, kh, kw, stride, padding, dtype, workspace)
-    g_rows = _rows(xp, g, row, dtype, workspace)
+    g_rows = _rows(xp, g, g.shape[3], dtype, workspace)
     if out is not None and out.flags.c_contiguous and out.dtype == dtype:
         xp.matmul(g_rows, cols.T, out=out.reshape(o, c * kh * kw))
         return out
