@@ -11,12 +11,14 @@ heavy work is one BLAS call. Windows are strided views (no copy until the reshap
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
 
 from tinyflow import backend
 from tinyflow.graph import Node, ShapeError, user_source_line
+from tinyflow.registry import WORKSPACE_CLOCK
 from tinyflow.shape_ops import expand_dims
 from tinyflow.ops import (
     OpDef,
@@ -165,9 +167,24 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     14x14, more than the strided copies save.)
 
     `workspace` (a stream's scratch dict, see _bind_scratch) supplies the buffers;
-    without it they are allocated here."""
+    without it they are allocated here. A bound conv's matrix is reused when it
+    already holds this x's windows (see _made_from): the filter gradient then
+    skips the copies, as the forward made them."""
+    oh, ow = _conv_layout(x.shape, kh, kw, stride, padding)[4:6]
+    n, c = x.shape[:2]
+    cols = _scratch(xp, workspace, "im2col", (c, kh, kw, n, oh * ow), dtype)
+    how = (kh, kw, tuple(stride), padding)
+    if not _made_from(workspace, cols, x, how):
+        _fill_im2col(xp, x, cols, stride, padding, workspace)
+        _note_made_from(workspace, cols, x, how)
+    return cols.reshape(c * kh * kw, n * oh * ow)
+
+
+def _fill_im2col(xp, x, cols, stride, padding, workspace):
+    """The copies of _im2col into cols (C, kh, kw, N, OH*OW)."""
+    c, kh, kw, n = cols.shape[:4]
     pt, pb, pl, pr, oh, ow, _ = _conv_layout(x.shape, kh, kw, stride, padding)
-    n, (c, h, w) = x.shape[0], x.shape[1:]
+    h, w = x.shape[2:]
     padded = x.transpose(1, 0, 2, 3)      # (C, N, H, W): a view, copied below
     if pt or pb or pl or pr:
         # The padded copy: its border is zeroed once, when the buffer is made, and
@@ -176,13 +193,34 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
         # another's border.
         inside = padded
         padded = _scratch(xp, workspace, ("pad", pt, pb, pl, pr),
-                          (c, n, h + pt + pb, w + pl + pr), dtype, zeros=True)
+                          (c, n, h + pt + pb, w + pl + pr), cols.dtype, zeros=True)
         padded[:, :, pt:pt + h, pl:pl + w] = inside
-    cols = _scratch(xp, workspace, "im2col", (c, kh, kw, n, oh * ow), dtype)
     for i in range(kh):
         for j in range(kw):
             cols[:, i, j].reshape(c, n, oh, ow)[...] = _tap(padded, i, j, oh, ow, stride)
-    return cols.reshape(c * kh * kw, n * oh * ow)
+
+
+# What a workspace buffer was last filled from. A conv's filter gradient needs the
+# im2col matrix of the same x as its forward, which is still in the stream's
+# workspace unless another conv of that shape ran in between. Each fill notes
+# (x's stamp on the program's clock, x, how), and a later fill checks the note:
+# while the stamp stays, x holds the same values (registry.Clock: a new run or a
+# write into a variable moves it). x is compared by identity (a weak reference:
+# the note keeps nothing alive), as two values that use one address in turn are
+# not the same array object.
+def _made_from(workspace, buffer, x, how) -> bool:
+    """True when `buffer` (a workspace buffer) already holds what would be computed
+    from x with `how` now."""
+    clock = workspace.get(WORKSPACE_CLOCK) if workspace is not None else None
+    note = workspace.get(("nn_ops", "made from", id(buffer))) if clock else None
+    return note is not None and note[0] == clock.stamp(x) and note[1]() is x and \
+        note[2] == how
+
+
+def _note_made_from(workspace, buffer, x, how) -> None:
+    if workspace is not None and WORKSPACE_CLOCK in workspace:
+        workspace[("nn_ops", "made from", id(buffer))] = (
+            workspace[WORKSPACE_CLOCK].stamp(x), weakref.ref(x), how)
 
 
 def _scratch(xp, workspace, kind, shape, dtype, zeros=False):
