@@ -5,8 +5,10 @@ their own file only so that each file reads in one sitting.
 
 Layout is NCHW (batch, channels, height, width) and filters are OIHW, as in the
 original TinyFlow and PyTorch. Convolution is im2col + one matrix multiply (the
-CS231n / Caffe way): every window of the input becomes a row of a matrix, so the
-heavy work is one BLAS call. Windows are strided views (no copy until the reshape).
+CS231n / Caffe way): every window of the input becomes a column of a matrix, so the
+heavy work is one BLAS call. Inside the conv kernels the batch sits within each
+matrix row (a "CNHW" layout, see _im2col), so that call is one large GEMM for the
+whole batch, and the filter gradient reuses the matrix its forward made.
 """
 
 from __future__ import annotations
