@@ -24,6 +24,7 @@ from test_ops import (
 
 import tinyflow as tf
 from tinyflow import nn_ops
+from tinyflow.ops import make
 
 CONV_CASES = [  # (x shape, w shape, stride, padding)
     ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), 1),          # wide rows, padded
@@ -165,3 +166,64 @@ def test_bound_convs_sharing_a_streams_scratch_match_loops(memory):
     for _ in range(2):
         for got, expected in zip(program.run({xn: x}, {}), want):
             np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_bound_convs_whose_padded_buffers_share_a_shape_keep_their_zero_border():
+    # A 3x3 conv with padding 1 on 6x6 and a 4x4 SAME conv on 5x5 (padding 1 before,
+    # 2 after) pad into buffers of one shape and the same top-left corner, but the
+    # first writes one row and column more of its inside: that must not be left in
+    # the second's border (their scratch was once keyed by shape and corner only).
+    rng = np.random.default_rng(4)
+    x1, x2 = rng.standard_normal((1, 2, 6, 6)), rng.standard_normal((1, 2, 5, 5))
+    w1, w2 = rng.standard_normal((2, 2, 3, 3)), rng.standard_normal((2, 2, 4, 4))
+    x1n, x2n = tf.placeholder(tf.float64, x1.shape), tf.placeholder(tf.float64, x2.shape)
+    a = tf.nn.conv2d(x1n, tf.constant(w1, tf.float64), padding=1)
+    b = tf.nn.conv2d(x2n, tf.constant(w2, tf.float64), padding="SAME")
+    b = b + 0 * tf.reduce_sum(a)         # b's conv runs after a's
+    program = tf.compile([a, b], {x1n: (x1.shape, np.float64), x2n: (x2.shape, np.float64)},
+                         {})
+    for _ in range(2):
+        got_a, got_b = program.run({x1n: x1, x2n: x2}, {})
+        np.testing.assert_allclose(got_a, conv_reference(x1, w1, padding=1), rtol=1e-12)
+        np.testing.assert_allclose(got_b, conv_reference(x2, w2, padding="SAME"),
+                                   rtol=1e-12)
+
+
+def test_a_filter_gradient_reuses_the_forwards_windows_only_within_a_run():
+    # A bound conv's filter gradient reuses the im2col matrix its forward left in
+    # the stream's scratch (same x, same run). Here the filter gradient runs first
+    # and the forward after it, in each run, on a fed array changed in place
+    # between runs: the scratch made in run 1 must not pass for run 2's windows.
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 6, 5))
+    w, g = rng.standard_normal((4, 3, 3, 3)), rng.standard_normal((2, 4, 6, 5))
+    xn = tf.placeholder(tf.float64, x.shape)
+    wn, gn = tf.constant(w, tf.float64), tf.constant(g, tf.float64)
+    dw = make("conv2d_grad_filter", gn, xn, wn, stride=(1, 1), padding=1)
+    y = tf.nn.conv2d(xn, wn + 1e-3 * tf.reduce_sum(dw), padding=1)
+    program = tf.compile([dw, y], {xn: (x.shape, np.float64)}, {})
+    for _ in range(3):
+        x[...] = rng.standard_normal(x.shape)      # the same array, new values
+        want_dw = conv_grad_filter_reference(g, x, w, padding=1)
+        got_dw, got_y = program.run({xn: x}, {})
+        np.testing.assert_allclose(got_dw, want_dw, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got_y, conv_reference(x, w + 1e-3 * want_dw.sum(),
+                                                         padding=1), rtol=1e-12)
+
+
+def test_a_conv_of_a_variable_just_assigned_makes_its_windows_again():
+    # conv(v) fills the scratch from v's buffer; tf.assign then writes new values
+    # into that same buffer, and a conv of the assign's value (that very array)
+    # must see them, not the windows the first conv left.
+    rng = np.random.default_rng(6)
+    v0, w = rng.standard_normal((2, 3, 5, 5)), rng.standard_normal((4, 3, 3, 3))
+    v = tf.Variable(v0)
+    wn = tf.constant(w, tf.float64)
+    before = tf.nn.conv2d(v, wn, padding=1)
+    after = tf.nn.conv2d(tf.assign(v, v * 2.0), wn, padding=1)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        got_before, got_after = sess.run([before, after])
+    np.testing.assert_allclose(got_before, conv_reference(v0, w, padding=1), rtol=1e-12)
+    np.testing.assert_allclose(got_after, conv_reference(2.0 * v0, w, padding=1),
+                               rtol=1e-12)

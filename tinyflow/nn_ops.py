@@ -5,18 +5,22 @@ their own file only so that each file reads in one sitting.
 
 Layout is NCHW (batch, channels, height, width) and filters are OIHW, as in the
 original TinyFlow and PyTorch. Convolution is im2col + one matrix multiply (the
-CS231n / Caffe way): every window of the input becomes a row of a matrix, so the
-heavy work is one BLAS call. Windows are strided views (no copy until the reshape).
+CS231n / Caffe way): every window of the input becomes a column of a matrix, so the
+heavy work is one BLAS call. Inside the conv kernels the batch sits within each
+matrix row (a "CNHW" layout, see _im2col), so that call is one large GEMM for the
+whole batch, and the filter gradient reuses the matrix its forward made.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
 
 from tinyflow import backend
 from tinyflow.graph import Node, ShapeError, user_source_line
+from tinyflow.registry import WORKSPACE_CLOCK
 from tinyflow.shape_ops import expand_dims
 from tinyflow.ops import (
     OpDef,
@@ -139,8 +143,8 @@ def _tap(x, i, j, oh, ow, stride):
 
 def _conv_layout(x_shape, kh, kw, stride, padding):
     """(pt, pb, pl, pr, oh, ow, row): the padding, the output size, and `row`, the
-    columns per output row in the GEMM layout: ow in general, but the padded width
-    when the stride is 1 (the "wide rows" layout of _im2col)."""
+    columns per output row in the layout of _col2im: ow in general, but the padded
+    width when the stride is 1 (its "wide rows")."""
     (sh, sw), (h, w) = stride, x_shape[2:]
     (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
     oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
@@ -148,42 +152,77 @@ def _conv_layout(x_shape, kh, kw, stride, padding):
 
 
 def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
-    """The windows of x as (N, C*kh*kw, OH*row) in `dtype` (see _conv_layout).
+    """The windows of x as a (C*kh*kw, N*OH*OW) matrix in `dtype`.
 
-    Row c*kh*kw + i*kw + j holds tap (i, j) of channel c for every output pixel, so
-    the rows match OIHW filters reshaped to (O, C*kh*kw) and W @ cols[n] is sample
-    n's output in NCHW order: one batched GEMM, no transpose after it.
+    Row c*kh*kw + i*kw + j holds tap (i, j) of channel c for every output pixel of
+    every sample, so the rows match OIHW filters reshaped to (O, C*kh*kw). The batch
+    lies *inside* each row (channels outermost: a "CNHW" layout), which makes the
+    forward and both gradients ONE large GEMM each, the batch in a long dimension:
+    BLAS runs one large product faster than N small ones, and the filter gradient
+    then sums over the batch inside the GEMM (no per-sample products to add up).
+    The price is a transposing copy of x in (done with the padding copy anyway)
+    and of the result out (a copy out of the GEMM's buffer anyway).
 
-    Stride 1 (the common case) uses "wide rows": the output is computed on the
-    padded width, so tap (i, j) of every window is ONE contiguous slice of the
-    flattened padded image, starting at i*Wp + j. The kh*kw copies then move long
-    runs (not OW-long pieces), and so do the adds of _col2im. The extra columns
-    (Wp - OW per row: +12% work for a 3x3 conv on 16x16) are thrown away; an extra
-    zero row at the bottom keeps the last tap's slice inside the array. Other
-    strides copy tap by tap from strided views.
+    Each tap is one strided view of the padded input, copied whole: kh*kw copies,
+    each over the whole batch. (_col2im uses "wide rows" instead, where a tap is a
+    contiguous slice; here they would cost GEMM work: +28% for a 5x5 conv on
+    14x14, more than the strided copies save.)
 
     `workspace` (a stream's scratch dict, see _bind_scratch) supplies the buffers;
-    without it they are allocated here."""
-    pt, pb, pl, pr, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
-    n, (c, h, w) = x.shape[0], x.shape[1:]
-    cols = _scratch(xp, workspace, "im2col", (n, c, kh, kw, oh * row), dtype)
-    if tuple(stride) == (1, 1):
+    without it they are allocated here. A bound conv's matrix is reused when it
+    already holds this x's windows (see _made_from): the filter gradient then
+    skips the copies, as the forward made them."""
+    oh, ow = _conv_layout(x.shape, kh, kw, stride, padding)[4:6]
+    n, c = x.shape[:2]
+    cols = _scratch(xp, workspace, "im2col", (c, kh, kw, n, oh * ow), dtype)
+    how = (kh, kw, tuple(stride), padding)
+    if not _made_from(workspace, cols, x, how):
+        _fill_im2col(xp, x, cols, stride, padding, workspace)
+        _note_made_from(workspace, cols, x, how)
+    return cols.reshape(c * kh * kw, n * oh * ow)
+
+
+def _fill_im2col(xp, x, cols, stride, padding, workspace):
+    """The copies of _im2col into cols (C, kh, kw, N, OH*OW)."""
+    c, kh, kw, n = cols.shape[:4]
+    pt, pb, pl, pr, oh, ow, _ = _conv_layout(x.shape, kh, kw, stride, padding)
+    h, w = x.shape[2:]
+    padded = x.transpose(1, 0, 2, 3)      # (C, N, H, W): a view, copied below
+    if pt or pb or pl or pr:
         # The padded copy: its border is zeroed once, when the buffer is made, and
-        # every user of the buffer writes only the inside.
-        padded = _scratch(xp, workspace, ("pad", pt, pl), (n, c, h + pt + pb + 1, row),
-                          dtype, zeros=True)
-        padded[:, :, pt:pt + h, pl:pl + w] = x
-        flat = padded.reshape(n, c, -1)
-        for i in range(kh):
-            for j in range(kw):
-                cols[:, :, i, j] = flat[:, :, i * row + j:i * row + j + oh * row]
-    else:
-        padded, _, _, _ = _padded(xp, x, (kh, kw), stride, padding)
-        for i in range(kh):
-            for j in range(kw):
-                cols[:, :, i, j].reshape(n, c, oh, ow)[...] = \
-                    _tap(padded, i, j, oh, ow, stride)
-    return cols.reshape(n, c * kh * kw, oh * row)
+        # every user of the buffer writes only the inside. The key holds all four
+        # paddings: with the shape they fix the inside, so no user leaves data in
+        # another's border.
+        inside = padded
+        padded = _scratch(xp, workspace, ("pad", pt, pb, pl, pr),
+                          (c, n, h + pt + pb, w + pl + pr), cols.dtype, zeros=True)
+        padded[:, :, pt:pt + h, pl:pl + w] = inside
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, i, j].reshape(c, n, oh, ow)[...] = _tap(padded, i, j, oh, ow, stride)
+
+
+# What a workspace buffer was last filled from. A conv's filter gradient needs the
+# im2col matrix of the same x as its forward, which is still in the stream's
+# workspace unless another conv of that shape ran in between. Each fill notes
+# (x's stamp on the program's clock, x, how), and a later fill checks the note:
+# while the stamp stays, x holds the same values (registry.Clock: a new run or a
+# write into a variable moves it). x is compared by identity (a weak reference:
+# the note keeps nothing alive), as two values that use one address in turn are
+# not the same array object.
+def _made_from(workspace, buffer, x, how) -> bool:
+    """True when `buffer` (a workspace buffer) already holds what would be computed
+    from x with `how` now."""
+    clock = workspace.get(WORKSPACE_CLOCK) if workspace is not None else None
+    note = workspace.get(("nn_ops", "made from", id(buffer))) if clock else None
+    return note is not None and note[0] == clock.stamp(x) and note[1]() is x and \
+        note[2] == how
+
+
+def _note_made_from(workspace, buffer, x, how) -> None:
+    if workspace is not None and WORKSPACE_CLOCK in workspace:
+        workspace[("nn_ops", "made from", id(buffer))] = (
+            workspace[WORKSPACE_CLOCK].stamp(x), weakref.ref(x), how)
 
 
 def _scratch(xp, workspace, kind, shape, dtype, zeros=False):
@@ -198,16 +237,25 @@ def _scratch(xp, workspace, kind, shape, dtype, zeros=False):
     return workspace[key]
 
 
-def _rows(xp, g, row):
-    """g (N, O, OH, OW) in the GEMM layout (N, O, OH*row). In the wide layout the
-    extra columns are zeros: they meet the wrapped-around windows of _im2col, which
-    must contribute nothing to either gradient."""
+def _rows(xp, g, row, dtype, workspace=None):
+    """g (N, O, OH, OW) in the GEMM layout (O, N*OH*row), batch inside the rows as
+    in _im2col. In the wide layout of _col2im (row > OW) the extra columns are
+    zeros: they meet the wrapped-around windows, which must get nothing. (Zeroed
+    once when the buffer is made; every user, keyed by OW too, writes only the
+    first OW columns.)"""
     n, o, oh, ow = g.shape
-    if row == ow:
-        return g.reshape(n, o, oh * ow)
-    wide = xp.zeros((n, o, oh, row), dtype=g.dtype)
-    wide[..., :ow] = g
-    return wide.reshape(n, o, oh * row)
+    wide = _scratch(xp, workspace, ("rows", ow), (o, n, oh, row), dtype, zeros=True)
+    wide[..., :ow] = g.transpose(1, 0, 2, 3)
+    return wide.reshape(o, n * oh * row)
+
+
+def _to_nchw(xp, y, out):
+    """y (C, N, H, W), a view of a GEMM result in the CNHW layout, as an NCHW
+    array: copied into `out` (the planned memory) when there is one."""
+    if out is None:
+        return xp.ascontiguousarray(y.transpose(1, 0, 2, 3))
+    out[...] = y.transpose(1, 0, 2, 3)
+    return out
 
 
 def _zeroed_padded(xp, shape, dtype, ksize, stride, padding, out):
@@ -231,29 +279,35 @@ def _uncrop(xp, buffer, crop, out):
 
 
 def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
-    """Adjoint of _im2col: add each tap's values (N, C, kh, kw, OH*row) back into
-    an image of x_shape; kh*kw adds, each over the whole batch (contiguous slices
-    in the wide-rows layout, strided views otherwise)."""
-    n, c, kh, kw = dcols.shape[:4]
+    """Adjoint of _im2col: add each tap's values (C, kh, kw, N, OH*row) back into
+    an image of x_shape; kh*kw adds, each over the whole batch, into a CNHW image
+    that is transposed to NCHW at the end (into `out` when given).
+
+    Stride 1 uses "wide rows" (row = the padded width, see _conv_layout): the
+    gradient is computed for windows at every column of the padded width, so tap
+    (i, j) of every window is ONE contiguous slice of each flattened padded image,
+    starting at i*Wp + j, and the adds move long runs, twice as fast as adds into
+    strided views. The windows that wrap around a row's end get zeros from g
+    (see _rows); an extra zero row at the bottom keeps the last tap's slice inside
+    the array. Other strides add tap by tap into strided views."""
+    c, kh, kw, n = dcols.shape[:4]
     pt, pb, pl, pr, oh, ow, row = _conv_layout(x_shape, kh, kw, stride, padding)
     h, w = x_shape[2:]
     if tuple(stride) == (1, 1):
-        flat = _scratch(xp, workspace, "col2im", (n, c, (h + pt + pb + 1) * row),
-                        dcols.dtype)
-        flat[...] = 0
+        image = _scratch(xp, workspace, "col2im", (c, n, h + pt + pb + 1, row),
+                         dcols.dtype)
+        image[...] = 0
+        flat = image.reshape(c, n, -1)
         for i in range(kh):
             for j in range(kw):
-                flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, :, i, j]
-        image = flat.reshape(n, c, h + pt + pb + 1, row)
-        return image[:, :, pt:pt + h, pl:pl + w]
-    dx, crop = _zeroed_padded(xp, x_shape, dcols.dtype, (kh, kw), stride, padding, out)
-    for i in range(kh):
-        for j in range(kw):
-            view = _tap(dx, i, j, oh, ow, stride)
-            view += dcols[:, :, i, j].reshape(n, c, oh, ow)
-    return _uncrop(xp, dx, crop, out)
-
-
+                flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, i, j]
+    else:
+        image = xp.zeros((c, n, h + pt + pb, w + pl + pr), dtype=dcols.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                view = _tap(image, i, j, oh, ow, stride)
+                view += dcols[:, i, j].reshape(c, n, oh, ow)
+    return _to_nchw(xp, image[:, :, pt:pt + h, pl:pl + w], out)
 
 
 # bias_add (the original TinyFlow's): add a (C,) bias along dimension 1, the channel
@@ -307,43 +361,47 @@ def _conv_infer(shapes, dtypes, attrs):
 
 
 def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
-    # One batched GEMM, (O, C*kh*kw) @ (N, C*kh*kw, OH*row): the result is already
-    # (N, O, OH, row), i.e. NCHW, so BLAS writes straight into the planned output
-    # unless the wide-rows layout has extra columns to drop.
+    # One GEMM, (O, C*kh*kw) @ (C*kh*kw, N*OH*OW): the result is (O, N, OH, OW),
+    # CNHW; one copy puts the batch first, straight into the planned output.
     o, c, kh, kw = w.shape
-    dtype = xp.result_type(x, w)
-    _, _, _, _, oh, ow, row = _conv_layout(x.shape, kh, kw, stride, padding)
+    n, dtype = x.shape[0], xp.result_type(x, w)
+    _, _, _, _, oh, ow, _ = _conv_layout(x.shape, kh, kw, stride, padding)
     cols = _im2col(xp, x, kh, kw, stride, padding, dtype, workspace)
     wmat = w.reshape(o, c * kh * kw).astype(dtype, copy=False)
-    n = x.shape[0]
-    if row == ow and out is not None and out.flags.c_contiguous and out.dtype == dtype:
-        xp.matmul(wmat, cols, out=out.reshape(n, o, oh * ow))
-        return out
-    result = xp.matmul(wmat, cols).reshape(n, o, oh, row)
-    return result[..., :ow]
+    y = xp.matmul(wmat, cols, out=_scratch(xp, workspace, "gemm", (o, cols.shape[1]),
+                                           dtype))
+    return _to_nchw(xp, y.reshape(o, n, oh, ow), out)
 
 
 def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
                              workspace=None):
-    # The adjoint of the forward: W^T @ g gives every window's share of dx in the
-    # same layout, and col2im adds the kh*kw taps back.
+    # The adjoint of the forward: W^T @ g (one GEMM) gives every window's share of
+    # dx in the layout of _col2im, which adds the kh*kw taps back.
     o, c, kh, kw = w.shape
+    dtype = xp.result_type(g, w)
     row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
-    dcols = xp.matmul(w.reshape(o, c * kh * kw).T, _rows(xp, g, row))
-    return _col2im(xp, dcols.reshape(g.shape[0], c, kh, kw, -1), x.shape, stride,
+    g_rows = _rows(xp, g, row, dtype, workspace)
+    wmat_t = w.reshape(o, c * kh * kw).T.astype(dtype, copy=False)
+    dcols = xp.matmul(wmat_t, g_rows, out=_scratch(
+        xp, workspace, "dcols", (c * kh * kw, g_rows.shape[1]), dtype))
+    return _col2im(xp, dcols.reshape(c, kh, kw, g.shape[0], -1), x.shape, stride,
                    padding, out, workspace)
 
 
 def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
                               workspace=None):
-    # dW = sum over the batch of g[n] (O, OH*row) @ cols[n]^T (OH*row, C*kh*kw): one
-    # batched GEMM on the forward's im2col layout (the transpose is a BLAS flag,
-    # not a copy), then a sum over N of a small (N, O, C*kh*kw) array.
+    # dW = g (O, N*OH*OW) @ cols^T (N*OH*OW, C*kh*kw): one GEMM on the forward's
+    # im2col layout (the transpose is a BLAS flag, not a copy) whose inner
+    # dimension runs over every pixel of every sample, so the sum over the batch
+    # happens inside BLAS.
     o, c, kh, kw = w.shape
-    row = _conv_layout(x.shape, kh, kw, stride, padding)[-1]
-    cols = _im2col(xp, x, kh, kw, stride, padding, xp.result_type(x, g), workspace)
-    per_sample = xp.matmul(_rows(xp, g, row), cols.transpose(0, 2, 1))
-    return per_sample.sum(axis=0).reshape(o, c, kh, kw)
+    dtype = xp.result_type(x, g)
+    cols = _im2col(xp, x, kh, kw, stride, padding, dtype, workspace)
+    g_rows = _rows(xp, g, g.shape[3], dtype, workspace)
+    if out is not None and out.flags.c_contiguous and out.dtype == dtype:
+        xp.matmul(g_rows, cols.T, out=out.reshape(o, c * kh * kw))
+        return out
+    return xp.matmul(g_rows, cols.T).reshape(o, c, kh, kw)
 
 
 def _conv_grad(n, g):
