@@ -61,6 +61,48 @@ def test_conv_kernels_match_loops(xs, ws, stride, padding, with_out):
                                rtol=1e-12, atol=1e-12)
 
 
+def test_batch_chunks_cover_the_batch_in_near_equal_chunks_of_the_budget():
+    budget = nn_ops.CHUNK_BYTES
+    for n in range(1, 40):
+        for per_sample in (1, budget // 7, budget // 2, budget, 3 * budget):
+            ranges = nn_ops._batch_chunks(np, n, per_sample)
+            sizes = [stop - start for start, stop in ranges]
+            assert ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+            assert max(sizes) <= max(1, budget // per_sample)      # within the budget
+            assert len(ranges) == -(-n // min(n, max(1, budget // per_sample)))
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 20000])
+@pytest.mark.parametrize("xs, ws, stride, padding", [CONV_CASES[0], CONV_CASES[2],
+                                                      CONV_CASES[4]])
+def test_conv_kernels_in_batch_chunks_match_loops(monkeypatch, chunk_bytes, xs, ws,
+                                                  stride, padding):
+    # A batch of 5 in chunks of one sample (1 B budget), or of two and three sizes
+    # (5 = 2+2+1: two scratch shapes in one workspace), bound (workspace) or not.
+    monkeypatch.setattr(nn_ops, "CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(3)
+    xs = (5,) + xs[1:]
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    want = conv_reference(x, w, stride, padding)
+    g = rng.standard_normal(want.shape)
+    attrs = {"stride": stride, "padding": padding}
+    shared: dict = {}
+    for workspace in (None, shared, shared):    # unbound; a new workspace; a filled one
+        got = nn_ops._conv_compute(np, x, w, _out(want.shape), workspace=workspace, **attrs)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        got = nn_ops._conv_grad_input_compute(np, g, w, x, _out(xs), workspace=workspace,
+                                              **attrs)
+        np.testing.assert_allclose(got, conv_grad_input_reference(g, w, x, stride, padding),
+                                   rtol=1e-12, atol=1e-12)
+        got = nn_ops._conv_grad_filter_compute(np, g, x, w, _out(ws), workspace=workspace,
+                                               **attrs)
+        np.testing.assert_allclose(got, conv_grad_filter_reference(g, x, w, stride,
+                                                                   padding),
+                                   rtol=1e-12, atol=1e-12)
+
+
 POOL_CASES = [  # (x shape, ksize, stride, padding)
     ((2, 3, 8, 8), (2, 2), (2, 2), 0),       # tiled: written straight into dx
     ((2, 3, 9, 7), (2, 2), (2, 2), 0),       # disjoint, a leftover row and column
@@ -189,11 +231,11 @@ def test_bound_convs_whose_padded_buffers_share_a_shape_keep_their_zero_border()
                                    rtol=1e-12)
 
 
-def test_a_filter_gradient_reuses_the_forwards_windows_only_within_a_run():
-    # A bound conv's filter gradient reuses the im2col matrix its forward left in
-    # the stream's scratch (same x, same run). Here the filter gradient runs first
-    # and the forward after it, in each run, on a fed array changed in place
-    # between runs: the scratch made in run 1 must not pass for run 2's windows.
+def test_a_filter_gradient_sees_a_fed_array_changed_in_place_between_runs():
+    # Bound conv kernels share the stream's im2col scratch. Here the filter gradient
+    # runs first and the forward after it, in each run, on a fed array changed in
+    # place between runs: no scratch filled in run 1 may pass for run 2's windows.
+    # (A filter gradient that reused its forward's matrix once got this wrong.)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((2, 3, 6, 5))
     w, g = rng.standard_normal((4, 3, 3, 3)), rng.standard_normal((2, 4, 6, 5))

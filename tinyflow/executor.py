@@ -56,7 +56,7 @@ from tinyflow.graph import (
     ordering_dependencies,
 )
 from tinyflow.ops import REGISTRY, OpDef
-from tinyflow.registry import WORKSPACE_CLOCK, Clock, mutated_input, source_kind, written_variable
+from tinyflow.registry import mutated_input, source_kind, written_variable
 from tinyflow.streams import (
     Schedule,
     assign_streams,
@@ -225,10 +225,6 @@ class Program:
     # graph's node of each such slot
     source_slots: dict = field(default_factory=dict)
     graph_node_of_slot: dict = field(default_factory=dict)
-    # runs and variable writes (registry.Clock); every stream's workspace holds it
-    # (WORKSPACE_CLOCK), so bound kernels can tell whether scratch they filled from
-    # an array is still current (OpDef.bind)
-    clock: Clock = field(default_factory=Clock)
 
     @property
     def device(self) -> str:
@@ -261,7 +257,6 @@ class Program:
         reads = {slot: backend.to_host(values[slot]) for slot in self.fetched_before_writes
                  if values[slot] is not None}
         self.runs += 1
-        self.clock.run += 1
         opts = self.options
         if opts["check_numerics"]:
             self._check_sources(values)
@@ -447,15 +442,14 @@ def _kernel_error(step: Step | None, err: Exception, stream: str | None = None
                           f"{type(err).__name__}: {err}")
 
 
-def _variable_writer(kernel: Any, var: Node, node: Node, clock: Clock) -> Any:
+def _variable_writer(kernel: Any, var: Node, node: Node) -> Any:
     """A kernel of an op that writes a variable in place (OpDef.mutates: tf.assign,
     fused_assign), bound to user variable `var`. The Session's store comes in as its
     first input (the program's `store_slot`); `kernel` writes straight into the
     store's buffer of `var`, which keeps its identity across runs (the planner relies
     on it). Should that buffer not exist yet (a variable only written) or not be of
     the compiled shape and dtype (an assign that changes a variable's shape, as
-    tf.infer_variable_shapes programs do), the variable gets a new buffer first.
-    The write is told to the program's `clock`: the buffer holds new values now."""
+    tf.infer_variable_shapes programs do), the variable gets a new buffer first."""
     shape, dtype = node.shape, node.dtype
 
     def write_variable(xp: Any, store: dict, current: Any, *arrays: Any, out: Any = None,
@@ -463,9 +457,7 @@ def _variable_writer(kernel: Any, var: Node, node: Node, clock: Clock) -> Any:
         held = store.get(var)
         if held is None or held.shape != shape or held.dtype != dtype:
             held = store[var] = xp.empty(shape, dtype=dtype)
-        result = kernel(xp, held, *arrays, **attrs)
-        clock.wrote(held)
-        return result
+        return kernel(xp, held, *arrays, **attrs)
     return write_variable
 
 
@@ -740,7 +732,7 @@ def _bind_kernels(program: Program, user_of: dict[int, Node]) -> None:
     can (OpDef.bind, with scratch space shared by the steps of one stream, which
     never run at once); a variable writer's kernel bound to its variable; then
     what the runner calls, bound once: `Step.kernel` and `Step.gather`."""
-    workspaces = [{WORKSPACE_CLOCK: program.clock} for _ in program.schedule.names]
+    workspaces: list[dict] = [{} for _ in program.schedule.names]
     for step in program.steps:
         opdef, inputs = REGISTRY[step.node.op], step.node.inputs
         if opdef.bind is not None:
@@ -749,7 +741,7 @@ def _bind_kernels(program: Program, user_of: dict[int, Node]) -> None:
                                       workspaces[step.stream]) or step.compute
         if opdef.mutates is not None:
             var = user_of[id(inputs[opdef.mutates])]
-            step.compute = _variable_writer(step.compute, var, step.node, program.clock)
+            step.compute = _variable_writer(step.compute, var, step.node)
         step.kernel = _kernel_of(step, opdef, program.xp)
         step.gather = _gather_of(step.inputs)
 

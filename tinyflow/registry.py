@@ -24,28 +24,6 @@ if TYPE_CHECKING:  # (types only: graph.py imports this module)
 SOURCE_KINDS = ("feed", "variable", "constant")
 
 
-# The key of the program's Clock in a stream's workspace (see OpDef.bind).
-WORKSPACE_CLOCK = "clock"
-
-
-class Clock:
-    """When the arrays a program's kernels are given may hold new values: at each
-    run (`run` counts them), and after an in-place write into a variable's buffer
-    (`writes` counts them by id(buffer)). Any other value's array is written once
-    per run, by the step that makes it. So scratch a kernel filled from array `a`
-    is still what it would fill now while `stamp(a)` stays the same."""
-
-    def __init__(self) -> None:
-        self.run = 0
-        self.writes: dict[int, int] = {}
-
-    def stamp(self, array: Any) -> tuple[int, int]:
-        return self.run, self.writes.get(id(array), 0)
-
-    def wrote(self, array: Any) -> None:
-        self.writes[id(array)] = self.writes.get(id(array), 0) + 1
-
-
 @dataclass(frozen=True)
 class OpDef:
     """One registry entry. Flags are read by passes; functions by the layers above."""
@@ -65,8 +43,6 @@ class OpDef:
     # these static input shapes (or None). The executor calls it once per step when it
     # compiles, so per-run work (finding a plan) disappears; `workspace` is a dict of
     # scratch buffers shared by the steps of one stream, which never run at once.
-    # workspace[WORKSPACE_CLOCK] is the program's Clock: scratch a kernel filled from
-    # an array is current while the array's stamp stays.
     bind: Callable[..., Any] | None = None
     # Optional: check(attrs, dtypes) raises Mismatch for attributes or input dtypes no
     # shape could make valid (a stride of 0, an unknown padding, float indices). Run
