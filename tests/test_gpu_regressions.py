@@ -38,15 +38,36 @@ def test_sign_of_minus_zero_is_plus_zero_as_in_numpy(dtype):
 ALL_FLOAT16 = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
 
 
+def _numpy_half_exp_off_by_rounding(x: np.ndarray) -> np.ndarray:
+    """Where numpy's float16 exp(x) is not float32 exp(x) rounded to float16. Nowhere
+    on most CPUs; on those with AVX512-FP16 (Intel Sapphire Rapids and later) numpy 2
+    computes half-precision exp natively and misses the rounded value by one unit in
+    the last place for a few inputs (4 of the 65,536), where a kernel computing in
+    float32, as CUDA's half-precision math does, cannot agree with it."""
+    with np.errstate(all="ignore"):
+        native = np.exp(x)
+        rounded = np.exp(x.astype(np.float32)).astype(np.float16)
+    return ~_same_bits(native, rounded)
+
+
+# The inputs of each op where numpy's own float16 exp may be off (see above).
+HALF_EXP_ARGUMENT = {"gelu": None, "sigmoid": lambda x: -np.abs(x)}
+
+
 @pytest.mark.parametrize("op", ["gelu", "sigmoid"])
 def test_float16_composite_ops_round_every_step_as_numpy_does(op):
     """numpy computes gelu and sigmoid on float16 one ufunc at a time, rounding each
     step (and its constants) to float16; the kernel must too: checked on every one of
-    the 65,536 float16 bit patterns."""
+    the 65,536 float16 bit patterns, except where this CPU's numpy float16 exp itself
+    is not the rounded float32 value (_numpy_half_exp_off_by_rounding)."""
     program = ((op, ("x0",), ()),)
     source = gpu.kernel_source(program, [np.float16])
     got, want = run_source(source, [ALL_FLOAT16]), fused_numpy(program, ALL_FLOAT16)
     same = _same_bits(got, want)
+    if HALF_EXP_ARGUMENT[op] is not None:
+        off = _numpy_half_exp_off_by_rounding(HALF_EXP_ARGUMENT[op](ALL_FLOAT16))
+        assert off.sum() <= 16, f"numpy's float16 exp is off at {off.sum()} inputs"
+        same |= off
     bad = np.flatnonzero(~same)
     assert same.all(), (f"{bad.size} of 65536 differ, e.g. x={ALL_FLOAT16[bad[:3]]}: "
                         f"kernel {got[bad[:3]]}, numpy {want[bad[:3]]}")
