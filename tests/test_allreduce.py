@@ -344,6 +344,20 @@ elif mode == "mismatch":
         report(error=None)
     except CollectiveError as err:
         report(error=str(err), peer=err.peer)
+elif mode == "late":         # rank 1's receive completes while its send still waits
+    tag, small, large = "late", np.arange(8.0), np.ones(1 << 20)  # 8 MiB: rendezvous
+    if comm.rank == 0:
+        comm.send(1, small, tag)
+        time.sleep(0.3)     # past the wait board's POST_AFTER: rank 1's wait is posted
+        comm.recv(1, large, tag)
+        report(error=None)
+    else:
+        got = np.empty(8)
+        try:
+            comm.exchange([(0, large)], [(0, got)], tag)
+            report(error=None, got=got.tolist())
+        except CollectiveError as err:
+            report(error=str(err), peer=err.peer)
 elif mode == "die":         # the last rank dies in the middle of the second allreduce
     x = np.ones(1 << 15)
     ring_allreduce(x, comm)
@@ -548,6 +562,16 @@ def test_a_hung_mpi_rank_is_named_by_every_waiting_rank(child, tmp_path):
     found = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 2)]
     assert all(r["peer"] == 1 and "rank 1 is late" in r["error"] for r in found), found
     assert set(Path(tempfile.gettempdir()).glob("tinyflow-board-*")) <= before
+
+
+@needs_mpi
+def test_a_finished_mpi_receive_keeps_its_message_while_the_send_waits(child, tmp_path):
+    # Posting a long wait on the board asked which request was pending with a Test
+    # that freed the finished receive; the message then "had 0 bytes and tag #-1".
+    assert launch(2, str(child), ["late", str(tmp_path), "20"], use_mpi=True) == 0
+    found = reports(tmp_path, 2)
+    assert found[1] == {"error": None, "got": list(range(8)),
+                        "transport": "MPITransport"}, found
 
 
 @needs_mpi

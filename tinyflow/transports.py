@@ -838,9 +838,16 @@ class MPITransport(Transport):
 
 
 def _first_pending(requests: list, peers: list[int]) -> int:
-    """The peer of the first MPI request not yet complete (the one being waited for)."""
-    return next((peer for request, peer in zip(requests, peers) if not request.Test()),
-                peers[0])
+    """The peer of the first MPI request not yet complete (the one being waited for).
+
+    It asks with Get_status (MPI_Request_get_status), which leaves the request as it
+    is. Test would free a completed request and drop its status: the Testall that
+    follows then reports an empty status (tag MPI_ANY_TAG, 0 bytes) for that receive,
+    and a message that arrived intact failed the tag check as "rank 0 sent 0 bytes
+    with tag #-1" (a receive done while the send of the same exchange was not, at
+    the moment a wait went on the wait board)."""
+    return next((peer for request, peer in zip(requests, peers)
+                 if not request.Get_status()), peers[0])
 
 
 # ----------------------------------------------------------------------------------
