@@ -554,14 +554,18 @@ def test_signalled_mpi_launcher_takes_its_ranks(child, tmp_path, sig):
 
 
 @needs_mpi
-def test_a_hung_mpi_rank_is_named_by_every_waiting_rank(child, tmp_path):
+def test_a_hung_mpi_rank_is_named_by_every_waiting_rank(child, tmp_path, monkeypatch):
     # Rank 0 waits for rank 2, which waits for rank 1: both must name rank 1 (the
-    # wait board `launch` gives MPI ranks), not their direct peer.
-    before = set(Path(tempfile.gettempdir()).glob("tinyflow-board-*"))
+    # wait board `launch` gives MPI ranks), not their direct peer. The board goes in
+    # a temporary folder of this test's own, so that the boards of launches in other
+    # test workers running at the same time are not taken for one left behind.
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     launch(3, str(child), ["hang", str(tmp_path), "1.5"], use_mpi=True)
     found = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 2)]
     assert all(r["peer"] == 1 and "rank 1 is late" in r["error"] for r in found), found
-    assert set(Path(tempfile.gettempdir()).glob("tinyflow-board-*")) <= before
+    assert not list(own_tmp.glob("tinyflow-board-*")), "launch left its wait board"
 
 
 @needs_mpi
