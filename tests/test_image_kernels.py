@@ -103,6 +103,39 @@ def test_conv_kernels_in_batch_chunks_match_loops(monkeypatch, chunk_bytes, xs, 
                                    rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("xs, ws, stride, padding", CONV_CASES)
+def test_conv_kernels_take_an_empty_batch(xs, ws, stride, padding):
+    # A batch of 0 samples gives empty results and a zero filter gradient (the
+    # input gradient's reshapes once failed inside numpy: "cannot reshape array of
+    # size 0").
+    xs = (0,) + xs[1:]
+    x, w = np.zeros(xs), np.ones(ws)
+    attrs = {"stride": stride, "padding": padding}
+    for workspace in (None, {}):
+        y = nn_ops._conv_compute(np, x, w, workspace=workspace, **attrs)
+        g = np.zeros(y.shape)
+        dx = nn_ops._conv_grad_input_compute(np, g, w, x, _out(xs), workspace=workspace,
+                                             **attrs)
+        dw = nn_ops._conv_grad_filter_compute(np, g, x, w, _out(ws), workspace=workspace,
+                                              **attrs)
+        assert y.shape[0] == 0 and dx.shape == xs
+        np.testing.assert_array_equal(dw, np.zeros(ws))
+
+
+def test_a_cnn_step_runs_on_an_empty_batch():
+    x = tf.placeholder(tf.float32, (None, 2, 8, 8))
+    w = tf.Variable(np.ones((3, 2, 3, 3), np.float32))
+    pooled = tf.nn.max_pool(tf.nn.relu(tf.nn.conv2d(x, w, padding=1)), ksize=[1, 2, 2, 1],
+                            strides=[1, 2, 2, 1])
+    loss = tf.reduce_sum(pooled)
+    grad_x, grad_w = tf.gradients(loss, [x, w])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        got = sess.run([loss, grad_x, grad_w], {x: np.ones((0, 2, 8, 8), np.float32)})
+    assert got[0] == 0.0 and got[1].shape == (0, 2, 8, 8)
+    np.testing.assert_array_equal(got[2], np.zeros((3, 2, 3, 3), np.float32))
+
+
 POOL_CASES = [  # (x shape, ksize, stride, padding)
     ((2, 3, 8, 8), (2, 2), (2, 2), 0),       # tiled: written straight into dx
     ((2, 3, 9, 7), (2, 2), (2, 2), 0),       # disjoint, a leftover row and column

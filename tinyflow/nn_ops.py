@@ -161,11 +161,14 @@ CHUNK_BYTES = 2 << 20
 
 def _batch_chunks(xp, n, bytes_per_sample):
     """(start, stop) ranges that cover a batch of n samples in chunks of about
-    CHUNK_BYTES (at least one sample each), their sizes differing by one at most
+    CHUNK_BYTES (at least one sample each, but for the one empty chunk of an empty
+    batch), their sizes differing by one at most
     (so a kernel's scratch comes in two shapes at most). On a GPU, one chunk:
     there the whole batch in one GEMM is what keeps the device busy."""
     per_chunk = n if xp is not np else CHUNK_BYTES // max(bytes_per_sample, 1)
-    count = -(-n // min(max(per_chunk, 1), n))   # ceil(n / samples per chunk)
+    # ceil(n / samples per chunk); an empty batch is one empty chunk (its filter
+    # gradient is then the GEMM's zeros, not an unwritten buffer)
+    count = max(1, -(-n // max(per_chunk, 1)))
     base, extra = divmod(n, count)
     ranges, start = [], 0
     for k in range(count):
@@ -293,7 +296,7 @@ def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
         image = _scratch(xp, workspace, "col2im", (c, n, h + pt + pb + 1, row),
                          dcols.dtype)
         image[...] = 0
-        flat = image.reshape(c, n, -1)
+        flat = image.reshape(c, n, (h + pt + pb + 1) * row)
         for i in range(kh):
             for j in range(kw):
                 flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, i, j]
@@ -388,7 +391,7 @@ def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
         g_rows = _rows(xp, g[start:stop], row, dtype, workspace)
         dcols = xp.matmul(wmat_t, g_rows, out=_scratch(
             xp, workspace, "dcols", (c * kh * kw, g_rows.shape[1]), dtype))
-        _col2im(xp, dcols.reshape(c, kh, kw, stop - start, -1),
+        _col2im(xp, dcols.reshape(c, kh, kw, stop - start, oh * row),
                 (stop - start,) + tuple(x.shape[1:]), stride, padding, out[start:stop],
                 workspace)
     return out
