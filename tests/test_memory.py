@@ -510,7 +510,10 @@ def test_byte_budget_is_met_when_possible():
     assert keep is None and "nothing to do" in summary
     ctx = passes.PassContext(options={"checkpoint": total})
     assert sublinear.checkpoint_pass(graph, ctx) is graph
-    budget = total // 3
+    # Stored boundaries plus the largest recomputed segment: 16 relu layers fit in
+    # 60% of their activations (the recomputation starts from each layer's matmul
+    # output, which the backward pass itself does not read, but which is stored).
+    budget = total * 3 // 5
     keep, summary = sublinear.choose_checkpoints(graph, budget)
     assert "(fits)" in summary
     rewritten = sublinear.recompute(graph, keep)
@@ -519,6 +522,37 @@ def test_byte_budget_is_met_when_possible():
     assert "cannot fit" in tiny
     with pytest.raises(ValueError, match="positive byte budget"):
         sublinear.choose_checkpoints(graph, -5)
+
+
+def _tanh_mlp_training_graph(layers=16, width=32, batch=8):
+    x = tf.placeholder(tf.float32, (batch, width))
+    labels = tf.placeholder(tf.int64, (batch,))
+    h, params = x, []
+    for _ in range(layers):
+        w = tf.Variable(np.full((width, width), 0.01, np.float32))
+        b = tf.Variable(np.zeros(width, np.float32))
+        h = tf.tanh(tf.matmul(h, w) + b)
+        params += [w, b]
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(h, labels))
+    feed = {x: np.zeros((batch, width), np.float32), labels: np.zeros(batch, np.int64)}
+    return [loss, tf.train.SGD(0.1).minimize(loss, params)], feed, params
+
+
+@pytest.mark.parametrize("build", [_tanh_mlp_training_graph, _mlp_training_graph])
+def test_a_budget_said_to_fit_is_met_by_the_stored_activations(build):
+    # tanh's gradient reads tanh's output, so a boundary moved back onto the matmul
+    # output under it is read by the recomputed tanh alone. The budget estimate once
+    # left such boundaries out: "fits, keep 1.1 KiB" for a tanh MLP whose rewritten
+    # graph stored 8.1 KiB against a 4.0 KiB budget.
+    graph = _specialized(*(build(layers=16, width=32, batch=8)
+                           if build is _tanh_mlp_training_graph else build(16, 32, 8)))
+    total = sublinear.activation_bytes(graph)
+    for fraction in (0.8, 0.6, 0.5, 1 / 3, 0.25):
+        budget = int(total * fraction)
+        keep, summary = sublinear.choose_checkpoints(graph, budget)
+        if "(fits)" in summary:
+            stored = sublinear.activation_bytes(sublinear.recompute(graph, keep))
+            assert stored <= budget, (fraction, summary, stored)
 
 
 def test_checkpoint_pass_leaves_inference_graphs_alone():

@@ -287,8 +287,13 @@ def activation_bytes(graph: Graph) -> int:
 def _segments(forward: Sequence[Node], boundaries: set[int], stored: set[int],
               sizes: dict[int, int]) -> tuple[int, int]:
     """(stored bytes, largest segment's recomputed bytes) for a choice of boundaries:
-    Chen et al.'s memory estimate is their sum."""
-    kept = sum(sizes.get(id(n), 0) for n in forward if id(n) in stored)
+    Chen et al.'s memory estimate is their sum. `sizes` holds what the backward
+    pass reads; a boundary is stored even where the backward does not read it, as
+    its recomputed segment starts from it (relu's gradient reads relu's output, so
+    a boundary moved back onto the sum under a relu is read by the recomputed relu
+    alone)."""
+    kept = sum(sizes[id(n)] if id(n) in sizes else node_nbytes(n) if id(n) in boundaries
+               else 0 for n in forward if id(n) in stored)
     segment = worst = 0
     for node in forward:
         if id(node) in boundaries:
