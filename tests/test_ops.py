@@ -438,6 +438,20 @@ def test_gradient_with_unknown_batch_dim_matches_known_shapes(op):
                 f"{op} ({case.label}): {what} differs when the first dims are None"))
 
 
+@pytest.mark.parametrize("build", [lambda x: tf.reduce_max(x, 1), tf.reduce_max,
+                                   lambda x: tf.argmax(x, 1), tf.argmax])
+def test_max_and_argmax_over_an_empty_axis_are_named(build):
+    """numpy's message was 'zero-size array to reduction operation maximum which has
+    no identity' (or 'attempt to get argmax of an empty sequence')."""
+    with pytest.raises(tf.ShapeError, match=r"over axis \d of size 0 .* has no value"):
+        build(tf.placeholder(F64, (2, 0)))
+    x = tf.placeholder(F64, (2, None))
+    for options in ({}, {"passes": []}):
+        with pytest.raises(tf.TinyFlowError, match=r"over axis 1 of size 0 .* has no value"):
+            tf.Session(**options).run(build(x), {x: np.zeros((2, 0))})
+    assert session().run(build(x), {x: np.ones((2, 1))}).shape in ((2,), ())
+
+
 def test_dropout_gradient_uses_the_forward_mask():
     x = tf.placeholder(F64, (50, 40))
     w = tf.placeholder(F64, (50, 40))
