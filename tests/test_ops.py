@@ -452,6 +452,19 @@ def test_max_and_argmax_over_an_empty_axis_are_named(build):
     assert session().run(build(x), {x: np.ones((2, 1))}).shape in ((2,), ())
 
 
+def test_gather_names_an_index_past_the_end():
+    """numpy's message, for params without rows, was 'cannot do a non-empty take
+    from an empty axes'."""
+    params = tf.placeholder(F64, (None, 3))
+    y = tf.gather(params, tf.constant(np.array([0, 2])))
+    for rows in (0, 2):
+        with pytest.raises(tf.TinyFlowError, match=rf"index 2 is out of range for params "
+                                                    rf"of {rows} rows"):
+            session().run(y, {params: np.zeros((rows, 3))})
+    assert session().run(y, {params: np.zeros((3, 3))}).shape == (2, 3)
+    assert session().run(tf.gather(params, tf.constant([-1])), {params: np.eye(3)})[0, 2] == 1
+
+
 def test_dropout_gradient_uses_the_forward_mask():
     x = tf.placeholder(F64, (50, 40))
     w = tf.placeholder(F64, (50, 40))

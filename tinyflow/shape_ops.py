@@ -343,7 +343,16 @@ def _gather_infer(shapes, dtypes, attrs):
 
 
 def _gather_compute(xp, params, indices, out=None):
-    return xp.take(params, indices.astype(np.int64, copy=False), axis=0, out=out)
+    rows = indices.astype(np.int64, copy=False)
+    # Checked here, so that an index past the end (any index, when params have no
+    # rows) is named in the user's terms rather than numpy's ("cannot do a
+    # non-empty take from an empty axes"). Negative indices count from the end.
+    n = len(params)
+    if rows.size and not -n <= int(rows.min()) <= int(rows.max()) < n:
+        bad = int(rows.max()) if int(rows.max()) >= n else int(rows.min())
+        raise IndexError(f"index {bad} is out of range for params of {n} rows "
+                         f"(indices must be in [-{n}, {n}))")
+    return xp.take(params, rows, axis=0, out=out)
 
 
 def _scatter_rows_compute(xp, g, indices, ref, out=None):
