@@ -34,6 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinyflow as tf
+from tinyflow import eager as E
 from tinyflow import nn_ops, ops
 from tinyflow.gradcheck import GradientCheckError, check_gradients
 from tinyflow.graph import Node, topological_order
@@ -436,6 +437,17 @@ def test_gradient_with_unknown_batch_dim_matches_known_shapes(op):
             what = "value" if k == 0 else f"gradient {k - 1}"
             np.testing.assert_allclose(unknown, known, rtol=1e-12, err_msg=(
                 f"{op} ({case.label}): {what} differs when the first dims are None"))
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_over_no_classes_is_empty(op):
+    """An empty last axis gives an empty result and gradient (the row max failed
+    inside numpy: 'zero-size array to reduction operation maximum')."""
+    x = tf.placeholder(F64, (2, None))
+    y = make(op, x)
+    got = session().run([y, tf.gradients(tf.reduce_sum(y), x)[0]], {x: np.zeros((2, 0))})
+    assert [v.shape for v in got] == [(2, 0), (2, 0)]
+    assert make(op, E.tensor(np.zeros((2, 3, 0)))).shape == (2, 3, 0)
 
 
 @pytest.mark.parametrize("build", [lambda x: tf.reduce_max(x, 1), tf.reduce_max,
