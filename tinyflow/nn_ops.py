@@ -351,6 +351,8 @@ def _conv_infer(shapes, dtypes, attrs):
         raise Mismatch("conv2d needs x as (N, C, H, W) and filters as (O, C, kh, kw)")
     if x[1] is not None and w[1] is not None and x[1] != w[1]:
         raise Mismatch(f"input has {x[1]} channels but the filters expect {w[1]}")
+    if 0 in (w[2], w[3]):  # (the output would be wider than the input)
+        raise Mismatch(f"filters of size {w[2]}x{w[3]} are empty: a window needs a tap")
     sh, sw = attrs.get("stride", (1, 1))
     padding = attrs.get("padding", 0)
     if w[2] is None or w[3] is None:
