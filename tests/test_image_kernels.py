@@ -136,6 +136,14 @@ def test_a_cnn_step_runs_on_an_empty_batch():
     np.testing.assert_array_equal(got[2], np.zeros((3, 2, 3, 3), np.float32))
 
 
+def test_an_empty_filter_window_is_a_shape_error():
+    # A kernel of width 0 gave an output wider than the input, and its input
+    # gradient failed inside numpy ("could not broadcast input array").
+    x = tf.placeholder(tf.float32, (1, 2, 4, 4))
+    with pytest.raises(tf.ShapeError, match="filters of size 3x0 are empty"):
+        tf.nn.conv2d(x, tf.placeholder(tf.float32, (2, 2, 3, 0)))
+
+
 POOL_CASES = [  # (x shape, ksize, stride, padding)
     ((2, 3, 8, 8), (2, 2), (2, 2), 0),       # tiled: written straight into dx
     ((2, 3, 9, 7), (2, 2), (2, 2), 0),       # disjoint, a leftover row and column

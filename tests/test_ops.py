@@ -34,6 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinyflow as tf
+from tinyflow import eager as E
 from tinyflow import nn_ops, ops
 from tinyflow.gradcheck import GradientCheckError, check_gradients
 from tinyflow.graph import Node, topological_order
@@ -436,6 +437,108 @@ def test_gradient_with_unknown_batch_dim_matches_known_shapes(op):
             what = "value" if k == 0 else f"gradient {k - 1}"
             np.testing.assert_allclose(unknown, known, rtol=1e-12, err_msg=(
                 f"{op} ({case.label}): {what} differs when the first dims are None"))
+
+
+# Ops whose GRAD_CASES inputs cannot take an empty batch, and why.
+EMPTY_BATCH_SKIP = {
+    "gather": "the indices point past the end of empty params "
+              "(test_gather_names_an_index_past_the_end)",
+    # Gradient helpers whose reference input keeps its rows, so that the emptied
+    # input no longer fits it (their shape rules take the reference's shape as it is).
+    "slice_grad": "", "broadcast_like": "", "reshape_like": "",
+}
+# A mean over nothing is NaN (numpy, TF): the ops that take one.
+EMPTY_BATCH_NAN = {"mean", "count_ratio", "layer_norm"}
+
+
+@pytest.mark.parametrize("op", sorted(set(GRAD_CASES) - set(EMPTY_BATCH_SKIP)))
+def test_gradient_on_an_empty_batch_has_the_inputs_shapes(op):
+    """A batch of 0 samples (dim 0 of every input whose dim 0 is the first input's)
+    runs forward and backward, in graph mode and eagerly, with results of the right
+    shapes; or its shape rule refuses it with a ShapeError. Regression: the
+    simplifier rewrote reshape_like(g, x) as reshape(g, x's shape), and the 0 of
+    the empty batch then meant "copy dim 0" ("cannot reshape 0 elements into (3, 3,
+    2)"); reshape(x, (0, -1)) could not flatten an empty batch."""
+    for case in GRAD_CASES[op](_rng_for(op)):
+        values = _values(case.args)
+        first = next(v.shape[0] for v in values if v.ndim)
+        values = [np.zeros((0,) + v.shape[1:], v.dtype) if v.ndim and v.shape[0] == first
+                  else v for v in values]
+        free = [i for i, a in enumerate(case.args) if not isinstance(a, Fixed)]
+        try:
+            case.build(*_placeholders(values))
+        except tf.ShapeError:
+            continue  # refused by the shape rule, with the op and line named
+        for unknown in (False, True):
+            phs = _placeholders(values, unknown_dims=unknown and not case.needs_known_dims)
+            y = case.build(*phs)
+            grads = tf.gradients(tf.reduce_sum(tf.cast(y, F64)), [phs[i] for i in free])
+            got = session().run([y] + [g for g in grads if g is not None],
+                                dict(zip(phs, values)))
+            shapes = [values[i].shape for i, g in zip(free, grads) if g is not None]
+            assert [g.shape for g in got[1:]] == shapes, f"{op} ({case.label})"
+            if op not in EMPTY_BATCH_NAN:
+                assert not any(np.isnan(v).any() for v in got if v.dtype.kind == "f"), op
+        tensors = [E.tensor(v, requires_grad=i in free) for i, v in enumerate(values)]
+        y = case.build(*tensors)
+        tf.reduce_sum(tf.cast(y, F64)).backward()
+        for i in free:
+            assert tensors[i].grad is None or tensors[i].grad.shape == values[i].shape, op
+
+
+def test_reshape_flattens_an_empty_batch_and_copies_unknown_dims():
+    """(0, -1) flattens a batch of 0 (numpy cannot infer the -1 of an empty array),
+    and the copied dims cancel when the -1 is resolved: (None, 3, 4, 4) to (0, 0, -1)
+    is (None, 3, 16) (it was refused as '16 elements per copied dims', so the
+    batch_normalization layer failed to build on an unknown batch)."""
+    x = tf.placeholder(F64, (None, 3, 4, 4))
+    assert tf.reshape(x, (0, 0, -1)).shape == (None, 3, 16)
+    assert tf.nn.batch_normalization(x, training=True).shape == (None, 3, 4, 4)
+    flat = tf.reshape(x, (0, -1))
+    assert session().run(flat, {x: np.zeros((0, 3, 4, 4))}).shape == (0, 48)
+    empty = E.tensor(np.zeros((0, 3, 4, 4)))
+    assert empty.reshape(0, -1).shape == (0, 48)
+    assert empty.reshape(3, -1).shape == (3, 0)
+    with pytest.raises(tf.ShapeError, match="cannot infer the -1"):
+        E.tensor(np.zeros((0, 3))).reshape(3, -1, 0)  # (a literal 0 past x's rank)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_over_no_classes_is_empty(op):
+    """An empty last axis gives an empty result and gradient (the row max failed
+    inside numpy: 'zero-size array to reduction operation maximum')."""
+    x = tf.placeholder(F64, (2, None))
+    y = make(op, x)
+    got = session().run([y, tf.gradients(tf.reduce_sum(y), x)[0]], {x: np.zeros((2, 0))})
+    assert [v.shape for v in got] == [(2, 0), (2, 0)]
+    assert make(op, E.tensor(np.zeros((2, 3, 0)))).shape == (2, 3, 0)
+
+
+@pytest.mark.parametrize("build", [lambda x: tf.reduce_max(x, 1), tf.reduce_max,
+                                   lambda x: tf.argmax(x, 1), tf.argmax])
+def test_max_and_argmax_over_an_empty_axis_are_named(build):
+    """numpy's message was 'zero-size array to reduction operation maximum which has
+    no identity' (or 'attempt to get argmax of an empty sequence')."""
+    with pytest.raises(tf.ShapeError, match=r"over axis \d of size 0 .* has no value"):
+        build(tf.placeholder(F64, (2, 0)))
+    x = tf.placeholder(F64, (2, None))
+    for options in ({}, {"passes": []}):
+        with pytest.raises(tf.TinyFlowError, match=r"over axis 1 of size 0 .* has no value"):
+            tf.Session(**options).run(build(x), {x: np.zeros((2, 0))})
+    assert session().run(build(x), {x: np.ones((2, 1))}).shape in ((2,), ())
+
+
+def test_gather_names_an_index_past_the_end():
+    """numpy's message, for params without rows, was 'cannot do a non-empty take
+    from an empty axes'."""
+    params = tf.placeholder(F64, (None, 3))
+    y = tf.gather(params, tf.constant(np.array([0, 2])))
+    for rows in (0, 2):
+        with pytest.raises(tf.TinyFlowError, match=rf"index 2 is out of range for params "
+                                                    rf"of {rows} rows"):
+            session().run(y, {params: np.zeros((rows, 3))})
+    assert session().run(y, {params: np.zeros((3, 3))}).shape == (2, 3)
+    assert session().run(tf.gather(params, tf.constant([-1])), {params: np.eye(3)})[0, 2] == 1
 
 
 def test_dropout_gradient_uses_the_forward_mask():

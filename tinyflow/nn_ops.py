@@ -351,6 +351,8 @@ def _conv_infer(shapes, dtypes, attrs):
         raise Mismatch("conv2d needs x as (N, C, H, W) and filters as (O, C, kh, kw)")
     if x[1] is not None and w[1] is not None and x[1] != w[1]:
         raise Mismatch(f"input has {x[1]} channels but the filters expect {w[1]}")
+    if 0 in (w[2], w[3]):  # (the output would be wider than the input)
+        raise Mismatch(f"filters of size {w[2]}x{w[3]} are empty: a window needs a tap")
     sh, sw = attrs.get("stride", (1, 1))
     padding = attrs.get("padding", 0)
     if w[2] is None or w[3] is None:
@@ -688,6 +690,8 @@ def _softmax_compute(xp, x, out=None):
     # Subtracting the row max keeps exp() from overflowing; it cancels in the ratio.
     # (Integers become floats first: x - max would wrap around in uint8.)
     x = x.astype(float_dtype(x.dtype), copy=False)
+    if x.shape[-1] == 0:
+        return _no_classes(xp, x, out)
     shifted = x - x.max(axis=-1, keepdims=True)
     e = xp.exp(shifted, out=out)
     e /= e.sum(axis=-1, keepdims=True)
@@ -696,9 +700,17 @@ def _softmax_compute(xp, x, out=None):
 
 def _log_softmax_compute(xp, x, out=None):
     x = x.astype(float_dtype(x.dtype), copy=False)
+    if x.shape[-1] == 0:
+        return _no_classes(xp, x, out)
     shifted = x - x.max(axis=-1, keepdims=True)
     logsum = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
     return xp.subtract(shifted, logsum, out=out)
+
+
+def _no_classes(xp, x, out):
+    """(Log-)softmax over an empty last axis: an empty result, as in TF. (The row
+    max above would fail inside numpy: a max over no elements has no value.)"""
+    return xp.empty(x.shape, x.dtype) if out is None else out
 
 
 def _softmax_grad(n, g):

@@ -746,6 +746,8 @@ def _reduce_infer(method):
     def infer(shapes, dtypes, attrs):
         shape = shapes[0]
         axes = normalize_axes(attrs.get("axis"), len(shape))
+        if method == "max":
+            _check_not_empty(method, shape, axes)
         if attrs.get("keepdims"):
             out = tuple(1 if i in axes else d for i, d in enumerate(shape))
         else:
@@ -758,8 +760,20 @@ def _reduce_infer(method):
     return infer
 
 
+def _check_not_empty(op: str, shape: tuple, axes: tuple, error: type = Mismatch) -> None:
+    """A max (or argmax) over an axis of size 0 has no value: say so, here or at run
+    time when the size was unknown (numpy: 'zero-size array to reduction operation
+    maximum which has no identity'). A sum or mean over nothing is 0 or NaN."""
+    empty = [a for a in axes if shape[a] == 0]
+    if empty:
+        raise error(f"{op} over axis {empty[0]} of size 0 (shape {tuple(shape)}) has no "
+                    "value: there is no element to take the max of")
+
+
 def _reduce_compute(method):
     def compute(xp, x, out=None, axis=None, keepdims=False):
+        if method == "max":
+            _check_not_empty(method, x.shape, normalize_axes(axis, x.ndim), ValueError)
         result = getattr(x, method)(axis=axis, keepdims=keepdims)
         return xp.asarray(result)
     return compute
@@ -813,12 +827,15 @@ def count_ratio(y: Node, x: Node) -> Node:
 
 
 def _argmax_compute(xp, x, out=None, axis=None):
+    _check_not_empty("argmax", x.shape, normalize_axes(axis, x.ndim), ValueError)
     return xp.argmax(x, axis=axis)
 
 
 def _argmax_infer(shapes, dtypes, attrs):
     shape = shapes[0]
     axis = attrs.get("axis")
+    if shape is not None:
+        _check_not_empty("argmax", shape, normalize_axes(axis, len(shape)))
     if axis is None:
         return (), np.dtype(np.int64)
     (ax,) = normalize_axes(axis, len(shape))

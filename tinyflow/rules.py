@@ -181,15 +181,23 @@ def _rule_reshape(node: Node) -> Node | None:
     x = node.inputs[0]
     if x.shape == node.shape:
         return _keep(node, x)
-    if REGISTRY[x.op].reshape:  # (only changes a shape: the elements keep their order)
+    if REGISTRY[x.op].reshape and _spellable(node.shape):  # (the elements keep their order)
         return new_node("reshape", [x.inputs[0]], {"shape": tuple(node.shape)}, node, (x,))
     return None
+
+
+def _spellable(shape: tuple) -> bool:
+    """Whether reshape's shape attr can say `shape`: a 0 there copies a dim of the
+    input, so an empty dim (a batch of 0) cannot be written as a literal target."""
+    return 0 not in shape
 
 
 def _rule_by_shape(op: str) -> Callable[[Node], Node | None]:
     """reshape_like(x, ref) -> reshape(x, shape): after specialization the shape of
     ref is a constant, and its value no longer has to stay alive until here."""
     def rule(node: Node) -> Node | None:
+        if op == "reshape" and not _spellable(node.shape):
+            return None
         return new_node(op, [node.inputs[0]], {"shape": tuple(node.shape)}, node)
     return rule
 

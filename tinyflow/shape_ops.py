@@ -51,43 +51,43 @@ def _reshape_check(attrs, dtypes):
 
 
 def _reshape_infer(shapes, dtypes, attrs):
-    src, target = shapes[0], _resolve_zeros(shapes[0], attrs["shape"])
-    if None in target:  # a copied dim that is itself unknown
-        return _reshape_unknown(src, attrs["shape"], target), dtypes[0]
-    known = math.prod(d for d in target if d != -1)
-    if -1 in target:
-        if None in src:
-            target[target.index(-1)] = None
-        else:
-            total = math.prod(src)
-            if known == 0 or total % known:
-                raise Mismatch(f"cannot reshape {total} elements into {tuple(attrs['shape'])}")
-            target[target.index(-1)] = total // known
-    elif None not in src and math.prod(src) != known:
-        raise Mismatch(f"cannot reshape {math.prod(src)} elements into {tuple(target)}")
-    return tuple(target), dtypes[0]
+    src, shape = shapes[0], tuple(attrs["shape"])
+    return _resolve_target(src, shape), dtypes[0]
 
 
-def _reshape_unknown(src: tuple, shape: tuple, target: list) -> tuple:
-    """The target when some copied dims (0s) are unknown: a -1 is still known when
-    every other dim of x is (flatten: (None, 3, 3, 3) to (0, -1) is (None, 27)), as
-    the copied dims appear on both sides."""
+def _resolve_target(src: tuple, shape: tuple) -> tuple:
+    """The shape `reshape(x, shape)` gives an x of shape `src` (dims may be None).
+
+    A -1 is what the dims of x that are not copied leave once the target's other
+    dims are taken out: the copied dims (0s) appear on both sides and cancel. That
+    is the only way to know it when a copied dim is unknown (flatten: (None, 3, 3, 3)
+    to (0, -1) is (None, 27)) or 0 (flatten of an empty batch: (0, 3, 3, 3) to
+    (0, -1) is (0, 27), though 0 elements alone cannot tell).
+    """
+    target = _resolve_zeros(src, shape)
     if -1 in target:
-        rest = [d for i, d in enumerate(src) if not (i < len(shape) and shape[i] == 0)]
-        known = math.prod(d for d in target if d not in (-1, None))
+        copied = {i for i, d in enumerate(shape) if d == 0 and i < len(src)}
+        rest = [d for i, d in enumerate(src) if i not in copied]
+        known = math.prod(d for i, d in enumerate(target) if i not in copied and d != -1)
         size = None
-        if None not in rest and known:
-            size = math.prod(rest) // known if math.prod(rest) % known == 0 else None
-            if size is None:
-                raise Mismatch(f"cannot reshape {math.prod(rest)} elements per copied "
-                                f"dims into {tuple(shape)}")
+        if None not in rest:
+            if known == 0:  # 0 elements per 0: any size would do (numpy and TF refuse)
+                raise Mismatch(f"cannot infer the -1 of {shape} for an empty tensor "
+                               "whose other target dims are 0")
+            size, left = divmod(math.prod(rest), known)
+            if left:
+                raise Mismatch(f"cannot reshape {math.prod(src) if None not in src else '?'}"
+                               f" elements into {shape}")
         target[target.index(-1)] = size
+    elif None not in src and math.prod(src) != math.prod(target):
+        raise Mismatch(f"cannot reshape {math.prod(src)} elements into {tuple(target)}")
     return tuple(target)
 
 
 def _reshape_compute(xp, x, out=None, shape=()):
-    result = x.reshape(_resolve_zeros(x.shape, shape))
-    return result
+    # The target is resolved here rather than by numpy: numpy cannot infer a -1 for
+    # an empty x, and (0, -1) must flatten an empty batch too.
+    return x.reshape(_resolve_target(x.shape, shape))
 
 
 def _reshape_like_compute(xp, x, ref, out=None):
@@ -343,7 +343,16 @@ def _gather_infer(shapes, dtypes, attrs):
 
 
 def _gather_compute(xp, params, indices, out=None):
-    return xp.take(params, indices.astype(np.int64, copy=False), axis=0, out=out)
+    rows = indices.astype(np.int64, copy=False)
+    # Checked here, so that an index past the end (any index, when params have no
+    # rows) is named in the user's terms rather than numpy's ("cannot do a
+    # non-empty take from an empty axes"). Negative indices count from the end.
+    n = len(params)
+    if rows.size and not -n <= int(rows.min()) <= int(rows.max()) < n:
+        bad = int(rows.max()) if int(rows.max()) >= n else int(rows.min())
+        raise IndexError(f"index {bad} is out of range for params of {n} rows "
+                         f"(indices must be in [-{n}, {n}))")
+    return xp.take(params, rows, axis=0, out=out)
 
 
 def _scatter_rows_compute(xp, g, indices, ref, out=None):
