@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tinyflow as tf
+from tinyflow.errors import ArgumentError
 from tinyflow.graph import FeedError, ShapeError, TinyFlowError
 
 HERE = os.path.basename(__file__)
@@ -86,6 +87,67 @@ def test_bad_axes_and_indices_are_shape_errors_at_construction(build, words):
         build(x)
     message = str(info.value)
     assert words in message and "(2, 3)" in message and f"{HERE}:" in message
+
+
+@pytest.mark.parametrize("build, words", [
+    # Coerced before, so each built a different op than the one asked for:
+    (lambda x: tf.reduce_sum(x, 1.5), "reduce_sum: axis must be an int, got 1.5"),
+    (lambda x: tf.reduce_sum(x, "1"), "axis must be an int, got '1'"),
+    (lambda x: tf.reduce_sum(x, True), "axis must be an int, got True"),
+    (lambda x: tf.reduce_mean(x, [0.0, 1.0]), "axis must be a sequence of ints"),
+    (lambda x: tf.reduce_sum(x, 0, keepdims="no"), "keepdims must be True or False, got 'no'"),
+    (lambda x: tf.reduce_max(x, 0, keep_dims=2), "keepdims must be True or False, got 2"),
+    (lambda x: tf.argmax(x, 1.5), "argmax: axis must be an int, got 1.5"),
+    (lambda x: tf.expand_dims(x, 0.5), "expand_dims: axis must be an int"),
+    (lambda x: tf.concat([x, x], 1.5), "concat: axis must be an int, got 1.5"),
+    (lambda x: tf.pad(x, 1.5, 1), "pad: dim must be an int, got 1.5"),
+    (lambda x: tf.reshape(x, (2.5, 3)), "reshape: shape must be a sequence of ints"),
+    (lambda x: tf.broadcast_to(x, (2.5, 3)), "broadcast_to: shape must be a sequence of ints"),
+    (lambda x: tf.transpose(x, (1.0, 0.0)), "transpose: axes must be a sequence of ints"),
+    (lambda x: tf.zeros((2.5,)), "zeros: shape must be a sequence of ints"),
+    (lambda x: tf.placeholder(tf.float32, (2.5, 3)), "placeholder: shape must be"),
+    (lambda x: tf.Variable(shape=(2.5,)), "Variable: shape must be"),
+    (lambda x: x[True], "not True"),
+    (lambda x: tf.constant(1.5, tf.int32), "cannot be held exactly in int32"),
+    # Escaped as Python's or numpy's own errors from inside tinyflow:
+    (lambda x: tf.reduce_sum(x, "a"), "axis must be an int, got 'a'"),
+    (lambda x: tf.argmax(x, [0, 1]), "axis must be an int, got [0, 1]"),
+    (lambda x: tf.reshape(x, (None, 3)), "shape must be a sequence of ints, got (None, 3)"),
+    (lambda x: tf.transpose(x, "ab"), "axes must be a sequence of ints, got 'ab'"),
+    (lambda x: tf.concat([], 0), "concat: needs at least one value"),
+    (lambda x: tf.concat(x, 0), "values must be a list of tensors"),
+    (lambda x: x[0:1.5], "slice bounds must be ints or None"),
+    (lambda x: x[1.5], "not 1.5"),
+    (lambda x: tf.placeholder("floaty", (2,)), "dtype 'floaty' is not a dtype numpy knows"),
+    (lambda x: tf.placeholder(object, (2,)), "is not a numeric dtype"),
+    (lambda x: tf.cast(x, str), "cast: dtype <class 'str'> is not a numeric dtype"),
+    (lambda x: tf.zeros((2,), "nope"), "zeros: dtype 'nope'"),
+    (lambda x: tf.random_normal((2,), stddev="a"), "stddev must be a finite number, got 'a'"),
+    (lambda x: tf.constant([[1.0], [2.0, 3.0]]), "constant: value is not an array"),
+    (lambda x: tf.Variable(np.array([object()], dtype=object)), "needs numbers"),
+    (lambda x: tf.Variable(["a", "b"]), "needs numbers or an array of numbers, got ['a', 'b']"),
+])
+def test_bad_arguments_are_argument_errors_naming_op_value_and_line(build, words):
+    """Arguments no input could make valid are refused when the op is built, not
+    coerced (int(1.5), bool("no")) into another op and not left to numpy."""
+    x = tf.placeholder(tf.float32, (2, 3))
+    with pytest.raises(ArgumentError) as info:
+        build(x)
+    message = str(info.value)
+    assert words in message and f"{HERE}:{build.__code__.co_firstlineno}" in message
+    assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+
+
+def test_well_typed_arguments_still_build():
+    x = tf.placeholder(tf.float32, (2, 3))
+    assert tf.reduce_sum(x, np.int64(1)).shape == (2,)
+    assert tf.reduce_sum(x, np.array([0, 1])).shape == ()
+    assert tf.reduce_sum(x, 0, keepdims=np.bool_(True)).shape == (1, 3)
+    assert tf.reduce_sum(x, 0, keepdims=None).shape == (3,)
+    assert tf.reshape(x, 6).shape == (6,)
+    assert tf.placeholder(tf.float32, 3).shape == (3,)
+    assert x[np.int64(1), ::np.int32(2)].shape == (2,)
+    assert tf.constant(2.0, tf.int32).dtype == np.int32
 
 
 def test_the_same_error_when_the_feed_fixes_the_shapes():

@@ -40,6 +40,7 @@ from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float
 from tinyflow.executor import Program, Session, compile
 from tinyflow.eager import function  # tf.function: trace eager code into a graph
 from tinyflow.passes import explain as explain  # tf.explain(program): what the passes did
+from tinyflow.errors import ArgumentError
 from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
 from tinyflow.nn import linear, relu  # the original TinyFlow's top-level names
 from tinyflow.shape_ops import pad
@@ -63,7 +64,7 @@ __all__ = [
     "reduce_max", "reduce_mean", "reduce_sum", "set_random_seed", "trainable_variables",
     "zeros",
     "Program", "Session", "compile", "checkpoint", "linear", "relu", "pad",
-    "FeedError", "Graph", "Node", "ShapeError",
+    "ArgumentError", "FeedError", "Graph", "Node", "ShapeError",
     "TinyFlowError", "abs", "broadcast_to", "cast", "concat", "constant", "exp",
     "expand_dims", "gather", "greater", "greater_equal", "less", "less_equal", "log",
     "matmul", "maximum", "minimum", "not_equal", "ones_like", "pow", "reshape",

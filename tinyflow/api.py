@@ -15,7 +15,7 @@ import numpy as np
 
 from tinyflow import ops
 from tinyflow.graph import Node, ShapeError, topological_order, user_source_line
-from tinyflow.ops import constant, infer_node, make
+from tinyflow.ops import argument_error, constant, dtype_attr, infer_node, int_like, make
 from tinyflow.registry import source_kind
 
 float16, float32, float64 = np.float16, np.float32, np.float64
@@ -43,10 +43,27 @@ update_ops: list[tuple[Node, Node]] = []
 def placeholder(dtype: Any = np.float32, shape: Sequence[int | None] | None = None,
                 name: str | None = None) -> Node:
     """A value fed at run time. `None` dims (or a None shape) are fixed by the feed."""
-    shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
-    _check_source_shape("placeholder", shape)
-    return Node("placeholder", (), {"shape": shape, "dtype": np.dtype(dtype).name},
+    shape = _source_shape("placeholder", shape)
+    dtype = dtype_attr("placeholder", dtype)
+    return Node("placeholder", (), {"shape": shape, "dtype": dtype.name},
                 name=name, shape=shape, dtype=dtype)
+
+
+def _source_shape(op: str, shape: Any) -> tuple | None:
+    """A placeholder's or Variable's shape: None (rank unknown), an int (a vector),
+    or a sequence of ints and Nones. A float or string dim is refused, not rounded
+    (int(2.5) was 2) or, for a Variable, kept as a float dim."""
+    if shape is None:
+        return None
+    if int_like(shape):
+        shape = (shape,)
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (Sequence, np.ndarray)) \
+            or not all(d is None or int_like(d) for d in shape):
+        raise argument_error(op, f"shape must be a sequence of ints and Nones, got "
+                                 f"{shape!r}")
+    shape = tuple(None if d is None else int(d) for d in shape)
+    _check_source_shape(op, shape)
+    return shape
 
 
 def _check_source_shape(op: str, shape: tuple | None) -> None:
@@ -65,16 +82,17 @@ def Variable(initial_value: Any = None, name: str | None = None, dtype: Any = No
     `tf.nn.linear`) must be assigned before use (see `infer_variable_shapes`).
     """
     init = None
+    shape = _source_shape("Variable", shape)
+    if dtype is not None:
+        dtype = dtype_attr("Variable", dtype)
     if initial_value is not None:
         # An array keeps its dtype, Python numbers take TF1's (float32, int32).
         init = initial_value if isinstance(initial_value, Node) else constant(
             initial_value, dtype)
-        shape = init.shape if shape is None else tuple(shape)
+        shape = init.shape if shape is None else shape
         dtype = dtype or init.dtype
     dtype = np.dtype(dtype or np.float32)
-    _check_source_shape("Variable", None if shape is None else tuple(shape))
-    var = Node("variable", (), {"shape": None if shape is None else tuple(shape),
-                                "dtype": dtype.name},
+    var = Node("variable", (), {"shape": shape, "dtype": dtype.name},
                name=name, shape=shape, dtype=dtype)
     _global_variables.append(var)
     if trainable:
@@ -190,16 +208,22 @@ def _axis(axis: Any, reduction_indices: Any) -> Any:
     return reduction_indices if axis is None else axis
 
 
+def _keepdims(keepdims: Any, keep_dims: Any) -> Any:
+    """TF1's deprecated keep_dims, when given, instead of keepdims (ops checks it is
+    a bool: `keepdims or keep_dims` passed a truthy string through)."""
+    return keepdims if keep_dims is None else keep_dims
+
+
 def reduce_sum(x, axis=None, keepdims=False, reduction_indices=None, keep_dims=None):
-    return ops.reduce_sum(x, _axis(axis, reduction_indices), keepdims or bool(keep_dims))
+    return ops.reduce_sum(x, _axis(axis, reduction_indices), _keepdims(keepdims, keep_dims))
 
 
 def reduce_mean(x, axis=None, keepdims=False, reduction_indices=None, keep_dims=None):
-    return ops.reduce_mean(x, _axis(axis, reduction_indices), keepdims or bool(keep_dims))
+    return ops.reduce_mean(x, _axis(axis, reduction_indices), _keepdims(keepdims, keep_dims))
 
 
 def reduce_max(x, axis=None, keepdims=False, reduction_indices=None, keep_dims=None):
-    return ops.reduce_max(x, _axis(axis, reduction_indices), keepdims or bool(keep_dims))
+    return ops.reduce_max(x, _axis(axis, reduction_indices), _keepdims(keepdims, keep_dims))
 
 
 def argmax(x, axis=None, dimension=None):

@@ -23,3 +23,14 @@ class ShapeError(TinyFlowError, ValueError):
 
 class FeedError(TinyFlowError, ValueError):
     """A missing, extra, or ill-shaped value in a `feed_dict`."""
+
+
+class ArgumentError(TinyFlowError, TypeError, ValueError):
+    """An argument of a builder that no input could make valid: an axis, stride or
+    shape entry that is not an int (1.5, "1"), a keepdims that is not a bool, a dtype
+    numpy does not know or a tensor cannot hold (str, object), a hyperparameter out
+    of range. Names the op, the argument, the value and the user's file:line.
+
+    Both a TypeError and a ValueError, as Python itself would raise one or the
+    other for such an argument, so ``except TypeError`` / ``except ValueError``
+    written for the plain errors that used to escape still catch it."""

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow import backend
+from tinyflow.errors import ArgumentError
 from tinyflow.graph import OPERATOR_BUILDERS, Node, ShapeError, format_shape, user_source_line
 from tinyflow.registry import REGISTRY, OpDef, register
 
@@ -331,14 +332,23 @@ def constant(value: Any, dtype: Any = None, name: str | None = None) -> Node:
     take TF1's defaults (floats float32, ints int32)."""
     if isinstance(value, Node):
         return value
+    try:
+        array = np.asarray(value)
+    except ValueError as err:  # a ragged list: numpy's "inhomogeneous shape"
+        raise argument_error("constant", f"value is not an array: {err}") from None
+    if array.dtype.kind not in "biufc":  # strings, objects (a variable of them, too)
+        raise argument_error("constant", f"needs numbers or an array of numbers, got "
+                                         f"{value!r} (dtype {array.dtype})")
     if dtype is not None:
-        array = np.asarray(value, dtype=dtype)
-    elif isinstance(value, (np.ndarray, np.generic)):
-        array = np.asarray(value)
-    else:
-        array = np.asarray(value)
-        if array.dtype.kind not in "biuf":
-            raise TypeError(f"tf.constant needs numbers or an array, got {value!r}")
+        dtype = dtype_attr("constant", dtype)
+        converted = array.astype(dtype)
+        # A value the dtype cannot hold is refused (TF1 too), not truncated or
+        # wrapped: astype made tf.constant(1.5, tf.int32) a 1, and 300 an int8 44.
+        if dtype.kind in "biu" and not np.array_equal(converted, array):
+            raise argument_error("constant", f"value {value!r} cannot be held exactly "
+                                             f"in {dtype}")
+        array = converted
+    elif not isinstance(value, (np.ndarray, np.generic)):
         array = array.astype(python_dtype(array))
     return make("constant", value=ConstValue(array), name=name)
 
@@ -885,7 +895,7 @@ pow = power  # noqa: A001 - the `**` operator and tf.pow
 
 
 def cast(x: Operand, dtype: DType) -> Node:
-    dtype = np.dtype(dtype)
+    dtype = dtype_attr("cast", dtype)
     if isinstance(x, Node) and x.dtype == dtype:
         return x
     return make("cast", x, dtype=dtype.name)
@@ -901,44 +911,116 @@ def matmul(a: Operand, b: Operand, transpose_a: bool = False, transpose_b: bool 
     return make("matmul", a, b, **attrs)
 
 
-def _axis_attr(axis: Axis) -> int | tuple[int, ...] | None:
+# Builders normalize their attribute arguments here, before `make`, so that a value
+# of the wrong type is refused with the op, the argument and the user's line, and is
+# never coerced: int(1.5) silently built a reduction over axis 1, int("1") accepted a
+# string, bool("no") kept the dims, and the rest escaped as numpy's or Python's own
+# errors from inside tinyflow ("invalid literal for int()").
+
+def argument_error(op: str, what: str) -> ArgumentError:
+    """The one format of a bad-argument error: op, what is wrong, user's line."""
+    return ArgumentError(f"{op}: {what} (at {user_source_line()})")
+
+
+def int_like(value: Any) -> bool:
+    # bool is an int to Python, but axis=True or a stride of True is a slip (a
+    # keepdims passed by position), not a 1.
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def int_attr(op: str, arg: str, value: Any) -> int:
+    """`value` as an int attribute: a Python or numpy int; anything else (a float,
+    even 2.0, as numpy refuses for an axis; a string; None) is an ArgumentError."""
+    if not int_like(value):
+        raise argument_error(op, f"{arg} must be an int, got {value!r}")
+    return int(value)
+
+
+def ints_attr(op: str, arg: str, values: Any) -> tuple[int, ...]:
+    """A sequence of ints (a list, tuple or 1-D integer array) as a tuple attribute."""
+    sequence = isinstance(values, Sequence) and not isinstance(values, (str, bytes)) or \
+        isinstance(values, np.ndarray) and values.ndim == 1
+    if not sequence or not all(int_like(v) for v in values):
+        raise argument_error(op, f"{arg} must be a sequence of ints, got {values!r}")
+    return tuple(int(v) for v in values)
+
+
+def bool_attr(op: str, arg: str, value: Any) -> bool:
+    """A flag: True, False (or None, TF1's "not given"); not a truthy string or int."""
+    if value is None:
+        return False
+    if not isinstance(value, (bool, np.bool_)):
+        raise argument_error(op, f"{arg} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def dtype_attr(op: str, dtype: Any) -> np.dtype:
+    """`dtype` as a numpy dtype a tensor can hold: bool, an int, a float or a complex.
+    An unknown name ("floaty") or a dtype of Python objects or strings is refused
+    here: np.dtype raised its own TypeError, and an object placeholder or cast
+    built, only to fail (or compute on objects) later."""
+    try:
+        result = np.dtype(dtype)
+    except TypeError:
+        raise argument_error(op, f"dtype {dtype!r} is not a dtype numpy knows") from None
+    if dtype is None or result.kind not in "biufc":
+        raise argument_error(op, f"dtype {dtype!r} is not a numeric dtype (bool, int, "
+                                 "float or complex)")
+    return result
+
+
+def float_attr(op: str, arg: str, value: Any) -> float:
+    """A finite real number (int or float, Python or numpy) as a float attribute."""
+    if not isinstance(value, (int, float, np.integer, np.floating)) or \
+            isinstance(value, (bool, np.bool_)) or not math.isfinite(value):
+        raise argument_error(op, f"{arg} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _axis_attr(axis: Axis, op: str = "axis") -> int | tuple[int, ...] | None:
     if axis is None:
         return None
-    if isinstance(axis, (list, tuple)):
-        return tuple(int(a) for a in axis)
-    return int(axis)
+    if isinstance(axis, (list, tuple, np.ndarray)):
+        return ints_attr(op, "axis", axis)
+    return int_attr(op, "axis", axis)
 
 
 def reduce_sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
-    return make("sum", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
+    return make("sum", x, axis=_axis_attr(axis, "reduce_sum"),
+                keepdims=bool_attr("reduce_sum", "keepdims", keepdims))
 
 
 def reduce_mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
+    axis = _axis_attr(axis, "reduce_mean")
+    keepdims = bool_attr("reduce_mean", "keepdims", keepdims)
     if isinstance(x, Node) and x.dtype is not None and x.dtype.kind in "biu":
         x = cast(x, np.float32)  # the mean of booleans is a fraction (accuracy)
-    return make("mean", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
+    return make("mean", x, axis=axis, keepdims=keepdims)
 
 
 def reduce_max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
-    return make("max", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
+    return make("max", x, axis=_axis_attr(axis, "reduce_max"),
+                keepdims=bool_attr("reduce_max", "keepdims", keepdims))
 
 
 def argmax(x: Operand, axis: int | None = None) -> Node:
-    return make("argmax", x, axis=None if axis is None else int(axis))
+    return make("argmax", x, axis=None if axis is None else int_attr("argmax", "axis", axis))
 
 
-def _shape_attr(shape: Shape) -> tuple:
-    if isinstance(shape, (int, np.integer)):
+def _shape_attr(shape: Shape, op: str = "shape") -> tuple:
+    if int_like(shape):
         return (int(shape),)
-    return tuple(int(d) for d in shape)
+    return ints_attr(op, "shape", shape)
 
 
 def zeros(shape: Shape, dtype: DType = np.float32, name: str | None = None) -> Node:
-    return make("zeros", shape=_shape_attr(shape), dtype=np.dtype(dtype).name, name=name)
+    return make("zeros", shape=_shape_attr(shape, "zeros"), dtype=dtype_attr("zeros", dtype).name,
+                name=name)
 
 
 def ones(shape: Shape, dtype: DType = np.float32, name: str | None = None) -> Node:
-    return make("ones", shape=_shape_attr(shape), dtype=np.dtype(dtype).name, name=name)
+    return make("ones", shape=_shape_attr(shape, "ones"), dtype=dtype_attr("ones", dtype).name,
+                name=name)
 
 
 # Random streams (TF1: graph seed + op seed). Every random op gets a seed attribute
@@ -971,15 +1053,19 @@ def _next_seed(seed) -> tuple[int, int, int]:
 def random_normal(shape: Shape, mean: float = 0.0, stddev: float = 1.0,
                   dtype: DType = np.float32, seed: int | None = None,
                   name: str | None = None) -> Node:
-    return make("random_normal", shape=_shape_attr(shape), dtype=np.dtype(dtype).name,
-                a=float(mean), b=float(stddev), seed=_next_seed(seed), name=name)
+    return make("random_normal", shape=_shape_attr(shape, "random_normal"),
+                dtype=dtype_attr("random_normal", dtype).name,
+                a=float_attr("random_normal", "mean", mean),
+                b=float_attr("random_normal", "stddev", stddev), seed=_next_seed(seed), name=name)
 
 
 def random_uniform(shape: Shape, minval: float = 0.0, maxval: float = 1.0,
                    dtype: DType = np.float32, seed: int | None = None,
                    name: str | None = None) -> Node:
-    return make("random_uniform", shape=_shape_attr(shape), dtype=np.dtype(dtype).name,
-                a=float(minval), b=float(maxval), seed=_next_seed(seed), name=name)
+    return make("random_uniform", shape=_shape_attr(shape, "random_uniform"),
+                dtype=dtype_attr("random_uniform", dtype).name,
+                a=float_attr("random_uniform", "minval", minval),
+                b=float_attr("random_uniform", "maxval", maxval), seed=_next_seed(seed), name=name)
 
 
 # The shape ops' builders (shape_ops.py, the layer above, adds them as it loads), so

@@ -25,6 +25,11 @@ from tinyflow.ops import (
     Shape,
     _axis_attr,
     _infer_like_second,
+    _shape_attr,
+    argument_error,
+    int_attr,
+    int_like,
+    ints_attr,
     Mismatch,
     result_dtype,
     check_dims,
@@ -253,16 +258,22 @@ def _encode_index(index: Any) -> tuple:
     encoded = []
     for item in index:
         if isinstance(item, slice):
-            encoded.append(("slice", item.start, item.stop, item.step))
-        elif isinstance(item, (int, np.integer)):
+            # Bounds are ints (or None): a float or a node reached numpy's probe in
+            # the shape rule, whose TypeError named neither the op nor the line.
+            if not all(b is None or int_like(b) for b in (item.start, item.stop, item.step)):
+                raise argument_error("getitem", f"slice bounds must be ints or None, "
+                                     f"not {item!r}")
+            encoded.append(("slice", *(None if b is None else int(b)
+                                       for b in (item.start, item.stop, item.step))))
+        elif int_like(item):  # not x[True], which numpy reads as a mask, not as row 1
             encoded.append(("int", int(item)))
         elif item is None:
             encoded.append(("newaxis",))
         elif item is Ellipsis:
             encoded.append(("ellipsis",))
         else:
-            raise TypeError(f"graph nodes can be indexed by ints and slices, not {item!r}; "
-                            "use tf.gather for index arrays")
+            raise argument_error("getitem", f"graph nodes can be indexed by ints and "
+                                 f"slices, not {item!r}; use tf.gather for index arrays")
     return tuple(encoded)
 
 
@@ -417,7 +428,7 @@ register(OpDef("pad", _pad_compute, _pad_infer, _pad_grad,
 def pad(x: Operand, dim: int = 0, pad: int = 0) -> Node:  # noqa: A002 - the original's names
     """The original TinyFlow's tf.pad(x, dim=, pad=): add |pad| zeros along `dim`,
     after the data for pad > 0 and before it for pad < 0 (Torch's nn.Padding)."""
-    return make("pad", x, dim=int(dim), pad=int(pad))
+    return make("pad", x, dim=int_attr("pad", "dim", dim), pad=int_attr("pad", "pad", pad))
 
 
 def getitem(x: Operand, index: Any) -> Node:
@@ -425,29 +436,33 @@ def getitem(x: Operand, index: Any) -> Node:
 
 
 def reshape(x: Operand, shape: Shape) -> Node:
-    return make("reshape", x, shape=tuple(int(d) for d in shape))
+    return make("reshape", x, shape=_shape_attr(shape, "reshape"))
 
 
 def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
-    return make("transpose", x, axes=None if axes is None else tuple(int(a) for a in axes))
+    return make("transpose", x,
+                axes=None if axes is None else ints_attr("transpose", "axes", axes))
 
 
 def broadcast_to(x: Operand, shape: Shape) -> Node:
-    return make("broadcast_to", x, shape=tuple(int(d) for d in shape))
+    return make("broadcast_to", x, shape=_shape_attr(shape, "broadcast_to"))
 
 
 def expand_dims(x: Operand, axis: int) -> Node:
-    return make("expand_dims", x, axis=_axis_attr(axis))
+    return make("expand_dims", x, axis=_axis_attr(axis, "expand_dims"))
 
 
 def squeeze(x: Operand, axis: Axis = None) -> Node:
-    return make("squeeze", x, axis=_axis_attr(axis))
+    return make("squeeze", x, axis=_axis_attr(axis, "squeeze"))
 
 
 def concat(values: Sequence[Operand], axis: int) -> Node:
+    # A single tensor (not a list of them) would be tested for truth by `not values`.
+    if not isinstance(values, (list, tuple)):
+        raise argument_error("concat", f"values must be a list of tensors, got {values!r}")
     if not values:
-        raise ValueError("concat needs at least one value to join")
-    return make("concat", *values, axis=int(axis))
+        raise argument_error("concat", "needs at least one value to join, got []")
+    return make("concat", *values, axis=int_attr("concat", "axis", axis))
 
 
 def gather(params: Operand, indices: Operand) -> Node: return make("gather", params, indices)
