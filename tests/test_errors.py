@@ -138,6 +138,41 @@ def test_bad_arguments_are_argument_errors_naming_op_value_and_line(build, words
     assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize("build, words", [
+    # Built a different layer than the one asked for:
+    (lambda x: tf.nn.max_pool(x, ksize=[1, 2, 2]), "ksize must be an int or (h, w)"),
+    (lambda x: tf.nn.max_pool(x, ksize=[1, 1, 2, 2]), "must be [1, h, w, 1]"),
+    (lambda x: tf.nn.conv2d(x, W(), strides=[1, 2, 2]), "strides must be an int or (h, w)"),
+    (lambda x: tf.nn.conv2d(x, W(), strides=[1, 1.5, 1.5, 1]), "sequence of ints"),
+    (lambda x: tf.nn.conv2d(x, W(), padding=1.5), "padding must be 'SAME', 'VALID' or an int"),
+    (lambda x: tf.nn.conv2d(x, W(), padding=True), "got True"),
+    (lambda x: tf.nn.conv2d(x, num_filter=-3, ksize=3), "num_filter must be >= 1, got -3"),
+    (lambda x: tf.nn.linear(tf.reshape(x, (2, -1)), num_hidden=2.5), "num_hidden must be an int"),
+    # Escaped as Python's own errors from inside tinyflow:
+    (lambda x: tf.nn.max_pool(x, ksize=[2]), "max_pool: ksize must be an int or (h, w), got [2]"),
+    (lambda x: tf.nn.avg_pool(x, ksize=1.5), "ksize must be an int or (h, w), got 1.5"),
+    (lambda x: tf.nn.max_pool2d(x, [2, 2, 2]), "max_pool2d: ksize must be an int or (h, w)"),
+    (lambda x: tf.nn.conv2d(x, W(), padding=None), "padding must be 'SAME', 'VALID' or an int"),
+    (lambda x: tf.nn.conv2d(x, W(), data_format="NHWC"), "data_format 'NHWC'"),
+    (lambda x: tf.nn.dropout(x, "a"), "dropout: rate must be a finite number, got 'a'"),
+    (lambda x: tf.nn.dropout(x, float("nan")), "rate must be a finite number, got nan"),
+    (lambda x: tf.nn.dropout(x, 1.0), "dropout: rate must be in [0, 1), got 1.0"),
+    (lambda x: tf.nn.dropout(x, tf.placeholder(tf.float32, ())), "rate must be a finite number"),
+    (lambda x: tf.nn.Linear(-1, 3), "Linear: in_features must be >= 1, got -1"),
+    (lambda x: tf.nn.Conv2d(2, 3, 0), "Conv2d: kernel_size must be >= 1, got 0"),
+])
+def test_bad_window_and_layer_arguments_are_argument_errors(build, words):
+    x = tf.placeholder(tf.float32, (1, 2, 6, 6))
+    with pytest.raises(ArgumentError) as info:
+        build(x)
+    message = str(info.value)
+    assert words in message and f"{HERE}:{build.__code__.co_firstlineno}" in message
+
+
+def W():
+    return tf.placeholder(tf.float32, (3, 2, 3, 3))
+
+
 def test_well_typed_arguments_still_build():
     x = tf.placeholder(tf.float32, (2, 3))
     assert tf.reduce_sum(x, np.int64(1)).shape == (2,)
@@ -148,6 +183,9 @@ def test_well_typed_arguments_still_build():
     assert tf.placeholder(tf.float32, 3).shape == (3,)
     assert x[np.int64(1), ::np.int32(2)].shape == (2,)
     assert tf.constant(2.0, tf.int32).dtype == np.int32
+    image = tf.placeholder(tf.float32, (1, 2, 6, 6))
+    assert tf.nn.max_pool(image, ksize=[1, 3, 2, 1]).shape == (1, 2, 2, 3)
+    assert tf.nn.conv2d(image, W(), strides=np.int64(2), padding="same").shape == (1, 3, 3, 3)
 
 
 def test_the_same_error_when_the_feed_fixes_the_shapes():

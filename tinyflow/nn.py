@@ -39,20 +39,38 @@ __all__ = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "dropout
 # Functions (TF1 / original TinyFlow)
 # ----------------------------------------------------------------------------------
 
-def _spatial(pair: Any, default: tuple[int, int]) -> tuple[int, int]:
-    """TF writes window sizes and strides as [1, h, w, 1]; accept that, (h, w) or h."""
+def _spatial(op: str, arg: str, pair: Any, default: tuple[int, int]) -> tuple[int, int]:
+    """TF writes window sizes and strides as [1, h, w, 1]; accept that, (h, w) or h.
+
+    Any other length is refused: a length of 3 or 5 used to take entries 0 and 1
+    ([1, 2, 2] pooled 1 x 2), and TF's NCHW spelling [1, 1, 2, 2] took (1, 2)
+    silently; the outer entries of a 4-list must be 1."""
     if pair is None:
         return default
-    if isinstance(pair, int):
-        return (pair, pair)
-    pair = list(pair)
-    return (int(pair[1]), int(pair[2])) if len(pair) == 4 else (int(pair[0]), int(pair[1]))
+    if isinstance(pair, (Sequence, np.ndarray)) and not isinstance(pair, str) \
+            and len(pair) == 4:
+        n, h, w, c = ops.ints_attr(op, arg, pair)
+        if n != 1 or c != 1:
+            raise ops.argument_error(op, f"{arg} {list(pair)} must be [1, h, w, 1] "
+                                         "(or (h, w), or an int)")
+        return (h, w)
+    return nn_ops.pair_attr(op, arg, pair)
 
 
-def _nchw(data_format: str) -> None:
+def _nchw(op: str, data_format: str) -> None:
     if data_format != "NCHW":
-        raise ValueError(f"data_format {data_format!r}: TinyFlow's images are NCHW "
-                         "(as the original TinyFlow's); transpose NHWC data first")
+        raise ops.argument_error(op, f"data_format {data_format!r}: TinyFlow's images are "
+                                     "NCHW (as the original TinyFlow's); transpose NHWC "
+                                     "data first")
+
+
+def _units(op: str, arg: str, value: Any) -> int:
+    """A layer's number of filters or units: a positive int. Checked now, as the
+    weight's shape is only built later (infer_variable_shapes), and a -3 or 2.5
+    there became a Variable of that shape."""
+    if ops.int_attr(op, arg, value) < 1:
+        raise ops.argument_error(op, f"{arg} must be >= 1, got {value!r}")
+    return int(value)
 
 
 def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: Any = "VALID",
@@ -67,12 +85,13 @@ def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: An
     The second creates Variables `<name>_weight` (and `<name>_bias`) whose shapes are
     inferred later from x's shape (`tf.infer_variable_shapes`).
     """
-    _nchw(data_format)
-    stride = _spatial(strides, (1, 1))
+    _nchw("conv2d", data_format)
+    stride = _spatial("conv2d", "strides", strides, (1, 1))
     if filter is None:
         if num_filter is None or ksize is None:
             raise TypeError("conv2d needs a filter node, or num_filter= and ksize=")
-        kh, kw = _spatial(ksize, (1, 1))
+        num_filter = _units("conv2d", "num_filter", num_filter)
+        kh, kw = _spatial("conv2d", "ksize", ksize, (1, 1))
         name = name or f"conv2d_{next(_layer_ids)}"
         filter = api.Variable(name=f"{name}_weight")
         api.deferred_shapes[filter] = (x, lambda s: (num_filter, s[1], kh, kw))
@@ -87,17 +106,19 @@ def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: An
 def max_pool(x: Node, ksize: Any = (1, 2, 2, 1), strides: Any = None,
              padding: Any = "VALID", data_format: str = "NCHW") -> Node:
     """Max pooling; ksize/strides as TF's [1, h, w, 1] or (h, w)."""
-    _nchw(data_format)
-    k = _spatial(ksize, (2, 2))
-    return max_pool2d(x, k, _spatial(strides, k), 0 if padding == "VALID" else padding)
+    _nchw("max_pool", data_format)
+    k = _spatial("max_pool", "ksize", ksize, (2, 2))
+    return max_pool2d(x, k, _spatial("max_pool", "strides", strides, k),
+                      0 if padding == "VALID" else padding)
 
 
 def avg_pool(x: Node, ksize: Any = (1, 2, 2, 1), strides: Any = None,
              padding: Any = "VALID", data_format: str = "NCHW") -> Node:
     """Average pooling (padding counts as zeros); ksize/strides as for max_pool."""
-    _nchw(data_format)
-    k = _spatial(ksize, (2, 2))
-    return avg_pool2d(x, k, _spatial(strides, k), 0 if padding == "VALID" else padding)
+    _nchw("avg_pool", data_format)
+    k = _spatial("avg_pool", "ksize", ksize, (2, 2))
+    return avg_pool2d(x, k, _spatial("avg_pool", "strides", strides, k),
+                      0 if padding == "VALID" else padding)
 
 
 def moments(x: Node, axes: Sequence[int], keepdims: bool = False) -> tuple[Node, Node]:
@@ -195,6 +216,7 @@ _layer_ids = itertools.count()
 def linear(x: Node, num_hidden: int, name: str | None = None, no_bias: bool = True) -> Node:
     """Fully connected layer y = x W^T (+ b), creating `<name>_weight` (num_hidden, D)
     and `<name>_bias` with shapes inferred later (`tf.infer_variable_shapes`)."""
+    num_hidden = _units("linear", "num_hidden", num_hidden)
     name = name or f"linear_{next(_layer_ids)}"
     weight = api.Variable(name=f"{name}_weight")
     api.deferred_shapes[weight] = (x, lambda s: (num_hidden, s[-1]))
@@ -269,6 +291,8 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  name: str = "linear") -> None:
+        in_features = _units("Linear", "in_features", in_features)  # (1/sqrt(-1): numpy's
+        out_features = _units("Linear", "out_features", out_features)  # domain error)
         bound = 1.0 / math.sqrt(in_features)
         self.weight = _uniform_variable((in_features, out_features), bound, f"{name}_w")
         self.bias = _uniform_variable((out_features,), bound, f"{name}_b") if bias else None
@@ -289,6 +313,9 @@ class Conv2d(Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int,
                  stride: int = 1, padding: int | str = 0, bias: bool = True,
                  name: str = "conv") -> None:
+        in_channels = _units("Conv2d", "in_channels", in_channels)  # (a 0 divided by 0)
+        out_channels = _units("Conv2d", "out_channels", out_channels)
+        kernel_size = _units("Conv2d", "kernel_size", kernel_size)
         bound = 1.0 / math.sqrt(in_channels * kernel_size * kernel_size)
         self.weight = _uniform_variable((out_channels, in_channels, kernel_size, kernel_size),
                                         bound, f"{name}_w")

@@ -14,6 +14,7 @@ chunk of the batch sized to stay in the CPU's cache (see CHUNK_BYTES).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,11 @@ from tinyflow.ops import (
     OpDef,
     Mismatch,
     Operand,
+    argument_error,
+    float_attr,
     infer_same,
+    int_like,
+    ints_attr,
     result_dtype,
     cast,
     exp,
@@ -57,7 +62,7 @@ def _pads(size: int, kernel: int, stride: int, padding) -> tuple[int, int]:
 
 def _window_check(attrs: dict, dtypes: list) -> None:
     """Strides and window sizes are positive; padding is "SAME", "VALID" or an int >= 0."""
-    for key in ("stride", "ksize"):
+    for key in ("ksize", "stride"):  # (ksize first: a pool's stride defaults to it)
         if key in attrs and any(int(v) < 1 for v in attrs[key]):
             raise Mismatch(f"{key} {tuple(attrs[key])} must be >= 1")
     padding = attrs.get("padding", 0)
@@ -506,13 +511,33 @@ register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _same_as_input_2
                check=_window_check))
 
 
+def pair_attr(op: str, arg: str, value: Any) -> tuple[int, int]:
+    """A window size or stride: an int, or (h, w). A float is refused, not truncated
+    (a stride of 1.5 became 1), as is a sequence of another length, which `int()`
+    and unpacking turned into errors from inside tinyflow."""
+    if int_like(value):
+        return (int(value), int(value))
+    if not isinstance(value, (Sequence, np.ndarray)) or isinstance(value, str) \
+            or len(value) != 2:
+        raise argument_error(op, f"{arg} must be an int or (h, w), got {value!r}")
+    return ints_attr(op, arg, value)
+
+
+def padding_attr(op: str, padding: Any) -> str | int:
+    """"SAME" or "VALID" (any case), or an int: not a float (1.5 was 1), True, None."""
+    if isinstance(padding, str):
+        return padding.upper()  # (an unknown name is the check's, with the attributes)
+    if not int_like(padding):
+        raise argument_error(op, f"padding must be 'SAME', 'VALID' or an int, got "
+                                 f"{padding!r}")
+    return int(padding)
+
+
 def conv2d(x: Operand, w: Operand, stride: int | Sequence[int] = (1, 1),
            padding: int | str | Sequence[int] = 0) -> Node:
     """Convolve x (N,C,H,W) with filters w (O,C,kh,kw); padding int, "SAME" or "VALID"."""
-    if isinstance(stride, int):
-        stride = (stride, stride)
-    padding = padding.upper() if isinstance(padding, str) else int(padding)
-    return make("conv2d", x, w, stride=tuple(int(s) for s in stride), padding=padding)
+    return make("conv2d", x, w, stride=pair_attr("conv2d", "stride", stride),
+                padding=padding_attr("conv2d", padding))
 
 
 # ----------------------------------------------------------------------------------
@@ -662,12 +687,9 @@ register(OpDef("avg_pool2d_grad", _avg_pool_grad_compute,
 
 
 def _pool(op, x, ksize, stride, padding):
-    ksize = (ksize, ksize) if isinstance(ksize, int) else tuple(ksize)
-    stride = ksize if stride is None else (stride, stride) if isinstance(stride, int) \
-        else tuple(stride)
-    padding = padding.upper() if isinstance(padding, str) else int(padding)
-    return make(op, x, ksize=tuple(map(int, ksize)), stride=tuple(map(int, stride)),
-                padding=padding)
+    ksize = pair_attr(op, "ksize", ksize)
+    stride = ksize if stride is None else pair_attr(op, "stride", stride)
+    return make(op, x, ksize=ksize, stride=stride, padding=padding_attr(op, padding))
 
 
 def max_pool2d(x: Operand, ksize: int | Sequence[int] = 2,
@@ -878,8 +900,10 @@ def dropout(x: Operand, rate: float = 0.5, training: bool = True,
             seed: int | None = None) -> Node:
     """Zero each element with probability `rate` (training), identity otherwise."""
     from tinyflow.ops import _next_seed
-    if not 0.0 <= rate < 1.0:
-        raise ValueError(f"dropout rate must be in [0, 1), got {rate}")
+    # A number, checked here: a string or a node reached `0.0 <= rate` (a TypeError,
+    # or "the truth value of graph node"), and NaN passed as a plain ValueError.
+    if not 0.0 <= float_attr("dropout", "rate", rate) < 1.0:
+        raise argument_error("dropout", f"rate must be in [0, 1), got {rate!r}")
     if isinstance(x, Node) and x.dtype is not None and x.dtype.kind != "f":
         raise ShapeError(f"dropout needs a float input, got {x.dtype} (TF1 too); cast it "
                          f"first (at {user_source_line()})")
