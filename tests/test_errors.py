@@ -169,6 +169,26 @@ def test_bad_window_and_layer_arguments_are_argument_errors(build, words):
     assert words in message and f"{HERE}:{build.__code__.co_firstlineno}" in message
 
 
+@pytest.mark.parametrize("build, words", [
+    (lambda: tf.train.GradientDescentOptimizer(float("nan")), "learning_rate must be a finite"),
+    (lambda: tf.train.GradientDescentOptimizer(float("inf")), "finite number, got inf"),
+    (lambda: tf.train.GradientDescentOptimizer(-0.1), "learning_rate must be >= 0, got -0.1"),
+    (lambda: tf.train.GradientDescentOptimizer("a"), "learning_rate must be a finite number"),
+    (lambda: tf.train.GradientDescentOptimizer(None), "got None"),
+    (lambda: tf.train.GradientDescentOptimizer(0.1, weight_decay="a"), "weight_decay"),
+    (lambda: tf.train.MomentumOptimizer(0.1, momentum=float("nan")), "momentum must be"),
+    (lambda: tf.train.AdamOptimizer(0.1, beta1=1.0), "beta1 must be [0, 1), got 1.0"),
+    (lambda: tf.train.AdamOptimizer(0.1, epsilon=-1.0), "epsilon must be >= 0"),
+])
+def test_bad_optimizer_hyperparameters_are_refused_where_the_optimizer_is_built(build, words):
+    """Before, NaN, inf or beta1 = 1 trained every weight to NaN without a word."""
+    with pytest.raises(ArgumentError) as info:
+        build()
+    message = str(info.value)
+    assert words in message and f"{HERE}:{build.__code__.co_firstlineno}" in message
+    assert "Optimizer" in message
+
+
 def W():
     return tf.placeholder(tf.float32, (3, 2, 3, 3))
 

@@ -24,8 +24,13 @@ class Optimizer:
     """Base: compute_gradients + apply_gradients = minimize (TF1's split)."""
 
     def __init__(self, learning_rate: float | Node, weight_decay: float = 0.0) -> None:
+        # A node (a schedule) is taken as it is; a number is checked here, where the
+        # line is the user's: a NaN or infinite rate trained every weight to NaN
+        # without a word, and a string failed later inside minimize.
+        if not isinstance(learning_rate, Node):
+            learning_rate = _hyper(self, "learning_rate", learning_rate, 0.0, None)
         self.learning_rate = learning_rate
-        self.weight_decay = weight_decay
+        self.weight_decay = _hyper(self, "weight_decay", weight_decay, 0.0, None)
 
     def compute_gradients(self, loss: Node, var_list: Sequence[Node] | None = None
                           ) -> list[tuple[Node, Node]]:
@@ -64,6 +69,17 @@ class Optimizer:
         return api.Variable(init, name=f"{var.name}/{name}", trainable=False)
 
 
+def _hyper(optimizer: Optimizer, arg: str, value: object, low: float,
+           below: float | None) -> float:
+    """`value` as a finite number >= low (and < below, if given), as PyTorch checks."""
+    op = type(optimizer).__name__
+    value = ops.float_attr(op, arg, value)
+    if value < low or below is not None and value >= below:
+        bounds = f"[{low:g}, {below:g})" if below is not None else f">= {low:g}"
+        raise ops.argument_error(op, f"{arg} must be {bounds}, got {value!r}")
+    return value
+
+
 class GradientDescentOptimizer(Optimizer):
     """var -= lr * (grad + weight_decay * var)"""
 
@@ -79,7 +95,7 @@ class MomentumOptimizer(Optimizer):
     def __init__(self, learning_rate: float | Node, momentum: float = 0.9,
                  weight_decay: float = 0.0) -> None:
         super().__init__(learning_rate, weight_decay)
-        self.momentum = momentum
+        self.momentum = _hyper(self, "momentum", momentum, 0.0, None)
 
     def _update(self, grad: Node, var: Node) -> Node:
         if self.weight_decay:
@@ -102,7 +118,10 @@ class AdamOptimizer(Optimizer):
                  beta2: float = 0.999, epsilon: float = 1e-8, weight_decay: float = 0.0
                  ) -> None:
         super().__init__(learning_rate, weight_decay)
-        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+        # beta 1.0 divides by 1 - beta^t = 0: every weight NaN after the first step.
+        self.beta1 = _hyper(self, "beta1", beta1, 0.0, 1.0)
+        self.beta2 = _hyper(self, "beta2", beta2, 0.0, 1.0)
+        self.epsilon = _hyper(self, "epsilon", epsilon, 0.0, None)
 
     def apply_gradients(self, grads_and_vars: Sequence[tuple[Node, Node]]) -> Node:
         self._step_sizes: dict[np.dtype, Node] = {}
