@@ -1288,6 +1288,23 @@ def test_dtype_rule_and_kernel_agree_for_every_op_and_dtype(case):
         np.testing.assert_array_equal(outs[0], outs[1], err_msg=f"{case.op} on {dtype}")
 
 
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "bool"])
+def test_max_pool_of_integers_and_booleans_pads_with_the_lowest_value(dtype):
+    """SAME padding pads with the dtype's lowest value: -inf for floats only. It
+    failed for ints ('cannot convert float infinity to integer'), and for booleans
+    -inf became True, so a window reaching the padding of an all-False x was True."""
+    x = np.arange(-6, 9).reshape(1, 1, 3, 5).astype(dtype)
+    if dtype == "bool":
+        x = np.zeros((1, 1, 3, 5), bool)
+    ph = tf.placeholder(x.dtype, x.shape)
+    y = tf.nn.max_pool(ph, [1, 3, 3, 1], [1, 2, 2, 1], "SAME")
+    expected = max_pool_reference(x.astype(np.float64), (3, 3), (2, 2), "SAME").astype(dtype)
+    for opts in (dict(passes=[], memory=None), dict()):
+        got = tf.Session(**opts).run(y, {ph: x})
+        assert got.dtype == x.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_reshape_copying_an_unknown_dim_still_resolves_minus_one():
     """(?, 4, 1, 1) reshaped to (0, -1) is (?, 4): the copied unknown dim cancels
     (the rule returned (?, -1), and a matmul after it failed to build)."""
