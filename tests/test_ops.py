@@ -1282,10 +1282,27 @@ def test_dtype_rule_and_kernel_agree_for_every_op_and_dtype(case):
             assert got.dtype == y.dtype, f"{where}: rule {y.dtype}, kernel {got.dtype}"
             assert got.shape == tuple(y.shape), f"{where}: rule {y.shape}, kernel {got.shape}"
             outs.append(got)
-        if outs[0] is None or outs[1] is None:
-            assert outs[0] is outs[1], f"{case.op} on {dtype}: fails with one option only"
+        # Eager mode runs the same kernel at once: same dtype, same bits.
+        from tinyflow import eager
+        try:
+            with np.errstate(all="ignore"):
+                eager_out = case.build(*[eager.tensor(a) for a in args])
+        except tf.TinyFlowError:
+            eager_out = None
+        if isinstance(eager_out, tf.Node):  # a source op (zeros, random): no input Tensor
+            eager_out = outs[0]
+        outs.append(None if eager_out is None else np.asarray(eager_out))
+        if any(o is None for o in outs):
+            assert all(o is None for o in outs), (
+                f"{case.op} on {dtype}: fails with some options only (graph, planned, "
+                f"eager: {[o is not None for o in outs]})")
             continue
-        np.testing.assert_array_equal(outs[0], outs[1], err_msg=f"{case.op} on {dtype}")
+        for what, other in (("planned", outs[1]), ("eager", outs[2])):
+            assert other.dtype == outs[0].dtype, (
+                f"{case.op} ({case.label}) on {dtype}: {what} gives {other.dtype}, "
+                f"the graph {outs[0].dtype}")
+            np.testing.assert_array_equal(other, outs[0],
+                                          err_msg=f"{case.op} on {dtype} ({what})")
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "bool"])

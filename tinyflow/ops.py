@@ -914,8 +914,14 @@ def reduce_sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 
 
 def reduce_mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
-    if isinstance(x, Node) and x.dtype is not None and x.dtype.kind in "biu":
-        x = cast(x, np.float32)  # the mean of booleans is a fraction (accuracy)
+    # The mean of booleans or ints is a fraction (accuracy): in float32, as TinyFlow
+    # always did, for a Node and an eager Tensor alike (testing for a Node alone left
+    # eager means in numpy's float64 while the traced graph gave float32).
+    dtype = getattr(x, "dtype", None)
+    if dtype is None and not isinstance(x, Node):   # a Python number or list
+        dtype = np.asarray(x).dtype
+    if dtype is not None and np.dtype(dtype).kind in "biu":
+        x = cast(x, np.float32)
     return make("mean", x, axis=_axis_attr(axis), keepdims=bool(keepdims))
 
 
