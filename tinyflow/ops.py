@@ -129,12 +129,27 @@ def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
             if isinstance(i, tensor_type):
                 return apply(op, inputs, attrs, name)
     where = user_source_line()
-    like = next((i.dtype for i in inputs if isinstance(i, Node) and i.dtype is not None),
-                None)
+    like = literal_like(i.dtype for i in inputs if isinstance(i, Node))
     nodes = [i if isinstance(i, Node) else _literal(op, i, like, where) for i in inputs]
     node = Node(op, nodes, attrs, name=name, where=where)
     node.shape, node.dtype = infer_node(op, nodes, node.attrs, node.where)
     return node
+
+
+def literal_like(dtypes: Any) -> np.dtype | None:
+    """The dtype that literals among an op's inputs are typed beside: numpy's
+    promotion of the tensor inputs' known dtypes (None when there are none).
+
+    Not the first tensor's dtype: in ``where(x > 0, x, 0)`` that is the condition's
+    bool, beside which 0 became int32, and int32 promoted the float32 x to float64
+    (numpy keeps float32). Eager mode (eager.py) asks the same."""
+    like = None
+    for dtype in dtypes:
+        if like is None:      # (not `dtype != like`: numpy reads None as float64)
+            like = dtype
+        elif dtype is not None and dtype != like:
+            like = np.promote_types(like, dtype)
+    return like
 
 
 def literal_dtype(value: Any, like: Any) -> np.dtype:
