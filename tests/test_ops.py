@@ -1170,7 +1170,7 @@ def _as_float(x):
 
 UNARY_NUMPY = {"neg": (lambda x: -x, np.negative), "exp": (tf.exp, np.exp),
                "log": (tf.log, np.log), "sqrt": (tf.sqrt, np.sqrt), "tanh": (tf.tanh, np.tanh),
-               "abs": (tf.abs, np.abs),
+               "abs": (tf.abs, np.abs), "sign": (ops.sign, np.sign),
                "relu": (tf.nn.relu, lambda x: np.maximum(x, np.zeros((), x.dtype))),
                "sigmoid": (tf.sigmoid, lambda x: 1 / (1 + np.exp(-_as_float(x)))),
                "sum": (tf.reduce_sum, np.sum), "max": (tf.reduce_max, np.max),

@@ -628,7 +628,11 @@ def zero_gradient(node: Node, grad: Node) -> list[None]:
     return [None] * len(node.inputs)
 
 
-register(OpDef("sign", _ufunc_compute("sign"), infer_same, zero_gradient, elementwise=True,
+# numpy's rule, not infer_same: numpy has no sign of booleans, which must be refused
+# when built (as `-x` of booleans is), not fail inside the kernel at run time.
+register(OpDef("sign", _ufunc_compute("sign"),
+               lambda s, d, a: (tuple(s[0]), ufunc_dtype("sign", d)), zero_gradient,
+               elementwise=True,
                inplace=0, doc="-1, 0 or 1 (zero gradient, as TF)", ufunc="sign"))
 
 
