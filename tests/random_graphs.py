@@ -400,7 +400,7 @@ FAMILIES = {
 
 # ----------------------------------------------------------------------------------
 # More families, for the bitwise fuzz test (tests/test_bitwise.py): other dtypes,
-# Python literals and explicitly seeded random ops. Not in FAMILIES, so the tests
+# Python literals, narrow dtypes and explicitly seeded random ops. Not in FAMILIES, so the tests
 # that use the default families keep drawing the same cases.
 # ----------------------------------------------------------------------------------
 
@@ -494,7 +494,38 @@ def _shared_seed_random(b: _Builder) -> None:
     b.add(first + second * 2.0, [x, y], f"random_normal and dropout with seed={seed}")
 
 
+def _narrow(b: _Builder) -> None:
+    """float16, int8, uint8 and bool values (x cast, float16 overflowing to +-inf)
+    through ops whose answer once depended on the options or the mode: pow(x, 0.5)
+    of float16 (simplify made it sqrt: -inf and -0.0 differ), max pooling of ints and
+    booleans (padded with -inf), where with a literal branch, means of ints, and
+    literals that wrap around in narrow ints. The result comes back as float64."""
+    (x,) = b.pick()
+    dtype = b.choice([np.float16, np.int8, np.uint8, np.bool_])
+    if dtype == np.float16:
+        # |x| > 0.66 overflows to -inf or inf, and 0 * -1 is -0.0
+        n = ops.cast(x * 1e5, dtype) * ops.cast(ops.abs(x) > 0.2, dtype) * -1.0
+    elif dtype == np.bool_:
+        n = x > 0.25
+    else:
+        n = ops.cast(x * 100.0, dtype)                 # wraps around in uint8
+    kind = b.choice(["pow_half", "max_pool", "where_literal", "mean", "literal_arith"])
+    if kind == "pow_half":
+        out = ops.pow(ops.cast(n, np.float16), 0.5)
+    elif kind == "max_pool":
+        out = nn_ops.max_pool2d(ops.reshape(n, (1, 1, 3, 4)), 3, 2, "SAME")
+        out = ops.reshape(ops.broadcast_to(ops.reshape(out, (1, 2, 2)), (3, 2, 2)), (3, 4))
+    elif kind == "where_literal":
+        out = ops.where(n > 0, n, 1) if dtype != np.bool_ else ops.where(n, 0, n)
+    elif kind == "mean":
+        out = ops.reduce_mean(n, 1, keepdims=True) + ops.reduce_mean(n, 0)
+    else:
+        out = (n + 1) * 3 - 2 if dtype != np.bool_ else n * 2 + 1
+    b.add(ops.cast(out, F64), [x], f"{np.dtype(dtype).name} {kind}")
+
+
 EXTRA_FAMILIES = {"integers": _integers, "float32": _float32, "literals": _literals,
+                  "narrow": _narrow,
                   "seeded_random": _seeded_random, "shared_seed_random": _shared_seed_random}
 
 

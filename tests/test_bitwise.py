@@ -5,7 +5,8 @@ float32 reductions of transposes, Python literals and explicitly seeded random o
 run under every option set (no passes, no planner, 1/2/4 streams, poisoned memory,
 every planner strategy, gradient checkpointing, traced runs) and must give exactly
 the bits of the serial unoptimized program (``passes=[]``, ``memory=None``): same
-dtype, same shape, NaN in the same places, equal bit patterns (so -0.0 is not 0.0).
+dtype, same shape, NaN in the same places, equal bit patterns elsewhere (so -0.0 is
+not 0.0).
 Hypothesis is derandomized (conftest.py): CI draws the same cases on every run.
 """
 
@@ -57,9 +58,15 @@ def assert_bitwise(got: list, expected: list, case: rg.Case, what: str) -> None:
         where = f"{what}: {name}"
         assert a.dtype == b.dtype, f"{where} has dtype {a.dtype}, expected {b.dtype}\n{case!r}"
         assert a.shape == b.shape, f"{where} has shape {a.shape}, expected {b.shape}\n{case!r}"
+        differ_bits = bits(a) != bits(b)
         if a.dtype.kind in "fc":
-            assert np.array_equal(np.isnan(a), np.isnan(b)), f"{where}: NaN moved\n{case!r}"
-        differ = int(np.count_nonzero(bits(a) != bits(b)))
+            nan = np.isnan(a)
+            assert np.array_equal(nan, np.isnan(b)), f"{where}: NaN moved\n{case!r}"
+            # Any NaN equals any NaN (as in test_rules_exact): IEEE leaves a NaN's sign
+            # and payload to the hardware, and x * -1 keeps a NaN's sign where neg(x)
+            # flips it. The narrow family makes NaNs (pow of -inf in float16).
+            differ_bits &= ~nan
+        differ = int(np.count_nonzero(differ_bits))
         assert differ == 0, f"{where}: {differ} of {a.size} values differ in bits\n{case!r}"
 
 

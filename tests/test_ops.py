@@ -1170,7 +1170,7 @@ def _as_float(x):
 
 UNARY_NUMPY = {"neg": (lambda x: -x, np.negative), "exp": (tf.exp, np.exp),
                "log": (tf.log, np.log), "sqrt": (tf.sqrt, np.sqrt), "tanh": (tf.tanh, np.tanh),
-               "abs": (tf.abs, np.abs),
+               "abs": (tf.abs, np.abs), "sign": (ops.sign, np.sign),
                "relu": (tf.nn.relu, lambda x: np.maximum(x, np.zeros((), x.dtype))),
                "sigmoid": (tf.sigmoid, lambda x: 1 / (1 + np.exp(-_as_float(x)))),
                "sum": (tf.reduce_sum, np.sum), "max": (tf.reduce_max, np.max),
@@ -1282,10 +1282,44 @@ def test_dtype_rule_and_kernel_agree_for_every_op_and_dtype(case):
             assert got.dtype == y.dtype, f"{where}: rule {y.dtype}, kernel {got.dtype}"
             assert got.shape == tuple(y.shape), f"{where}: rule {y.shape}, kernel {got.shape}"
             outs.append(got)
-        if outs[0] is None or outs[1] is None:
-            assert outs[0] is outs[1], f"{case.op} on {dtype}: fails with one option only"
+        # Eager mode runs the same kernel at once: same dtype, same bits.
+        from tinyflow import eager
+        try:
+            with np.errstate(all="ignore"):
+                eager_out = case.build(*[eager.tensor(a) for a in args])
+        except tf.TinyFlowError:
+            eager_out = None
+        if isinstance(eager_out, tf.Node):  # a source op (zeros, random): no input Tensor
+            eager_out = outs[0]
+        outs.append(None if eager_out is None else np.asarray(eager_out))
+        if any(o is None for o in outs):
+            assert all(o is None for o in outs), (
+                f"{case.op} on {dtype}: fails with some options only (graph, planned, "
+                f"eager: {[o is not None for o in outs]})")
             continue
-        np.testing.assert_array_equal(outs[0], outs[1], err_msg=f"{case.op} on {dtype}")
+        for what, other in (("planned", outs[1]), ("eager", outs[2])):
+            assert other.dtype == outs[0].dtype, (
+                f"{case.op} ({case.label}) on {dtype}: {what} gives {other.dtype}, "
+                f"the graph {outs[0].dtype}")
+            np.testing.assert_array_equal(other, outs[0],
+                                          err_msg=f"{case.op} on {dtype} ({what})")
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "bool"])
+def test_max_pool_of_integers_and_booleans_pads_with_the_lowest_value(dtype):
+    """SAME padding pads with the dtype's lowest value: -inf for floats only. It
+    failed for ints ('cannot convert float infinity to integer'), and for booleans
+    -inf became True, so a window reaching the padding of an all-False x was True."""
+    x = np.arange(-6, 9).reshape(1, 1, 3, 5).astype(dtype)
+    if dtype == "bool":
+        x = np.zeros((1, 1, 3, 5), bool)
+    ph = tf.placeholder(x.dtype, x.shape)
+    y = tf.nn.max_pool(ph, [1, 3, 3, 1], [1, 2, 2, 1], "SAME")
+    expected = max_pool_reference(x.astype(np.float64), (3, 3), (2, 2), "SAME").astype(dtype)
+    for opts in (dict(passes=[], memory=None), dict()):
+        got = tf.Session(**opts).run(y, {ph: x})
+        assert got.dtype == x.dtype
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_reshape_copying_an_unknown_dim_still_resolves_minus_one():

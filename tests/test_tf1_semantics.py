@@ -116,6 +116,25 @@ def test_item5_int_tensor_times_int_literal_stays_int32_and_float_tensor_stays_f
     assert (xf * np.float64(2.0)).dtype == np.float32
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int8, np.uint8])
+def test_item5_where_literal_takes_the_branch_dtype_not_the_condition_dtype(dtype):
+    """where(x > 0, x, 0): the literal is typed beside x, not beside the boolean
+    condition (the first input), as numpy does. Beside bool it was int32, and a
+    float32 x came out float64 (int8: int32), in graphs, eager and traced alike."""
+    x = tf.placeholder(dtype, (3,))
+    value = np.array([1, 0, 2], dtype)
+    for build, expected in ((lambda x: tf.where(x > 0, x, 0), value),
+                            (lambda x: tf.where(x > 0, 1, x), np.minimum(value, 1))):
+        node = build(x)
+        assert node.dtype == dtype
+        graph = tf.Session().run(node, {x: value})
+        eager = np.asarray(build(tf.eager.tensor(value)))
+        traced = np.asarray(tf.function(build)(tf.eager.tensor(value)))
+        for out in (graph, eager, traced):
+            assert out.dtype == dtype
+            np.testing.assert_array_equal(out, expected)
+
+
 def test_item5_none_operand_is_a_build_error_naming_op_and_line():
     x = tf.placeholder(tf.float32, (3,))
     with pytest.raises(TinyFlowError, match=rf"add.*None.*{HERE}:\d+"):

@@ -663,14 +663,18 @@ def _literal(op: str, value: Any, like: Any) -> Tensor:
 
 def _with_literals(op: str, inputs: Sequence[Any]) -> tuple[list[Tensor], list]:
     """`inputs` with each literal (a number, an array, a tf.constant) as a Tensor,
-    typed beside the first Tensor among them; and their arrays. (Loops, not a generator and a
-    comprehension: half the ops of `y = y * 0.5 + 1` come here, and in CPython 3.11
-    those two cost more than the rest of this function.)"""
+    typed beside the Tensors among them as `make` types them (`ops.literal_like`); and
+    their arrays. (Loops, not a generator and a comprehension: half the ops of
+    `y = y * 0.5 + 1` come here, and in CPython 3.11 those two cost more than the rest
+    of this function.)"""
     like = None
     for i in inputs:
         if isinstance(i, Tensor):
-            like = i.dtype
-            break
+            # (`like is None` first: numpy reads None as float64 in `dtype != None`)
+            if like is None:
+                like = i.dtype
+            elif i.dtype != like:
+                like = ops.literal_like((like, i.dtype))
     tensors, arrays = [], []
     for i in inputs:
         if isinstance(i, Tensor):

@@ -561,12 +561,23 @@ def _pool_infer_second(shapes, dtypes, attrs):
     return shape, dtypes[0]
 
 
+def _lowest(dtype: np.dtype) -> float | int | bool:
+    """The value no element of `dtype` is below: max pooling pads windows with it.
+    -inf only for floats: cast to ints it fails ('cannot convert float infinity'),
+    and to booleans it is True, which made padded windows of all-False x True."""
+    if dtype.kind == "f":
+        return -np.inf
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min
+    return False
+
+
 def _max_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
     # A running maximum over the kh*kw taps: kh*kw - 1 ufunc calls, each over the
     # whole (N, C, OH, OW) output. For the common 2x2 stride-2 pool that is 3 calls
     # on strided views (the reshape (N,C,OH,2,OW,2).max(axis=(3,5)) reads the same
     # memory but numpy reduces its two tiny axes ~40x slower).
-    padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=-np.inf)
+    padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=_lowest(x.dtype))
     shape = x.shape[:2] + (oh, ow)
     result = out if out is not None else xp.empty(shape, x.dtype)
     result[...] = _tap(padded, 0, 0, oh, ow, stride)
@@ -586,7 +597,7 @@ def _first_max_masks(xp, x, ksize, stride, padding, peak=None):
     costs one compare per tap. An op has one output in the IR, so the forward
     cannot hand over an argmax array; without `peak` (the 2-input form) the max is
     recomputed, kh*kw - 1 ufunc calls."""
-    padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=-np.inf)
+    padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=_lowest(x.dtype))
     if peak is None:
         peak = _max_pool_compute(xp, x, None, ksize, stride, padding)
     free = xp.ones(peak.shape, dtype=bool)

@@ -130,12 +130,27 @@ def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
             if isinstance(i, tensor_type):
                 return apply(op, inputs, attrs, name)
     where = user_source_line()
-    like = next((i.dtype for i in inputs if isinstance(i, Node) and i.dtype is not None),
-                None)
+    like = literal_like(i.dtype for i in inputs if isinstance(i, Node))
     nodes = [i if isinstance(i, Node) else _literal(op, i, like, where) for i in inputs]
     node = Node(op, nodes, attrs, name=name, where=where)
     node.shape, node.dtype = infer_node(op, nodes, node.attrs, node.where)
     return node
+
+
+def literal_like(dtypes: Any) -> np.dtype | None:
+    """The dtype that literals among an op's inputs are typed beside: numpy's
+    promotion of the tensor inputs' known dtypes (None when there are none).
+
+    Not the first tensor's dtype: in ``where(x > 0, x, 0)`` that is the condition's
+    bool, beside which 0 became int32, and int32 promoted the float32 x to float64
+    (numpy keeps float32). Eager mode (eager.py) asks the same."""
+    like = None
+    for dtype in dtypes:
+        if like is None:      # (not `dtype != like`: numpy reads None as float64)
+            like = dtype
+        elif dtype is not None and dtype != like:
+            like = np.promote_types(like, dtype)
+    return like
 
 
 def literal_dtype(value: Any, like: Any) -> np.dtype:
@@ -623,7 +638,11 @@ def zero_gradient(node: Node, grad: Node) -> list[None]:
     return [None] * len(node.inputs)
 
 
-register(OpDef("sign", _ufunc_compute("sign"), infer_same, zero_gradient, elementwise=True,
+# numpy's rule, not infer_same: numpy has no sign of booleans, which must be refused
+# when built (as `-x` of booleans is), not fail inside the kernel at run time.
+register(OpDef("sign", _ufunc_compute("sign"),
+               lambda s, d, a: (tuple(s[0]), ufunc_dtype("sign", d)), zero_gradient,
+               elementwise=True,
                inplace=0, doc="-1, 0 or 1 (zero gradient, as TF)", ufunc="sign"))
 
 
@@ -993,8 +1012,14 @@ def reduce_sum(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
 def reduce_mean(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
     axis = _axis_attr(axis, "reduce_mean")
     keepdims = bool_attr("reduce_mean", "keepdims", keepdims)
-    if isinstance(x, Node) and x.dtype is not None and x.dtype.kind in "biu":
-        x = cast(x, np.float32)  # the mean of booleans is a fraction (accuracy)
+    # The mean of booleans or ints is a fraction (accuracy): in float32, as TinyFlow
+    # always did, for a Node and an eager Tensor alike (testing for a Node alone left
+    # eager means in numpy's float64 while the traced graph gave float32).
+    dtype = getattr(x, "dtype", None)
+    if dtype is None and not isinstance(x, Node):   # a Python number or list
+        dtype = np.asarray(x).dtype
+    if dtype is not None and np.dtype(dtype).kind in "biu":
+        x = cast(x, np.float32)
     return make("mean", x, axis=axis, keepdims=keepdims)
 
 

@@ -116,11 +116,20 @@ def _rule_times_minus_one(node: Node) -> Node | None:
     return None
 
 
+# The dtypes whose numpy power(x, 0.5) is sqrt(x), bit for bit (numpy's float32 and
+# float64 loops call sqrt for that exponent). float16's loop is C's powf on the
+# widened value, rounded: pow(-inf, 0.5) = +inf where sqrt gives NaN, and
+# pow(-0.0, 0.5) = +0.0 where sqrt keeps -0.0.
+_SQRT_POWERS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _rule_pow(exponent: float, op: str | None) -> Callable[[Node], Node | None]:
     """pow(x, exponent) -> x (op None), mul(x, x) or sqrt(x)."""
     def rule(node: Node) -> Node | None:
         x, p = node.inputs
         if not _is(p, exponent) or not same_type(node, x):
+            return None
+        if op == "sqrt" and node.dtype not in _SQRT_POWERS:
             return None
         if op is None:
             return _keep(node, x)
