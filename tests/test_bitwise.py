@@ -90,6 +90,9 @@ def run_everywhere(case: rg.Case) -> int:
     return len(set(program.schedule.stream_of))
 
 
+# The narrow family overflows float16 and divides by zero on purpose: numpy's
+# warnings about it are expected, the values are what is checked.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_random_graphs_are_bitwise_equal_under_every_option_set():
     streams_used: list[int] = []
 
