@@ -107,6 +107,8 @@ def test_bad_axes_and_indices_are_shape_errors_at_construction(build, words):
     (lambda x: tf.zeros((2.5,)), "zeros: shape must be a sequence of ints"),
     (lambda x: tf.placeholder(tf.float32, (2.5, 3)), "placeholder: shape must be"),
     (lambda x: tf.Variable(shape=(2.5,)), "Variable: shape must be"),
+    (lambda x: tf.Variable(1.0, trainable="no"), "Variable: trainable must be True or False"),
+    (lambda x: tf.Variable(1.0, trainable=0), "trainable must be True or False, got 0"),
     (lambda x: x[True], "not True"),
     (lambda x: tf.constant(1.5, tf.int32), "cannot be held exactly in int32"),
     # Escaped as Python's or numpy's own errors from inside tinyflow:
@@ -208,6 +210,8 @@ def test_well_typed_arguments_still_build():
     assert tf.placeholder(tf.float32, 3).shape == (3,)
     assert x[np.int64(1), ::np.int32(2)].shape == (2,)
     assert tf.constant(2.0, tf.int32).dtype == np.int32
+    assert tf.Variable(1.0, trainable=None) in tf.trainable_variables()  # TF1's default
+    assert tf.Variable(1.0, trainable=np.bool_(False)) not in tf.trainable_variables()
     image = tf.placeholder(tf.float32, (1, 2, 6, 6))
     assert tf.nn.max_pool(image, ksize=[1, 3, 2, 1]).shape == (1, 2, 2, 3)
     assert tf.nn.conv2d(image, W(), strides=np.int64(2), padding="same").shape == (1, 3, 3, 3)
