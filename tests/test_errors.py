@@ -167,6 +167,11 @@ def test_bad_arguments_are_argument_errors_naming_op_value_and_line(build, words
     (lambda x: tf.nn.dropout(x, tf.placeholder(tf.float32, ())), "rate must be a finite number"),
     (lambda x: tf.nn.Linear(-1, 3), "Linear: in_features must be >= 1, got -1"),
     (lambda x: tf.nn.Conv2d(2, 3, 0), "Conv2d: kernel_size must be >= 1, got 0"),
+    (lambda x: tf.nn.layer_norm(x, G(), G(), eps="a"), "layer_norm: eps must be a finite number"),
+    (lambda x: tf.nn.layer_norm(x, G(), G(), eps=-1e-5), "layer_norm: eps must be >= 0"),
+    (lambda x: tf.nn.layer_norm(x, G(), G(), float("nan")), "eps must be a finite number, got nan"),
+    (lambda x: tf.nn.LayerNorm(6, eps=-1.0), "LayerNorm: eps must be >= 0, got -1.0"),
+    (lambda x: tf.nn.LayerNorm(0), "LayerNorm: dim must be >= 1, got 0"),
 ])
 def test_bad_window_and_layer_arguments_are_argument_errors(build, words):
     x = tf.placeholder(tf.float32, (1, 2, 6, 6))
@@ -198,6 +203,10 @@ def test_bad_optimizer_hyperparameters_are_refused_where_the_optimizer_is_built(
 
 def W():
     return tf.placeholder(tf.float32, (3, 2, 3, 3))
+
+
+def G():
+    return tf.placeholder(tf.float32, (6,))
 
 
 def test_well_typed_arguments_still_build():

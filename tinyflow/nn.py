@@ -348,9 +348,11 @@ class Embedding(Module):
 
 class LayerNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-5, name: str = "ln") -> None:
+        dim = _units("LayerNorm", "dim", dim)  # (np.ones(-1): numpy's error)
         self.gamma = api.Variable(np.ones(dim, np.float32), name=f"{name}_g")
         self.beta = api.Variable(np.zeros(dim, np.float32), name=f"{name}_b")
-        self.eps = eps
+        # Checked here, where the layer is built, not first at its call.
+        self.eps = ops.float_attr("LayerNorm", "eps", eps, low=0)
 
     def __call__(self, x: Node, training: bool = True) -> Node:
         return layer_norm(x, self.gamma, self.beta, self.eps)

@@ -988,11 +988,14 @@ def dtype_attr(op: str, dtype: Any) -> np.dtype:
     return result
 
 
-def float_attr(op: str, arg: str, value: Any) -> float:
-    """A finite real number (int or float, Python or numpy) as a float attribute."""
+def float_attr(op: str, arg: str, value: Any, low: float | None = None) -> float:
+    """A finite real number (int or float, Python or numpy) as a float attribute,
+    and >= `low` if given (a scale or epsilon that only fails, or NaNs, below it)."""
     if not isinstance(value, (int, float, np.integer, np.floating)) or \
             isinstance(value, (bool, np.bool_)) or not math.isfinite(value):
         raise argument_error(op, f"{arg} must be a finite number, got {value!r}")
+    if low is not None and value < low:
+        raise argument_error(op, f"{arg} must be >= {low:g}, got {value!r}")
     return float(value)
 
 
@@ -1078,13 +1081,12 @@ def _next_seed(seed) -> tuple[int, int, int]:
 def random_normal(shape: Shape, mean: float = 0.0, stddev: float = 1.0,
                   dtype: DType = np.float32, seed: int | None = None,
                   name: str | None = None) -> Node:
-    # A negative stddev built, then failed in every run as numpy's "scale < 0".
-    if float_attr("random_normal", "stddev", stddev) < 0:
-        raise argument_error("random_normal", f"stddev must be >= 0, got {stddev!r}")
+    # (A negative stddev built, then failed in every run as numpy's "scale < 0".)
     return make("random_normal", shape=_shape_attr(shape, "random_normal"),
                 dtype=dtype_attr("random_normal", dtype).name,
                 a=float_attr("random_normal", "mean", mean),
-                b=float(stddev), seed=_next_seed(seed), name=name)
+                b=float_attr("random_normal", "stddev", stddev, low=0),
+                seed=_next_seed(seed), name=name)
 
 
 def random_uniform(shape: Shape, minval: float = 0.0, maxval: float = 1.0,
