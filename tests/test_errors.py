@@ -201,6 +201,21 @@ def test_bad_optimizer_hyperparameters_are_refused_where_the_optimizer_is_built(
     assert "Optimizer" in message
 
 
+@pytest.mark.parametrize("build, words", [
+    (lambda: tf.train.GradientDescentOptimizer(0.1).minimize(3.0),
+     "GradientDescentOptimizer.minimize: loss must be a graph node (built with tf ops), got 3.0"),
+    (lambda: tf.train.AdamOptimizer().minimize(None), "AdamOptimizer.minimize: loss must be"),
+    (lambda: tf.train.MomentumOptimizer(0.1, 0.9).compute_gradients(np.float32(2)),
+     "MomentumOptimizer.compute_gradients: loss must be a graph node"),
+])
+def test_a_loss_that_is_not_a_node_is_refused_naming_the_method(build, words):
+    """Before, an AttributeError from inside the graph walk ('float' has no 'inputs')."""
+    with pytest.raises(ArgumentError) as info:
+        build()
+    message = str(info.value)
+    assert words in message and f"{HERE}:{build.__code__.co_firstlineno}" in message
+
+
 def W():
     return tf.placeholder(tf.float32, (3, 2, 3, 3))
 
