@@ -339,9 +339,32 @@ def test_feed_of_floats_into_an_int_placeholder_is_refused():
 
 
 def test_ragged_feed_is_a_feed_error():
-    x = tf.placeholder(tf.float32, name="ragged")
-    with pytest.raises(FeedError, match="ragged"):
+    x = tf.placeholder(tf.float32, name="ragged")  # ragged placeholder
+    with pytest.raises(FeedError, match="placeholder 'ragged'") as info:
         tf.Session().run(x * 1.0, {x: [[1.0, 2.0], [3.0]]})
+    assert where("ragged placeholder") in str(info.value)  # as the other feed errors
+
+
+@pytest.mark.parametrize("feed, words", [
+    (np.ones(4), "feed for variable 'w' (created at {}) has shape (4,)"),
+    (np.array(["a", "b", "c"]), "feed for variable 'w' (created at {}) has dtype <U1"),
+    (np.array([1e300, 0, 0]), "feed for variable 'w' (created at {}) has value 1e+300"),
+])
+def test_a_fed_variable_is_not_called_a_placeholder(feed, words):
+    w = tf.Variable(np.ones(3, np.float32), name="w")  # fed variable
+    with pytest.raises(FeedError) as info:
+        tf.Session().run(w * 2.0, {w: feed})
+    assert words.format(where("fed variable")) in str(info.value)
+
+
+def test_a_fed_intermediate_node_is_not_called_a_placeholder():
+    x = tf.placeholder(tf.float32, (3,))
+    hidden = x * 2.0  # fed node
+    with pytest.raises(FeedError) as info:
+        tf.Session().run(hidden + 1.0, {hidden: np.ones(4)})
+    message = str(info.value)
+    assert f"feed for mul node {hidden.name!r} (created at {where('fed node')})" in message
+    assert "placeholder" not in message
 
 
 def test_missing_feed_names_the_placeholder_and_its_line():
