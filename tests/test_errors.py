@@ -172,6 +172,11 @@ def test_bad_arguments_are_argument_errors_naming_op_value_and_line(build, words
     (lambda x: tf.nn.layer_norm(x, G(), G(), float("nan")), "eps must be a finite number, got nan"),
     (lambda x: tf.nn.LayerNorm(6, eps=-1.0), "LayerNorm: eps must be >= 0, got -1.0"),
     (lambda x: tf.nn.LayerNorm(0), "LayerNorm: dim must be >= 1, got 0"),
+    (lambda x: tf.nn.MLP([4, 3], activation="foo"),
+     "MLP: activation must be one of ['gelu', 'relu', 'tanh'], got 'foo'"),
+    (lambda x: tf.nn.MLP([4, 3, 2], activation=None), "MLP: activation must be one of"),
+    (lambda x: tf.nn.Embedding(0, 3), "Embedding: num_embeddings must be >= 1, got 0"),
+    (lambda x: tf.nn.Embedding(5, 2.5), "Embedding: dim must be an int, got 2.5"),
 ])
 def test_bad_window_and_layer_arguments_are_argument_errors(build, words):
     x = tf.placeholder(tf.float32, (1, 2, 6, 6))

@@ -339,6 +339,10 @@ class Embedding(Module):
     """Rows of a (num, dim) table picked by integer ids; N(0, 1) init as PyTorch."""
 
     def __init__(self, num_embeddings: int, dim: int, name: str = "embedding") -> None:
+        # A 0-row table built and failed at the first lookup (any id is out of
+        # range); a -1 or 2.5 was an error of random_normal's, not Embedding's.
+        num_embeddings = _units("Embedding", "num_embeddings", num_embeddings)
+        dim = _units("Embedding", "dim", dim)
         init = ops.random_normal((num_embeddings, dim), 0.0, 1.0, seed=next(_init_seeds))
         self.weight = api.Variable(init, name=f"{name}_w")
 
@@ -408,6 +412,11 @@ class MLP(Sequential):
     def __init__(self, sizes: Sequence[int], activation: str = "relu",
                  dropout_rate: float = 0.0, name: str = "mlp") -> None:
         acts = {"relu": ReLU, "gelu": GELU, "tanh": Tanh}
+        # An unknown name was a bare KeyError when a hidden layer looked it up, and
+        # went unnoticed with none (MLP([4, 3])).
+        if not isinstance(activation, str) or activation not in acts:
+            raise ops.argument_error("MLP", f"activation must be one of {sorted(acts)}, "
+                                            f"got {activation!r}")
         layers: list[Module] = []
         for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             layers.append(Linear(fan_in, fan_out, name=f"{name}{i}"))
