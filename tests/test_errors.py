@@ -154,6 +154,9 @@ def test_bad_arguments_are_argument_errors_naming_op_value_and_line(build, words
     (lambda x: tf.nn.conv2d(x, W(), padding=1.5), "padding must be 'SAME', 'VALID' or an int"),
     (lambda x: tf.nn.conv2d(x, W(), padding=True), "got True"),
     (lambda x: tf.nn.conv2d(x, num_filter=-3, ksize=3), "num_filter must be >= 1, got -3"),
+    (lambda x: tf.nn.conv2d(x, num_filter=3, ksize=[1, 0, 0, 1]),
+     "conv2d: ksize must be >= 1, got [1, 0, 0, 1]"),
+    (lambda x: tf.nn.conv2d(x, num_filter=3, ksize=-2), "conv2d: ksize must be >= 1, got -2"),
     (lambda x: tf.nn.linear(tf.reshape(x, (2, -1)), num_hidden=2.5), "num_hidden must be an int"),
     # Escaped as Python's own errors from inside tinyflow:
     (lambda x: tf.nn.max_pool(x, ksize=[2]), "max_pool: ksize must be an int or (h, w), got [2]"),

@@ -92,6 +92,11 @@ def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: An
             raise TypeError("conv2d needs a filter node, or num_filter= and ksize=")
         num_filter = _units("conv2d", "num_filter", num_filter)
         kh, kw = _spatial("conv2d", "ksize", ksize, (1, 1))
+        # The window is the deferred weight's shape here, not a conv attribute, so
+        # the conv's own check never saw a 0: it failed only when shapes were
+        # inferred, as a Variable of shape (O, C, 0, 0).
+        if min(kh, kw) < 1:
+            raise ops.argument_error("conv2d", f"ksize must be >= 1, got {ksize!r}")
         name = name or f"conv2d_{next(_layer_ids)}"
         filter = api.Variable(name=f"{name}_weight")
         api.deferred_shapes[filter] = (x, lambda s: (num_filter, s[1], kh, kw))
