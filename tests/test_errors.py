@@ -107,6 +107,8 @@ def test_bad_axes_and_indices_are_shape_errors_at_construction(build, words):
     (lambda x: tf.zeros((2.5,)), "zeros: shape must be a sequence of ints"),
     (lambda x: tf.placeholder(tf.float32, (2.5, 3)), "placeholder: shape must be"),
     (lambda x: tf.Variable(shape=(2.5,)), "Variable: shape must be"),
+    (lambda x: tf.Variable(1.0, trainable="no"), "Variable: trainable must be True or False"),
+    (lambda x: tf.Variable(1.0, trainable=0), "trainable must be True or False, got 0"),
     (lambda x: x[True], "not True"),
     (lambda x: tf.constant(1.5, tf.int32), "cannot be held exactly in int32"),
     # Escaped as Python's or numpy's own errors from inside tinyflow:
@@ -123,6 +125,11 @@ def test_bad_axes_and_indices_are_shape_errors_at_construction(build, words):
     (lambda x: tf.cast(x, str), "cast: dtype <class 'str'> is not a numeric dtype"),
     (lambda x: tf.zeros((2,), "nope"), "zeros: dtype 'nope'"),
     (lambda x: tf.random_normal((2,), stddev="a"), "stddev must be a finite number, got 'a'"),
+    (lambda x: tf.random_normal((2,), stddev=-1), "random_normal: stddev must be >= 0, got -1"),
+    (lambda x: tf.normal((2,), -0.5), "random_normal: stddev must be >= 0, got -0.5"),
+    (lambda x: tf.random_normal((2,), mean=float("nan")), "mean must be a finite number, got nan"),
+    (lambda x: tf.random_uniform((2,), 1.0, 0.0), "minval must be <= maxval, got minval=1.0"),
+    (lambda x: tf.random_uniform((2,), -1e308, 1e308), "maxval - minval must be a finite"),
     (lambda x: tf.constant([[1.0], [2.0, 3.0]]), "constant: value is not an array"),
     (lambda x: tf.Variable(np.array([object()], dtype=object)), "needs numbers"),
     (lambda x: tf.Variable(["a", "b"]), "needs numbers or an array of numbers, got ['a', 'b']"),
@@ -147,6 +154,9 @@ def test_bad_arguments_are_argument_errors_naming_op_value_and_line(build, words
     (lambda x: tf.nn.conv2d(x, W(), padding=1.5), "padding must be 'SAME', 'VALID' or an int"),
     (lambda x: tf.nn.conv2d(x, W(), padding=True), "got True"),
     (lambda x: tf.nn.conv2d(x, num_filter=-3, ksize=3), "num_filter must be >= 1, got -3"),
+    (lambda x: tf.nn.conv2d(x, num_filter=3, ksize=[1, 0, 0, 1]),
+     "conv2d: ksize must be >= 1, got [1, 0, 0, 1]"),
+    (lambda x: tf.nn.conv2d(x, num_filter=3, ksize=-2), "conv2d: ksize must be >= 1, got -2"),
     (lambda x: tf.nn.linear(tf.reshape(x, (2, -1)), num_hidden=2.5), "num_hidden must be an int"),
     # Escaped as Python's own errors from inside tinyflow:
     (lambda x: tf.nn.max_pool(x, ksize=[2]), "max_pool: ksize must be an int or (h, w), got [2]"),
@@ -160,6 +170,16 @@ def test_bad_arguments_are_argument_errors_naming_op_value_and_line(build, words
     (lambda x: tf.nn.dropout(x, tf.placeholder(tf.float32, ())), "rate must be a finite number"),
     (lambda x: tf.nn.Linear(-1, 3), "Linear: in_features must be >= 1, got -1"),
     (lambda x: tf.nn.Conv2d(2, 3, 0), "Conv2d: kernel_size must be >= 1, got 0"),
+    (lambda x: tf.nn.layer_norm(x, G(), G(), eps="a"), "layer_norm: eps must be a finite number"),
+    (lambda x: tf.nn.layer_norm(x, G(), G(), eps=-1e-5), "layer_norm: eps must be >= 0"),
+    (lambda x: tf.nn.layer_norm(x, G(), G(), float("nan")), "eps must be a finite number, got nan"),
+    (lambda x: tf.nn.LayerNorm(6, eps=-1.0), "LayerNorm: eps must be >= 0, got -1.0"),
+    (lambda x: tf.nn.LayerNorm(0), "LayerNorm: dim must be >= 1, got 0"),
+    (lambda x: tf.nn.MLP([4, 3], activation="foo"),
+     "MLP: activation must be one of ['gelu', 'relu', 'tanh'], got 'foo'"),
+    (lambda x: tf.nn.MLP([4, 3, 2], activation=None), "MLP: activation must be one of"),
+    (lambda x: tf.nn.Embedding(0, 3), "Embedding: num_embeddings must be >= 1, got 0"),
+    (lambda x: tf.nn.Embedding(5, 2.5), "Embedding: dim must be an int, got 2.5"),
 ])
 def test_bad_window_and_layer_arguments_are_argument_errors(build, words):
     x = tf.placeholder(tf.float32, (1, 2, 6, 6))
@@ -189,8 +209,27 @@ def test_bad_optimizer_hyperparameters_are_refused_where_the_optimizer_is_built(
     assert "Optimizer" in message
 
 
+@pytest.mark.parametrize("build, words", [
+    (lambda: tf.train.GradientDescentOptimizer(0.1).minimize(3.0),
+     "GradientDescentOptimizer.minimize: loss must be a graph node (built with tf ops), got 3.0"),
+    (lambda: tf.train.AdamOptimizer().minimize(None), "AdamOptimizer.minimize: loss must be"),
+    (lambda: tf.train.MomentumOptimizer(0.1, 0.9).compute_gradients(np.float32(2)),
+     "MomentumOptimizer.compute_gradients: loss must be a graph node"),
+])
+def test_a_loss_that_is_not_a_node_is_refused_naming_the_method(build, words):
+    """Before, an AttributeError from inside the graph walk ('float' has no 'inputs')."""
+    with pytest.raises(ArgumentError) as info:
+        build()
+    message = str(info.value)
+    assert words in message and f"{HERE}:{build.__code__.co_firstlineno}" in message
+
+
 def W():
     return tf.placeholder(tf.float32, (3, 2, 3, 3))
+
+
+def G():
+    return tf.placeholder(tf.float32, (6,))
 
 
 def test_well_typed_arguments_still_build():
@@ -203,6 +242,8 @@ def test_well_typed_arguments_still_build():
     assert tf.placeholder(tf.float32, 3).shape == (3,)
     assert x[np.int64(1), ::np.int32(2)].shape == (2,)
     assert tf.constant(2.0, tf.int32).dtype == np.int32
+    assert tf.Variable(1.0, trainable=None) in tf.trainable_variables()  # TF1's default
+    assert tf.Variable(1.0, trainable=np.bool_(False)) not in tf.trainable_variables()
     image = tf.placeholder(tf.float32, (1, 2, 6, 6))
     assert tf.nn.max_pool(image, ksize=[1, 3, 2, 1]).shape == (1, 2, 2, 3)
     assert tf.nn.conv2d(image, W(), strides=np.int64(2), padding="same").shape == (1, 3, 3, 3)
@@ -306,9 +347,32 @@ def test_feed_of_floats_into_an_int_placeholder_is_refused():
 
 
 def test_ragged_feed_is_a_feed_error():
-    x = tf.placeholder(tf.float32, name="ragged")
-    with pytest.raises(FeedError, match="ragged"):
+    x = tf.placeholder(tf.float32, name="ragged")  # ragged placeholder
+    with pytest.raises(FeedError, match="placeholder 'ragged'") as info:
         tf.Session().run(x * 1.0, {x: [[1.0, 2.0], [3.0]]})
+    assert where("ragged placeholder") in str(info.value)  # as the other feed errors
+
+
+@pytest.mark.parametrize("feed, words", [
+    (np.ones(4), "feed for variable 'w' (created at {}) has shape (4,)"),
+    (np.array(["a", "b", "c"]), "feed for variable 'w' (created at {}) has dtype <U1"),
+    (np.array([1e300, 0, 0]), "feed for variable 'w' (created at {}) has value 1e+300"),
+])
+def test_a_fed_variable_is_not_called_a_placeholder(feed, words):
+    w = tf.Variable(np.ones(3, np.float32), name="w")  # fed variable
+    with pytest.raises(FeedError) as info:
+        tf.Session().run(w * 2.0, {w: feed})
+    assert words.format(where("fed variable")) in str(info.value)
+
+
+def test_a_fed_intermediate_node_is_not_called_a_placeholder():
+    x = tf.placeholder(tf.float32, (3,))
+    hidden = x * 2.0  # fed node
+    with pytest.raises(FeedError) as info:
+        tf.Session().run(hidden + 1.0, {hidden: np.ones(4)})
+    message = str(info.value)
+    assert f"feed for mul node {hidden.name!r} (created at {where('fed node')})" in message
+    assert "placeholder" not in message
 
 
 def test_missing_feed_names_the_placeholder_and_its_line():

@@ -15,7 +15,7 @@ import numpy as np
 
 from tinyflow import ops
 from tinyflow.graph import Node, ShapeError, topological_order, user_source_line
-from tinyflow.ops import argument_error, constant, dtype_attr, infer_node, int_like, make
+from tinyflow.ops import argument_error, bool_attr, constant, dtype_attr, infer_node, int_like, make
 from tinyflow.registry import source_kind
 
 float16, float32, float64 = np.float16, np.float32, np.float64
@@ -82,6 +82,9 @@ def Variable(initial_value: Any = None, name: str | None = None, dtype: Any = No
     `tf.nn.linear`) must be assigned before use (see `infer_variable_shapes`).
     """
     init = None
+    # trainable="no" (or 0.0, a string from a config) was truthy and trained the
+    # Variable; None is TF1's "not given", True.
+    trainable = trainable is None or bool_attr("Variable", "trainable", trainable)
     shape = _source_shape("Variable", shape)
     if dtype is not None:
         dtype = dtype_attr("Variable", dtype)

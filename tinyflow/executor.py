@@ -69,6 +69,14 @@ class ExecutionError(TinyFlowError, RuntimeError):
     """A kernel failed; the message names the node and the user's source line."""
 
 
+def fed_kind(node: Node) -> str:
+    """What a fed node is, for messages: TF1 lets a feed replace any node, and a fed
+    Variable or intermediate node called a "placeholder" sent the reader looking
+    for one that does not exist."""
+    kind = source_kind(node)
+    return "placeholder" if kind == "feed" else kind or f"{node.op} node"
+
+
 def check_feed(node: Node, value: Any) -> np.ndarray:
     """Return `value` as an array fit for placeholder `node`, or raise FeedError.
 
@@ -77,22 +85,21 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
     TinyFlow's programs rely on; anything else (floats into an int placeholder,
     strings, objects) is refused. Known dims of the placeholder must match.
     """
+    what = f"feed for {fed_kind(node)} {node.name!r} (created at {node.where})"
     try:
         array = np.asarray(value)
-    except Exception as err:  # ragged lists and the like
-        raise FeedError(f"feed for {node.name!r} is not an array: {err}") from None
+    except Exception as err:  # ragged lists and the like (with the line, as the rest)
+        raise FeedError(f"{what} is not an array: {err}") from None
     want = node.dtype
     if want is not None and array.dtype != want:
         if array.dtype.kind in "OUSV" or not np.can_cast(array.dtype, want, "same_kind"):
-            raise FeedError(f"feed for placeholder {node.name!r} (created at {node.where}) "
-                            f"has dtype {array.dtype}, expected {want}")
+            raise FeedError(f"{what} has dtype {array.dtype}, expected {want}")
         array = _cast_in_range(node, array, np.dtype(want))
     if node.shape is not None:
         ok = len(node.shape) == array.ndim and all(
             d is None or d == s for d, s in zip(node.shape, array.shape))
         if not ok:
-            raise FeedError(f"feed for placeholder {node.name!r} (created at {node.where}) "
-                            f"has shape {array.shape}, expected {format_shape(node.shape)}")
+            raise FeedError(f"{what} has shape {array.shape}, expected {format_shape(node.shape)}")
     return array
 
 
@@ -101,8 +108,8 @@ def _cast_in_range(node: Node, array: np.ndarray, want: np.dtype) -> np.ndarray:
     outside `want`'s range (numpy wraps 2**40 + 5 to 5 in int32), or a finite value
     that becomes inf (1e300 into float32). NaN and inf fed as such stay as they are."""
     def refuse(what: str) -> FeedError:
-        return FeedError(f"feed for placeholder {node.name!r} (created at {node.where}) "
-                         f"has {what}, which {want} cannot hold (dtype {array.dtype} "
+        return FeedError(f"feed for {fed_kind(node)} {node.name!r} (created at "
+                         f"{node.where}) has {what}, which {want} cannot hold (dtype {array.dtype} "
                          f"-> {want})")
     if want.kind in "iu" and array.dtype.kind in "iub" and array.size:
         info = np.iinfo(want)
@@ -783,7 +790,7 @@ def _name_sources(program: Program, order: list[Node]) -> None:
     """Check mode: what to call a NaN fed or held by a variable (`_check_sources`)."""
     for user, slot in program.feed_slots:
         what = ("variable (fed)" if source_kind(user) == "variable"
-                else "feed for placeholder")
+                else f"feed for {fed_kind(user)}")
         program.source_slots[slot] = (user, what)
     for user, slot, _ in program.variable_slots:
         program.source_slots[slot] = (user, "variable")

@@ -92,6 +92,11 @@ def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: An
             raise TypeError("conv2d needs a filter node, or num_filter= and ksize=")
         num_filter = _units("conv2d", "num_filter", num_filter)
         kh, kw = _spatial("conv2d", "ksize", ksize, (1, 1))
+        # The window is the deferred weight's shape here, not a conv attribute, so
+        # the conv's own check never saw a 0: it failed only when shapes were
+        # inferred, as a Variable of shape (O, C, 0, 0).
+        if min(kh, kw) < 1:
+            raise ops.argument_error("conv2d", f"ksize must be >= 1, got {ksize!r}")
         name = name or f"conv2d_{next(_layer_ids)}"
         filter = api.Variable(name=f"{name}_weight")
         api.deferred_shapes[filter] = (x, lambda s: (num_filter, s[1], kh, kw))
@@ -339,6 +344,10 @@ class Embedding(Module):
     """Rows of a (num, dim) table picked by integer ids; N(0, 1) init as PyTorch."""
 
     def __init__(self, num_embeddings: int, dim: int, name: str = "embedding") -> None:
+        # A 0-row table built and failed at the first lookup (any id is out of
+        # range); a -1 or 2.5 was an error of random_normal's, not Embedding's.
+        num_embeddings = _units("Embedding", "num_embeddings", num_embeddings)
+        dim = _units("Embedding", "dim", dim)
         init = ops.random_normal((num_embeddings, dim), 0.0, 1.0, seed=next(_init_seeds))
         self.weight = api.Variable(init, name=f"{name}_w")
 
@@ -348,9 +357,11 @@ class Embedding(Module):
 
 class LayerNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-5, name: str = "ln") -> None:
+        dim = _units("LayerNorm", "dim", dim)  # (np.ones(-1): numpy's error)
         self.gamma = api.Variable(np.ones(dim, np.float32), name=f"{name}_g")
         self.beta = api.Variable(np.zeros(dim, np.float32), name=f"{name}_b")
-        self.eps = eps
+        # Checked here, where the layer is built, not first at its call.
+        self.eps = ops.float_attr("LayerNorm", "eps", eps, low=0)
 
     def __call__(self, x: Node, training: bool = True) -> Node:
         return layer_norm(x, self.gamma, self.beta, self.eps)
@@ -406,6 +417,11 @@ class MLP(Sequential):
     def __init__(self, sizes: Sequence[int], activation: str = "relu",
                  dropout_rate: float = 0.0, name: str = "mlp") -> None:
         acts = {"relu": ReLU, "gelu": GELU, "tanh": Tanh}
+        # An unknown name was a bare KeyError when a hidden layer looked it up, and
+        # went unnoticed with none (MLP([4, 3])).
+        if not isinstance(activation, str) or activation not in acts:
+            raise ops.argument_error("MLP", f"activation must be one of {sorted(acts)}, "
+                                            f"got {activation!r}")
         layers: list[Module] = []
         for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             layers.append(Linear(fan_in, fan_out, name=f"{name}{i}"))

@@ -879,7 +879,10 @@ register(OpDef("layer_norm", _layer_norm_compute, _layer_norm_infer, _layer_norm
 
 
 def layer_norm(x: Operand, gamma: Operand, beta: Operand, eps: float = 1e-5) -> Node:
-    return make("layer_norm", x, gamma, beta, eps=float(eps))
+    # eps="a" was float()'s bare ValueError; a NaN eps, or a negative one (sqrt of
+    # variance + eps < 0), made NaN outputs. eps = 0 is allowed (PyTorch and Keras
+    # take it too; only a constant row then divides by zero).
+    return make("layer_norm", x, gamma, beta, eps=float_attr("layer_norm", "eps", eps, low=0))
 
 
 # ----------------------------------------------------------------------------------

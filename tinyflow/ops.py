@@ -988,11 +988,14 @@ def dtype_attr(op: str, dtype: Any) -> np.dtype:
     return result
 
 
-def float_attr(op: str, arg: str, value: Any) -> float:
-    """A finite real number (int or float, Python or numpy) as a float attribute."""
+def float_attr(op: str, arg: str, value: Any, low: float | None = None) -> float:
+    """A finite real number (int or float, Python or numpy) as a float attribute,
+    and >= `low` if given (a scale or epsilon that only fails, or NaNs, below it)."""
     if not isinstance(value, (int, float, np.integer, np.floating)) or \
             isinstance(value, (bool, np.bool_)) or not math.isfinite(value):
         raise argument_error(op, f"{arg} must be a finite number, got {value!r}")
+    if low is not None and value < low:
+        raise argument_error(op, f"{arg} must be >= {low:g}, got {value!r}")
     return float(value)
 
 
@@ -1078,19 +1081,30 @@ def _next_seed(seed) -> tuple[int, int, int]:
 def random_normal(shape: Shape, mean: float = 0.0, stddev: float = 1.0,
                   dtype: DType = np.float32, seed: int | None = None,
                   name: str | None = None) -> Node:
+    # (A negative stddev built, then failed in every run as numpy's "scale < 0".)
     return make("random_normal", shape=_shape_attr(shape, "random_normal"),
                 dtype=dtype_attr("random_normal", dtype).name,
                 a=float_attr("random_normal", "mean", mean),
-                b=float_attr("random_normal", "stddev", stddev), seed=_next_seed(seed), name=name)
+                b=float_attr("random_normal", "stddev", stddev, low=0),
+                seed=_next_seed(seed), name=name)
 
 
 def random_uniform(shape: Shape, minval: float = 0.0, maxval: float = 1.0,
                    dtype: DType = np.float32, seed: int | None = None,
                    name: str | None = None) -> Node:
+    low = float_attr("random_uniform", "minval", minval)
+    high = float_attr("random_uniform", "maxval", maxval)
+    # minval > maxval (or a range wider than a float) built, then failed in every
+    # run as numpy's "high - low < 0" (or an OverflowError).
+    if low > high:
+        raise argument_error("random_uniform", f"minval must be <= maxval, got minval="
+                                               f"{minval!r}, maxval={maxval!r}")
+    if not math.isfinite(high - low):
+        raise argument_error("random_uniform", f"maxval - minval must be a finite number, "
+                                               f"got minval={minval!r}, maxval={maxval!r}")
     return make("random_uniform", shape=_shape_attr(shape, "random_uniform"),
                 dtype=dtype_attr("random_uniform", dtype).name,
-                a=float_attr("random_uniform", "minval", minval),
-                b=float_attr("random_uniform", "maxval", maxval), seed=_next_seed(seed), name=name)
+                a=low, b=high, seed=_next_seed(seed), name=name)
 
 
 # The shape ops' builders (shape_ops.py, the layer above, adds them as it loads), so

@@ -35,6 +35,7 @@ class Optimizer:
     def compute_gradients(self, loss: Node, var_list: Sequence[Node] | None = None
                           ) -> list[tuple[Node, Node]]:
         """[(gradient, variable)] for the trainable variables `loss` depends on."""
+        _check_loss(self, "compute_gradients", loss)
         if var_list is None:
             under = {id(n) for n in reachable([loss])}
             var_list = [v for v in api.trainable_variables() if id(v) in under]
@@ -47,6 +48,7 @@ class Optimizer:
     def minimize(self, loss: Node, var_list: Sequence[Node] | None = None) -> Node:
         """One training step: the updates of the variables, and the layers' own
         updates (batch normalization's moving statistics) of the layers under loss."""
+        _check_loss(self, "minimize", loss)
         step = self.apply_gradients(self.compute_gradients(loss, var_list))
         under = {id(n) for n in reachable([loss])}
         layer_updates = [u for u, source in api.update_ops if id(source) in under]
@@ -67,6 +69,15 @@ class Optimizer:
         else:
             init = ops.zeros(var.shape, var.dtype)
         return api.Variable(init, name=f"{var.name}/{name}", trainable=False)
+
+
+def _check_loss(optimizer: Optimizer, method: str, loss: object) -> None:
+    # minimize(3.0), or a loss left None, failed inside the graph walk as
+    # "'float' object has no attribute 'inputs'" (an AttributeError).
+    if not isinstance(loss, Node):
+        raise ops.argument_error(f"{type(optimizer).__name__}.{method}",
+                                 f"loss must be a graph node (built with tf ops), got "
+                                 f"{loss!r}")
 
 
 def _hyper(optimizer: Optimizer, arg: str, value: object, low: float,
