@@ -85,22 +85,28 @@ def check_feed(node: Node, value: Any) -> np.ndarray:
     TinyFlow's programs rely on; anything else (floats into an int placeholder,
     strings, objects) is refused. Known dims of the placeholder must match.
     """
-    what = f"feed for {fed_kind(node)} {node.name!r} (created at {node.where})"
     try:
         array = np.asarray(value)
     except Exception as err:  # ragged lists and the like (with the line, as the rest)
-        raise FeedError(f"{what} is not an array: {err}") from None
+        raise FeedError(f"{_feed_of(node)} is not an array: {err}") from None
     want = node.dtype
     if want is not None and array.dtype != want:
         if array.dtype.kind in "OUSV" or not np.can_cast(array.dtype, want, "same_kind"):
-            raise FeedError(f"{what} has dtype {array.dtype}, expected {want}")
+            raise FeedError(f"{_feed_of(node)} has dtype {array.dtype}, expected {want}")
         array = _cast_in_range(node, array, np.dtype(want))
     if node.shape is not None:
         ok = len(node.shape) == array.ndim and all(
             d is None or d == s for d, s in zip(node.shape, array.shape))
         if not ok:
-            raise FeedError(f"{what} has shape {array.shape}, expected {format_shape(node.shape)}")
+            raise FeedError(f"{_feed_of(node)} has shape {array.shape}, expected "
+                            f"{format_shape(node.shape)}")
     return array
+
+
+def _feed_of(node: Node) -> str:
+    """How a feed error names the fed node. Made only when there is an error:
+    check_feed runs for every feed of every run."""
+    return f"feed for {fed_kind(node)} {node.name!r} (created at {node.where})"
 
 
 def _cast_in_range(node: Node, array: np.ndarray, want: np.dtype) -> np.ndarray:
@@ -108,9 +114,8 @@ def _cast_in_range(node: Node, array: np.ndarray, want: np.dtype) -> np.ndarray:
     outside `want`'s range (numpy wraps 2**40 + 5 to 5 in int32), or a finite value
     that becomes inf (1e300 into float32). NaN and inf fed as such stay as they are."""
     def refuse(what: str) -> FeedError:
-        return FeedError(f"feed for {fed_kind(node)} {node.name!r} (created at "
-                         f"{node.where}) has {what}, which {want} cannot hold (dtype {array.dtype} "
-                         f"-> {want})")
+        return FeedError(f"{_feed_of(node)} has {what}, which {want} cannot hold "
+                         f"(dtype {array.dtype} -> {want})")
     if want.kind in "iu" and array.dtype.kind in "iub" and array.size:
         info = np.iinfo(want)
         low, high = array.min(), array.max()
