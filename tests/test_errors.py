@@ -215,6 +215,14 @@ def test_bad_optimizer_hyperparameters_are_refused_where_the_optimizer_is_built(
     (lambda: tf.train.AdamOptimizer().minimize(None), "AdamOptimizer.minimize: loss must be"),
     (lambda: tf.train.MomentumOptimizer(0.1, 0.9).compute_gradients(np.float32(2)),
      "MomentumOptimizer.compute_gradients: loss must be a graph node"),
+    # tf.gradients said "'float' object is not iterable", or took a number among the
+    # xs for a tensor nothing depends on (gradient None)
+    (lambda: tf.gradients(3.0, [tf.Variable(np.ones(3))]),
+     "gradients: ys must be a graph node or a list of them, got 3.0"),
+    (lambda: tf.gradients(tf.Variable(np.ones(3)) * 2, 3.0),
+     "gradients: xs must be a graph node or a list of them, got 3.0"),
+    (lambda: tf.gradients(tf.Variable(np.ones(3)) * 2, [3.0]),
+     "gradients: xs must be a graph node or a list of them, got [3.0]"),
 ])
 def test_a_loss_that_is_not_a_node_is_refused_naming_the_method(build, words):
     """Before, an AttributeError from inside the graph walk ('float' has no 'inputs')."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tinyflow.graph import Node, TinyFlowError, next_node_id, topological_order
-from tinyflow.ops import REGISTRY, add, ones_like
+from tinyflow.ops import REGISTRY, add, argument_error, ones_like
 
 
 def _depends_on(order: list[Node], xs: Sequence[Node]) -> set[int]:
@@ -40,9 +40,8 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
     that has no gradient.
     """
     first_new_id = next_node_id()  # every node built from here on is backward
-    ys = [ys] if isinstance(ys, Node) else list(ys)
-    single_x = isinstance(xs, Node)
-    xs = [xs] if single_x else list(xs)
+    ys = _nodes("ys", ys)
+    xs = _nodes("xs", xs)
     grad_ys = _seeds(ys, grad_ys)
     order = topological_order(ys)
     on_path = _depends_on(order, xs)
@@ -70,6 +69,22 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
     result = [grads.get(id(x)) for x in xs]
     _mark_backward([g for g in result if g is not None], first_new_id)
     return result
+
+
+def _nodes(arg: str, value: Node | Sequence[Node]) -> list[Node]:
+    """A node or a sequence of nodes as a list. Anything else is an ArgumentError:
+    a number had Python say "'float' object is not iterable", and a number among
+    the xs was taken as a tensor nothing depends on (its gradient None)."""
+    if isinstance(value, Node):
+        return [value]
+    try:
+        nodes = list(value)   # a list, a tuple, dict values, a generator ...
+    except TypeError:
+        nodes = None
+    if nodes is None or not all(isinstance(n, Node) for n in nodes):
+        raise argument_error("gradients", f"{arg} must be a graph node or a list of "
+                                          f"them, got {value!r}")
+    return nodes
 
 
 def _seeds(ys: list[Node], grad_ys: Sequence[Node | None] | None) -> list[Node]:
