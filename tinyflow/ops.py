@@ -771,11 +771,13 @@ register(OpDef("matmul", _matmul_compute, _matmul_infer, _matmul_grad, cost=matm
 # Reductions
 # ----------------------------------------------------------------------------------
 
-def _reduce_infer(method):
+def _reduce_infer(method, needs_an_element=False):
+    """The shape rule of a reduction; `needs_an_element`: a reduction with no value
+    over nothing (max: no identity), refused for an axis of size 0."""
     def infer(shapes, dtypes, attrs):
         shape = shapes[0]
         axes = normalize_axes(attrs.get("axis"), len(shape))
-        if method == "max":
+        if needs_an_element:
             _check_not_empty(method, shape, axes)
         if attrs.get("keepdims"):
             out = tuple(1 if i in axes else d for i, d in enumerate(shape))
@@ -789,20 +791,20 @@ def _reduce_infer(method):
     return infer
 
 
-def _check_not_empty(op: str, shape: tuple, axes: tuple, error: type = Mismatch) -> None:
-    """A max (or argmax) over an axis of size 0 has no value: say so, here or at run
-    time when the size was unknown (numpy: 'zero-size array to reduction operation
-    maximum which has no identity'). A sum or mean over nothing is 0 or NaN."""
+def _check_not_empty(op: str, shape: tuple, axes: tuple) -> None:
+    """A max (or argmax) over an axis of size 0 has no value: say so (numpy: 'zero-size
+    array to reduction operation maximum which has no identity'). A sum or mean over
+    nothing is 0 or NaN. Checked by the shape rule alone: a kernel runs only on
+    shapes its rule has seen (a program is specialized to the fed shapes, and an
+    eager op asks the rule first), so the kernels need not check again each run."""
     empty = [a for a in axes if shape[a] == 0]
     if empty:
-        raise error(f"{op} over axis {empty[0]} of size 0 (shape {tuple(shape)}) has no "
-                    "value: there is no element to take the max of")
+        raise Mismatch(f"{op} over axis {empty[0]} of size 0 (shape {tuple(shape)}) has "
+                       "no value: there is no element to take the max of")
 
 
 def _reduce_compute(method):
     def compute(xp, x, out=None, axis=None, keepdims=False):
-        if method == "max":
-            _check_not_empty(method, x.shape, normalize_axes(axis, x.ndim), ValueError)
         result = getattr(x, method)(axis=axis, keepdims=keepdims)
         return xp.asarray(result)
     return compute
@@ -837,7 +839,8 @@ register(OpDef("sum", _reduce_compute("sum"), _reduce_infer("sum"),
                lambda n, g: [_expand_reduced(g, n)], doc="sum over axes"))
 register(OpDef("mean", _reduce_compute("mean"), _reduce_infer("mean"), _mean_grad,
                doc="mean over axes"))
-register(OpDef("max", _reduce_compute("max"), _reduce_infer("max"), _max_grad,
+register(OpDef("max", _reduce_compute("max"), _reduce_infer("max", needs_an_element=True),
+               _max_grad,
                doc="max over axes"))
 
 
@@ -856,7 +859,6 @@ def count_ratio(y: Node, x: Node) -> Node:
 
 
 def _argmax_compute(xp, x, out=None, axis=None):
-    _check_not_empty("argmax", x.shape, normalize_axes(axis, x.ndim), ValueError)
     return xp.argmax(x, axis=axis)
 
 
