@@ -84,10 +84,9 @@ def _hyper(optimizer: Optimizer, arg: str, value: object, low: float,
            below: float | None) -> float:
     """`value` as a finite number >= low (and < below, if given), as PyTorch checks."""
     op = type(optimizer).__name__
-    value = ops.float_attr(op, arg, value)
-    if value < low or below is not None and value >= below:
-        bounds = f"[{low:g}, {below:g})" if below is not None else f">= {low:g}"
-        raise ops.argument_error(op, f"{arg} must be {bounds}, got {value!r}")
+    value = ops.float_attr(op, arg, value, low=low)
+    if below is not None and value >= below:
+        raise ops.argument_error(op, f"{arg} must be [{low:g}, {below:g}), got {value!r}")
     return value
 
 
