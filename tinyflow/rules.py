@@ -201,11 +201,13 @@ def _spellable(shape: tuple) -> bool:
     return 0 not in shape
 
 
-def _rule_by_shape(op: str) -> Callable[[Node], Node | None]:
+def _rule_by_shape(op: str, spellable: Callable[[tuple], bool] = lambda shape: True
+                   ) -> Callable[[Node], Node | None]:
     """reshape_like(x, ref) -> reshape(x, shape): after specialization the shape of
-    ref is a constant, and its value no longer has to stay alive until here."""
+    ref is a constant, and its value no longer has to stay alive until here (where
+    `op`'s shape attribute can say that shape: `spellable`)."""
     def rule(node: Node) -> Node | None:
-        if op == "reshape" and not _spellable(node.shape):
+        if not spellable(node.shape):
             return None
         return new_node(op, [node.inputs[0]], {"shape": tuple(node.shape)}, node)
     return rule
@@ -293,7 +295,7 @@ RULES: list[Rule] = [
     *[Rule(f"{op}(x) to x's own shape -> x", op, _rule_same_shape)
       for op in ("broadcast_to", "broadcast_like", "sum_to_like")],
     Rule("reshape_like(x, ref) -> reshape(x, shape of ref)", "reshape_like",
-         _rule_by_shape("reshape")),
+         _rule_by_shape("reshape", _spellable)),
     Rule("broadcast_like(x, ref) -> broadcast_to(x, shape of ref)", "broadcast_like",
          _rule_by_shape("broadcast_to")),
     Rule("x[:, ...] (every slice full) -> x", "getitem", _rule_full_slice),
