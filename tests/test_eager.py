@@ -130,6 +130,48 @@ def test_no_grad_and_in_place_rules():
     np.testing.assert_array_equal(w.numpy(), [0.0, 0.0, 0.0])
 
 
+
+SPECIALS = np.array([0.0, -0.0, 1.5, -2.25, np.inf, -np.inf, np.nan, 3e38, -1e-45])
+
+
+@pytest.mark.parametrize("method", ["sub_", "add_", "mul_"])
+@pytest.mark.parametrize("value", [
+    pytest.param(lambda: E.tensor(SPECIALS[::-1].astype(np.float32)), id="tensor"),
+    pytest.param(lambda: E.tensor(np.float32([-0.0])), id="broadcast"),
+    pytest.param(lambda: np.float32(-0.0), id="numpy-literal"),
+    pytest.param(lambda: 0.1, id="python-float"),
+    pytest.param(lambda: E.tensor(SPECIALS[::-1]), id="float64-tensor"),
+])
+def test_in_place_updates_equal_assigning_the_result(method, value):
+    # Under no_grad, sub_/add_/mul_ write the ufunc's result straight into the
+    # Tensor's block when it has the Tensor's shape and dtype; otherwise (a float64
+    # value: the result is float64) they assign the op's result. Both must give the
+    # bits of `assign_(self <op> value)`, for every special value.
+    op = {"sub_": "__sub__", "add_": "__add__", "mul_": "__mul__"}[method]
+    p = E.tensor(SPECIALS.astype(np.float32))
+    q = E.tensor(SPECIALS.astype(np.float32))
+    with E.no_grad(), np.errstate(all="ignore"):
+        got = getattr(p, method)(value())
+        q.assign_(getattr(q, op)(value()))
+    assert got is p and p.dtype == np.float32
+    np.testing.assert_array_equal(p.numpy().view(np.uint32), q.numpy().view(np.uint32))
+
+
+def test_an_in_place_update_under_no_grad_takes_no_new_block():
+    p = E.tensor(np.ones((64, 64), np.float32))
+    g = E.tensor(np.full((64, 64), 0.5, np.float32))
+    alloc = E._allocator
+    with E.no_grad():
+        alloc.peak_allocated = alloc.allocated
+        p.sub_(g)
+        assert alloc.peak_allocated == alloc.allocated    # nothing was allocated
+        p.add_(E.tensor(np.ones(64, np.float32)))        # a broadcast value: in place too
+    np.testing.assert_array_equal(p.numpy(), np.full((64, 64), 1.5, np.float32))
+    block = p._block
+    with E.no_grad():
+        p.mul_(2.0)
+    assert p._block is block
+
 def test_remembered_literals_keep_the_sign_of_zero_and_their_type():
     """Regression: literals were remembered by (type, value, dtype), and 0.0 == -0.0
     in Python, so `x * -0.0` after `x * 0.0` reused the +0.0 constant and gave +0."""
@@ -393,3 +435,9 @@ def test_an_eager_run_records_for_the_debugger(tmp_path):
     reasons = [t["reason"] for t in plan["tensors"]]
     assert all(r.startswith(("best fit", "new segment")) for r in reasons), reasons[:3]
     assert record["scalars"]["loss"][0][1] == pytest.approx(loss.item())
+    # SGD's updates are written into the weights' own blocks: recorded as in-place
+    # optimizer ops, each with its node and event but no block of its own
+    updates = [n for n in nodes.values() if n["attrs"].get("in_place")]
+    assert len(updates) == len(opt.params) and all(
+        n["op"] == "sub" and n["attrs"].get("optimizer_step") for n in updates)
+    assert not {n["id"] for n in updates} & {t["node"] for t in plan["tensors"]}

@@ -547,13 +547,35 @@ class Tensor:
         return self
 
     def sub_(self, value: Tensor | Any) -> Tensor:
-        return self.assign_(self - value)
+        return self._update_("sub", value)
 
     def add_(self, value: Tensor | Any) -> Tensor:
-        return self.assign_(self + value)
+        return self._update_("add", value)
 
     def mul_(self, value: Tensor | Any) -> Tensor:
-        return self.assign_(self * value)
+        return self._update_("mul", value)
+
+    def _update_(self, op: str, value: Tensor | Any) -> Tensor:
+        """self = self <op> value, in place: `assign_(apply(op, (self, value)))`.
+
+        Under no_grad (an optimizer's step), when the result has this Tensor's shape
+        and dtype and the op is one numpy ufunc (OpDef.ufunc), the ufunc writes
+        straight into this Tensor's memory: one pass over the weights instead of a
+        new block for the result and a copy back (`p.sub_(lr * g)` on a 1024x1024
+        layer: 1.2 -> 0.6 ms). The bits are the same, since an elementwise ufunc
+        may write over its own input, and so is what backward sees: no_grad records
+        nothing either way. Anything else takes the general path."""
+        if _mode.grad_enabled or _mode.tracer is not None or self.node is not None:
+            return self.assign_(apply(op, (self, value), {}))
+        inputs, arrays = _with_literals(op, (self, value))
+        layout, _, ufunc, _ = _kernel(op, arrays, {})
+        if ufunc is None or layout != (self.data.shape, self.data.dtype):
+            return self.assign_(apply(op, (self, value), {}))
+        recorder, began = _recording(_allocator) if debug.active else _NOT_RECORDING
+        ufunc(arrays[0], arrays[1], out=self.data)
+        if began is not None:
+            recorder.eager_log.add_inplace(op, inputs, self, began, time.perf_counter())
+        return self
 
     # -- operators: the graph's builders, run at once through `apply` --------------
     # The arithmetic operators go straight to `apply` (their builders in ops.py are
@@ -1368,8 +1390,8 @@ class SGD(Optimizer):
 
     def _update(self, index: int, p: Tensor, grad: Tensor) -> None:
         if self.momentum:
-            v = self.velocity[index].assign_(self.momentum * self.velocity[index] + grad)
-            grad = v
+            # (in place, one pass per op: the same bits as assigning the sum)
+            grad = self.velocity[index].mul_(self.momentum).add_(grad)
         p.sub_(self.lr * grad)
 
 
@@ -1395,8 +1417,9 @@ class Adam(Optimizer):
         super().step()
 
     def _update(self, index: int, p: Tensor, grad: Tensor) -> None:
-        m = self.m[index].assign_(self.beta1 * self.m[index] + (1.0 - self.beta1) * grad)
-        v = self.v[index].assign_(self.beta2 * self.v[index] + (1.0 - self.beta2) * grad * grad)
+        # m = beta1 * m + (1 - beta1) * g, in place (one pass per op, the same bits)
+        m = self.m[index].mul_(self.beta1).add_((1.0 - self.beta1) * grad)
+        v = self.v[index].mul_(self.beta2).add_((1.0 - self.beta2) * grad * grad)
         p.sub_(self._step_size * m / (ops.sqrt(v) + self.eps))
 
 
@@ -1482,10 +1505,32 @@ class EagerLog:
                                "attrs": {}, "provenance": [name], "phase": "forward"})
         return name
 
-    def add(self, op: str, inputs: list[Tensor], out: Tensor, block: Block,
+    def add(self, op: str, inputs: Sequence[Tensor], out: Tensor, block: Block,
             began: float, ended: float) -> None:
-        if len(self.events) >= self.MAX_OPS:
+        """An op whose result `out` went into a new `block` of the allocator."""
+        step = self._add_op(op, inputs, out, began, ended, {})
+        if step is None:
             return
+        name = self.names[id(out)] = f"{op}_{step}"
+        entry = {"node": name, "block": block, "nbytes": block.size,
+                 "first_step": step, "last_step": None, "reason": self._reason(block)}
+        self.tensors.append(entry)
+        self.by_block[block.id] = entry
+
+    def add_inplace(self, op: str, inputs: Sequence[Tensor], target: Tensor,
+                    began: float, ended: float) -> None:
+        """An update written into `target`'s own block (`Tensor.sub_` and the like):
+        a node and a timeline event but no new block. `target` keeps its name: a
+        parameter updated in place is still the input the next step's forward
+        reads (the debugger's overview tells forward from optimizer by that)."""
+        self._add_op(op, inputs, target, began, ended, {"in_place": True})
+
+    def _add_op(self, op: str, inputs: Sequence[Tensor], out: Tensor, began: float,
+                ended: float, attrs: dict) -> int | None:
+        """The op as a node named `<op>_<step>` and a timeline event; its step, or
+        None once the record is full."""
+        if len(self.events) >= self.MAX_OPS:
+            return None
         if self.start is None:
             self.start = began
         step = len(self.events)
@@ -1494,19 +1539,16 @@ class EagerLog:
         phase = "backward" if _mode.in_backward else "forward"
         # (the record's phases are forward/backward; the overview finds an eager
         # tape's optimizer ops by this attribute, or by their reading a gradient)
-        attrs = {"optimizer_step": True} if _mode.in_optimizer else {}
+        if _mode.in_optimizer:
+            attrs = {**attrs, "optimizer_step": True}
         self.nodes.append({"id": name, "op": op, "inputs": [self.name_of(t) for t in inputs],
                            "shape": list(out.shape), "dtype": out.dtype.name,
                            "bytes": out.data.nbytes, "where": user_source_line(),
                            "attrs": attrs, "provenance": [name], "phase": phase})
-        self.names[id(out)] = name
         self.events.append({"step": step, "node": name, "op": op, "stream": 0,
                             "start": began - self.start, "end": ended - self.start,
                             "bytes": int(out.data.nbytes), "summary": None})
-        entry = {"node": name, "block": block, "nbytes": block.size, "first_step": step,
-                 "last_step": None, "reason": self._reason(block)}
-        self.tensors.append(entry)
-        self.by_block[block.id] = entry
+        return step
 
     def _reason(self, block: Block) -> str:
         # The op's malloc was the allocator's last event (kernels allocate nothing).
