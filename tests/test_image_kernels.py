@@ -24,7 +24,7 @@ from test_ops import (
 
 import tinyflow as tf
 from tinyflow import nn_ops
-from tinyflow.ops import make
+from tinyflow.ops import REGISTRY, make
 
 CONV_CASES = [  # (x shape, w shape, stride, padding)
     ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), 1),          # wide rows, padded
@@ -74,33 +74,65 @@ def test_batch_chunks_cover_the_batch_in_near_equal_chunks_of_the_budget():
             assert len(ranges) == -(-n // min(n, max(1, budget // per_sample)))
 
 
+def _run_bound(op, arrays, attrs, out):
+    """`op` on `arrays` through the kernel the executor binds (OpDef.bind), its
+    scratch (OpDef.scratch bytes) filled with 0xFF bytes, NaN in every float: a
+    kernel must write every scratch byte it reads (planned scratch holds other
+    tensors between runs), and must ask for no more than its op declares."""
+    opdef = REGISTRY[op]
+    shapes, dtypes = [a.shape for a in arrays], [a.dtype for a in arrays]
+    region = np.full(opdef.scratch(np, shapes, dtypes, attrs), 0xFF, np.uint8)
+    compute = opdef.bind(np, shapes, dtypes, attrs, {}, region)
+    return compute(np, *arrays, out=out, **attrs)
+
+
+CONV_OPS = [("conv2d", lambda x, w, g: (x, w), conv_reference),
+            ("conv2d_grad_input", lambda x, w, g: (g, w, x), conv_grad_input_reference),
+            ("conv2d_grad_filter", lambda x, w, g: (g, x, w), conv_grad_filter_reference)]
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 3000, 20000])
 @pytest.mark.parametrize("xs, ws, stride, padding", [CONV_CASES[0], CONV_CASES[2],
                                                       CONV_CASES[4]])
 def test_conv_kernels_in_batch_chunks_match_loops(monkeypatch, chunk_bytes, xs, ws,
                                                   stride, padding):
     # A batch of 5 in chunks of one sample (1 B budget), or of two and three sizes
-    # (5 = 2+2+1: two scratch shapes in one workspace), bound (workspace) or not.
+    # (5 = 2+2+1: two buffer shapes in one scratch), bound to poisoned scratch or not.
     monkeypatch.setattr(nn_ops, "CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(3)
     xs = (5,) + xs[1:]
     x, w = rng.standard_normal(xs), rng.standard_normal(ws)
-    want = conv_reference(x, w, stride, padding)
-    g = rng.standard_normal(want.shape)
+    g = rng.standard_normal(conv_reference(x, w, stride, padding).shape)
     attrs = {"stride": stride, "padding": padding}
-    shared: dict = {}
-    for workspace in (None, shared, shared):    # unbound; a new workspace; a filled one
-        got = nn_ops._conv_compute(np, x, w, _out(want.shape), workspace=workspace, **attrs)
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-        got = nn_ops._conv_grad_input_compute(np, g, w, x, _out(xs), workspace=workspace,
-                                              **attrs)
-        np.testing.assert_allclose(got, conv_grad_input_reference(g, w, x, stride, padding),
-                                   rtol=1e-12, atol=1e-12)
-        got = nn_ops._conv_grad_filter_compute(np, g, x, w, _out(ws), workspace=workspace,
-                                               **attrs)
-        np.testing.assert_allclose(got, conv_grad_filter_reference(g, x, w, stride,
-                                                                   padding),
-                                   rtol=1e-12, atol=1e-12)
+    for op, inputs, reference in CONV_OPS:
+        arrays = inputs(x, w, g)
+        want = reference(*arrays, stride, padding)
+        unbound = REGISTRY[op].compute(np, *arrays, out=_out(want.shape), **attrs)
+        np.testing.assert_allclose(unbound, want, rtol=1e-12, atol=1e-12)
+        bound = _run_bound(op, arrays, attrs, _out(want.shape))
+        np.testing.assert_allclose(bound, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("xs, ws, stride, padding", CONV_CASES)
+def test_conv_scratch_is_what_the_kernels_use(xs, ws, stride, padding):
+    # OpDef.scratch says how many bytes a conv kernel cuts from its scratch; the
+    # kernels must fit in them (Scratch.get refuses more) and should need them all.
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    g = rng.standard_normal(conv_reference(x, w, stride, padding).shape)
+    attrs = {"stride": stride, "padding": padding}
+    for op, inputs, _ in CONV_OPS:
+        arrays = inputs(x, w, g)
+        shapes, dtypes = [a.shape for a in arrays], [a.dtype for a in arrays]
+        declared = REGISTRY[op].scratch(np, shapes, dtypes, attrs)
+        assert declared > 0
+        for region_bytes in (declared, declared - 1):
+            region = np.zeros(region_bytes, np.uint8)
+            if region_bytes < declared:
+                with pytest.raises(tf.ShapeError, match="bytes of scratch are needed"):
+                    REGISTRY[op].bind(np, shapes, dtypes, attrs, {}, region)
+            else:
+                _run_bound(op, arrays, attrs, None)
 
 
 @pytest.mark.parametrize("xs, ws, stride, padding", CONV_CASES)
@@ -111,13 +143,15 @@ def test_conv_kernels_take_an_empty_batch(xs, ws, stride, padding):
     xs = (0,) + xs[1:]
     x, w = np.zeros(xs), np.ones(ws)
     attrs = {"stride": stride, "padding": padding}
-    for workspace in (None, {}):
-        y = nn_ops._conv_compute(np, x, w, workspace=workspace, **attrs)
-        g = np.zeros(y.shape)
-        dx = nn_ops._conv_grad_input_compute(np, g, w, x, _out(xs), workspace=workspace,
-                                             **attrs)
-        dw = nn_ops._conv_grad_filter_compute(np, g, x, w, _out(ws), workspace=workspace,
-                                              **attrs)
+    y = nn_ops._conv_compute(np, x, w, **attrs)
+    g = np.zeros(y.shape)
+    for run in (REGISTRY["conv2d_grad_input"].compute, None):
+        if run is None:   # bound, with its (empty) scratch
+            dx = _run_bound("conv2d_grad_input", (g, w, x), attrs, _out(xs))
+            dw = _run_bound("conv2d_grad_filter", (g, x, w), attrs, _out(ws))
+        else:
+            dx = run(np, g, w, x, _out(xs), **attrs)
+            dw = nn_ops._conv_grad_filter_compute(np, g, x, w, _out(ws), **attrs)
         assert y.shape[0] == 0 and dx.shape == xs
         np.testing.assert_array_equal(dw, np.zeros(ws))
 
@@ -225,11 +259,13 @@ def test_training_curve_unchanged_by_the_kernel_rewrite():
     np.testing.assert_allclose(_train_small_cnn(), RECORDED_LOSSES, rtol=1e-4, atol=0)
 
 
-@pytest.mark.parametrize("memory", [None, "auto"])
-def test_bound_convs_sharing_a_streams_scratch_match_loops(memory):
-    # Two convs of one shape on one stream share their bound im2col / padding /
-    # col2im scratch (OpDef.bind): each must still see its own input, and the
-    # padded buffer's zero border must survive both (and a second run).
+@pytest.mark.parametrize("memory, poison", [(None, False), ("auto", False), ("auto", True)])
+def test_bound_convs_sharing_a_streams_scratch_match_loops(memory, poison):
+    # Two convs of one shape on one stream: unplanned, they share their stream's
+    # scratch buffer; planned, each step's scratch is a place in the arena that
+    # other tensors use at other steps (and that poison mode fills with NaN once
+    # the step is done). Each must still see its own input, and the padded copy's
+    # zero border must be there for both (and in a second run).
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 6, 5))
     w1, w2 = rng.standard_normal((3, 3, 3, 3)), rng.standard_normal((3, 3, 3, 3))
@@ -239,7 +275,11 @@ def test_bound_convs_sharing_a_streams_scratch_match_loops(memory):
     z = tf.nn.conv2d(y, w2n, padding=1)
     g = rng.standard_normal(x.shape)
     grads = tf.gradients(tf.reduce_sum(z * tf.constant(g, tf.float64)), [xn, w1n, w2n])
-    program = tf.compile([z] + grads, {xn: (x.shape, np.float64)}, {}, memory=memory)
+    program = tf.compile([z] + grads, {xn: (x.shape, np.float64)}, {}, memory=memory,
+                         poison=poison)
+    if memory:
+        scratch = [t for t in program.memory_plan.tensors if t.kind == "scratch"]
+        assert len(scratch) == 6     # two forwards, two input and two filter gradients
     y_ref = conv_reference(x, w1, padding=1)
     gy = conv_grad_input_reference(g, w2, y_ref, padding=1)
     want = [conv_reference(y_ref, w2, padding=1),

@@ -87,6 +87,26 @@ def test_liveness_kinds_and_lifetimes():
     assert (specs["unused"].first_step, specs["unused"].last_step) == (3, 3)
 
 
+def test_a_steps_scratch_lives_during_that_step_only():
+    # conv2d's im2col matrix (OpDef.scratch) is a tensor of the plan: alive at its
+    # step alone, so it shares no byte with that step's inputs or output, and its
+    # bytes are free again for the next step's tensors.
+    steps = [PlanStep("a", ["x"], 256), PlanStep("conv", ["a"], 256, scratch=1000),
+             PlanStep("b", ["conv"], 1024)]
+    plan = plan_memory(steps, {"x"}, {"b"})
+    validate_plan(plan, steps)
+    spec = plan.by_name["conv:scratch"]
+    assert (spec.kind, spec.first_step, spec.last_step, spec.nbytes) == ("scratch", 1, 1, 1000)
+    assert plan.lower_bound_bytes == 256 + 256 + 1024   # a, conv and its scratch at step 1
+    assert spec.to_dict()["node"] == "conv" and spec.to_dict()["kind"] == "scratch"
+    for other in ("a", "conv"):       # the validator checks scratch like any tensor
+        spec.offset = plan.by_name[other].offset
+        with pytest.raises(PlanError, match="conv:scratch"):
+            validate_plan(plan, steps)
+    with pytest.raises(PlanError, match="already named 'conv:scratch'"):
+        memory.liveness(steps + [PlanStep("conv:scratch", ["b"], 4)], {"x"})
+
+
 def test_liveness_rejects_unknown_inputs_and_duplicate_names():
     with pytest.raises(PlanError, match=r"step 0 \(a\) reads 'ghost'"):
         memory.liveness([PlanStep("a", ["ghost"], 4)])
@@ -256,7 +276,9 @@ def schedules(draw):
         if inplace is not None and draw(st.booleans()):
             source = next((s for s in steps if s.name == inputs[inplace]), None)
             size = source.nbytes if source else size    # make in-place often legal
-        steps.append(PlanStep(f"t{k}", inputs, size, inplace, stream=draw(st.integers(0, 1))))
+        scratch = draw(st.sampled_from([0, 0, 0, 64, 1000]))   # a kernel's working memory
+        steps.append(PlanStep(f"t{k}", inputs, size, inplace, stream=draw(st.integers(0, 1)),
+                              scratch=scratch))
     keep = draw(st.sets(st.sampled_from([s.name for s in steps])))
     events = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)),
                            max_size=4))

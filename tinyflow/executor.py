@@ -10,12 +10,13 @@ the Setup* methods of tqchen/tinyflow's Session):
    not run: the registry's `OpDef.source` says which);
 3. `_schedule`: a stream for each step and the events between streams
    (streams.py), checked by `validate_schedule`;
-4. `_bind_kernels`: each step's kernel specialized to its static shapes
-   (`OpDef.bind`); a variable writer (`OpDef.mutates`) bound to its variable;
-5. `_plan_memory`: one arena, each intermediate an offset in it (memory.py),
-   checked by the plan validator; each step's output is bound to its view of the
-   arena, and kernels write there through `out=` (destination passing, as in CSE
-   599W's dlsys);
+4. `_plan_memory`: one arena, each intermediate an offset in it (memory.py), and
+   each kernel's scratch memory (`OpDef.scratch`) too, checked by the plan
+   validator; each step's output is bound to its view of the arena, and kernels
+   write there through `out=` (destination passing, as in CSE 599W's dlsys);
+5. `_bind_kernels`: each step's kernel specialized to its static shapes
+   (`OpDef.bind`), with its scratch; a variable writer (`OpDef.mutates`) bound to
+   its variable;
 6. `_make_runner`: with several streams, a runner (threads, or CUDA streams).
 
 Running is one loop over the steps through one kernel runner, `_execute` (the
@@ -169,6 +170,9 @@ class Step:
                   `_bind_kernels`): the runner calls kernel(*inputs, out=...). An op
                   whose compute is one ufunc (OpDef.ufunc) gets the ufunc itself.
     gather        values -> the tuple of this step's input values (`_gather_of`)
+    scratch       the kernel's scratch memory (OpDef.scratch), a uint8 array: its
+                  place in the arena (planned runs) or in its stream's scratch
+                  buffer (unplanned runs); None when the kernel needs none
     """
 
     node: Node
@@ -186,6 +190,7 @@ class Step:
     sources: tuple[tuple[str, str], ...] = ()  # fused: (name, line) per instruction
     kernel: Any = None
     gather: Any = None
+    scratch: Any = None
 
 
 @dataclass
@@ -615,15 +620,16 @@ def _compile(fetches: list[Node], feeds: dict, variables: dict, device: str,
     # The order of the steps: with a memory plan, the topological order with the
     # lowest peak of live bytes (sublinear.memory_order, as XLA picks among orders).
     # (The planner's steps do not depend on the order: made once, for both.)
-    planned = None if opts["memory"] is None else memory.steps_from_graph(graph)
+    planned = None if opts["memory"] is None else memory.steps_from_graph(graph,
+                                                                          xp=program.xp)
     order = graph.nodes if planned is None else sublinear.memory_order(graph, planned)
     _make_steps(program, order, user_of, generators)
     _schedule(program)
-    _bind_kernels(program, user_of)
     if planned is not None:
         _plan_memory(program, memory.steps_in_order(planned, order))
     else:
         _free_values(program)
+    _bind_kernels(program, user_of)
     _make_runner(program)
     if opts["check_numerics"]:
         _name_sources(program, order)
@@ -740,9 +746,10 @@ def _schedule(program: Program) -> None:
 
 
 def _bind_kernels(program: Program, user_of: dict[int, Node]) -> None:
-    """Phase 4: each step's kernel specialized to its static shapes, where its op
-    can (OpDef.bind, with scratch space shared by the steps of one stream, which
-    never run at once); a variable writer's kernel bound to its variable; then
+    """Phase 5: each step's kernel specialized to its static shapes, where its op
+    can (OpDef.bind, given the step's scratch memory and the plans and buffers its
+    stream's steps share, as they never run at once); a variable writer's kernel
+    bound to its variable; then
     what the runner calls, bound once: `Step.kernel` and `Step.gather`."""
     workspaces: list[dict] = [{} for _ in program.schedule.names]
     for step in program.steps:
@@ -750,7 +757,7 @@ def _bind_kernels(program: Program, user_of: dict[int, Node]) -> None:
         if opdef.bind is not None:
             step.compute = opdef.bind(program.xp, [i.shape for i in inputs],
                                       [i.dtype for i in inputs], step.attrs,
-                                      workspaces[step.stream]) or step.compute
+                                      workspaces[step.stream], step.scratch) or step.compute
         if opdef.mutates is not None:
             var = user_of[id(inputs[opdef.mutates])]
             step.compute = _variable_writer(step.compute, var, step.node)
@@ -834,7 +841,7 @@ def _dead_after(program: Program, dead: Any) -> dict[int, list]:
 
 
 def _free_values(program: Program) -> None:
-    """Phase 5 without a plan: each step allocates its value; each intermediate is
+    """Phase 4 without a plan: each step allocates its value; each intermediate is
     dropped after its last reader, so a program holds only what is still needed
     (what the arena does, without the planning). A step that reads a variable
     copies a view it returns (`Step.copy_views`)."""
@@ -842,6 +849,7 @@ def _free_values(program: Program) -> None:
     for step in steps:
         step.copy_views = (mutated_input(step.node) is None and
                            any(source_kind(i) == "variable" for i in step.node.inputs))
+    _stream_scratch(program)
     if _multi_stream(program) and not program.target.frees_across_streams:
         return
     computed = {s.output for s in steps}
@@ -850,9 +858,30 @@ def _free_values(program: Program) -> None:
         step.free_after = tuple(frees.get(k, ()))
 
 
+def _stream_scratch(program: Program) -> None:
+    """Without a plan, the kernels' scratch (OpDef.scratch) comes from one buffer
+    per stream, as large as the most any step of that stream asks: the steps of a
+    stream run one at a time, so they can all use it."""
+    wanted: dict[int, int] = {}
+    for step in program.steps:
+        scratch = REGISTRY[step.node.op].scratch
+        if scratch is not None:
+            inputs = step.node.inputs
+            wanted[step.index] = scratch(program.xp, [i.shape for i in inputs],
+                                         [i.dtype for i in inputs], step.attrs)
+    largest: dict[int, int] = {}
+    for step in program.steps:
+        largest[step.stream] = max(largest.get(step.stream, 0), wanted.get(step.index, 0))
+    buffers = {stream: program.xp.empty(size, dtype=np.uint8)
+               for stream, size in largest.items() if size}
+    for step in program.steps:
+        if wanted.get(step.index):
+            step.scratch = buffers[step.stream][:wanted[step.index]]
+
+
 def _plan_memory(program: Program, planned: tuple[list[memory.PlanStep], dict[str, str],
                                                    set[str]]) -> None:
-    """Phase 5: plan the arena (memory.py) for `planned`, the planner's steps in
+    """Phase 4: plan the arena (memory.py) for `planned`, the planner's steps in
     the program's order (`memory.steps_from_graph`), check the plan, and bind each
     planned step's output slot to its view of the arena; set up poisoning when
     asked."""
@@ -880,6 +909,9 @@ def _plan_memory(program: Program, planned: tuple[list[memory.PlanStep], dict[st
             view = arena[tensor.offset:tensor.offset + node_nbytes(node)]
             program.slot_template[step.output] = view.view(node.dtype).reshape(node.shape)
             step.planned = True
+        scratch = placed.get(memory.scratch_name(step.node.name))
+        if scratch is not None:
+            step.scratch = arena[scratch.offset:scratch.offset + scratch.nbytes]
     program.memory_plan, program.arena = plan, arena
     if program.options["poison"]:
         _plan_poison(program, placed)
@@ -902,6 +934,9 @@ def _plan_poison(program: Program, placed: dict) -> None:
         return tensor.offset, tensor.nbytes
     poison = _dead_after(program, dead_bytes)
     for k, step in enumerate(program.steps):
+        scratch = placed.get(memory.scratch_name(step.node.name))
+        if scratch is not None:     # a kernel's scratch is dead once it returns
+            poison.setdefault(k, []).append((scratch.offset, scratch.nbytes))
         step.poison_after = tuple(poison.get(k, ()))
 
 

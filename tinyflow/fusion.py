@@ -392,7 +392,7 @@ def _workspace_buffers(plan: _Plan, workspace: dict) -> list[Any]:
 # inplace is None: the output buffer serves as a temporary before the inputs are all
 # read, so it must not share memory with an input.
 def _fused_elementwise_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
-                            attrs: dict, workspace: dict) -> Any:
+                            attrs: dict, workspace: dict, scratch: Any = None) -> Any:
     """The fused node specialized to its static shapes (OpDef.bind): its plan made
     once, its temporaries taken once from the stream's `workspace`. Fused nodes of one
     stream run one at a time, so they share those buffers (the i-th temporary of a
@@ -436,7 +436,7 @@ def _fused_assign_compute(xp, var, *arrays, out=None, program=()):
 
 
 def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
-                       attrs: dict, workspace: dict) -> Any:
+                       attrs: dict, workspace: dict, scratch: Any = None) -> Any:
     """The update kernel specialized to its shapes: the program's plan made with the
     output being an input (`out_is_input`), so the last instruction writes each
     element of the variable after reading it, and nothing else writes it. On a GPU

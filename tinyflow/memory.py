@@ -56,6 +56,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ from tinyflow.registry import mutated_input, source_kind
 
 ALIGNMENT = 64       # bytes; every offset is a multiple (cache lines, SIMD loads)
 MATCH_RANGE = 16     # NNVM: a free block is reused for requests within 16x its size
-ARENA_KINDS = ("intermediate", "output")   # the kinds that live in the arena
+ARENA_KINDS = ("intermediate", "output", "scratch")   # the kinds that live in the arena
 
 HappensBefore = Callable[[int, int], bool]
 
@@ -102,7 +103,9 @@ class PlanStep:
     (its OpDef.inplace, already checked by the caller for same shape and dtype);
     the planner decides whether that input really dies here. `stream` is the
     stream the step runs on; with a happens_before function, steps on one stream
-    must run in list order (what a stream is).
+    must run in list order (what a stream is). `scratch` is the bytes its kernel
+    needs while it runs (OpDef.scratch): a tensor of kind "scratch", named
+    `scratch_name(name)`, alive at this step only.
     """
 
     name: str
@@ -110,6 +113,15 @@ class PlanStep:
     nbytes: int
     inplace_input: int | None = None
     stream: int = 0
+    scratch: int = 0
+
+
+SCRATCH_SUFFIX = ":scratch"
+
+
+def scratch_name(step_name: str) -> str:
+    """The planner's name for the scratch memory of step `step_name`."""
+    return step_name + SCRATCH_SUFFIX
 
 
 @dataclass
@@ -117,7 +129,8 @@ class TensorSpec:
     """One tensor: its lifetime (from `liveness`) and, once planned, its place.
 
     first_step, last_step  alive over these steps, both included (list positions)
-    kind         "intermediate", "output" (fetched: alive to the end), or "feed" /
+    kind         "intermediate", "output" (fetched: alive to the end), "scratch" (a
+                 kernel's working memory, alive during its step only), or "feed" /
                  "variable" / "constant" (outside the arena: offset stays None)
     inplace_of   the input whose bytes this tensor overwrites, if any
     defined_at   the step that writes it (None for a feed that no step writes)
@@ -138,8 +151,10 @@ class TensorSpec:
     reason: str = ""
 
     def to_dict(self) -> dict:
-        """The DebugRecord's memory_plan.tensors entry."""
-        return {"node": self.name, "offset": self.offset, "nbytes": self.nbytes,
+        """The DebugRecord's memory_plan.tensors entry (a scratch tensor names the
+        node whose kernel uses it, as the record's entries name nodes)."""
+        node = self.name.removesuffix(SCRATCH_SUFFIX) if self.kind == "scratch" else self.name
+        return {"node": node, "offset": self.offset, "nbytes": self.nbytes,
                 "first_step": self.first_step, "last_step": self.last_step,
                 "inplace_of": self.inplace_of, "kind": self.kind, "reason": self.reason}
 
@@ -277,7 +292,19 @@ def _lifetimes(steps: Sequence[PlanStep], kinds: Mapping[str, str], keep: set[st
         else:
             specs[name] = TensorSpec(name, step.nbytes, k, read[-1] if read else k,
                                      defined_at=k, uses=tuple(read))
+        if step.scratch:
+            _scratch_spec(k, step, specs, index)
     return specs
+
+
+def _scratch_spec(k: int, step: PlanStep, specs: dict[str, TensorSpec],
+                  index: dict[str, int]) -> None:
+    """Step k's scratch: written and used by step k alone, so alive at k only."""
+    name = scratch_name(step.name)
+    if name in specs or name in index:
+        raise PlanError(f"step {k} ({step.name}) needs scratch memory, but a tensor is "
+                        f"already named {name!r}")
+    specs[name] = TensorSpec(name, step.scratch, k, k, "scratch", defined_at=k)
 
 
 def _grant_inplace(steps: Sequence[PlanStep], specs: dict[str, TensorSpec],
@@ -924,6 +951,9 @@ def peak_alive(steps: Sequence[PlanStep],
         if first <= last:
             born[first] += _align(step.nbytes, alignment)
             born[last + 1] -= _align(step.nbytes, alignment)
+        if step.scratch:      # alive at this step only
+            born[k] += _align(step.scratch, alignment)
+            born[k + 1] -= _align(step.scratch, alignment)
     return max(itertools.accumulate(born[:-1]), default=0)
 
 
@@ -1198,7 +1228,7 @@ def node_nbytes(node: Node) -> int:
     return nbytes
 
 
-def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
+def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None, xp: Any = np
                      ) -> tuple[list[PlanStep], dict[str, str], set[str]]:
     """(steps, external, keep) for plan_memory, from a specialized graph.
 
@@ -1206,7 +1236,8 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
     variables and constants are external (OpDef.source); an assign's value is the
     variable's buffer, so it needs 0 arena bytes (OpDef.mutates). An op's in-place
     input is offered when it has the output's shape and dtype and is not read twice
-    by the op.
+    by the op. A step's scratch is what its kernel on array module `xp` asks for
+    (OpDef.scratch).
     """
     order = graph.nodes if order is None else order
     external: dict[str, str] = {}
@@ -1224,7 +1255,10 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None
                     or node.inputs.count(source) > 1):
                 inplace = None
         nbytes = node_nbytes(node) if opdef.mutates is None else 0    # in_arena(node)
-        steps.append(PlanStep(node.name, [i.name for i in node.inputs], nbytes, inplace))
+        scratch = 0 if opdef.scratch is None else opdef.scratch(
+            xp, [i.shape for i in node.inputs], [i.dtype for i in node.inputs], node.attrs)
+        steps.append(PlanStep(node.name, [i.name for i in node.inputs], nbytes, inplace,
+                              scratch=scratch))
     keep = {o.name for o in graph.outputs if source_kind(o) is None}
     return steps, external, keep
 

@@ -216,40 +216,82 @@ def _fill_im2col(xp, x, cols, stride, padding, workspace):
     h, w = x.shape[2:]
     padded = x.transpose(1, 0, 2, 3)      # (C, N, H, W): a view, copied below
     if pt or pb or pl or pr:
-        # The padded copy: its border is zeroed once, when the buffer is made, and
-        # every user of the buffer writes only the inside. The key holds all four
-        # paddings: with the shape they fix the inside, so no user leaves data in
-        # another's border.
+        # The padded copy: x inside, zeros in the border (zeroed here, on every
+        # call: between runs the scratch holds other tensors).
         inside = padded
-        padded = _scratch(xp, workspace, ("pad", pt, pb, pl, pr),
-                          (c, n, h + pt + pb, w + pl + pr), cols.dtype, zeros=True)
+        padded = _scratch(xp, workspace, "pad", (c, n, h + pt + pb, w + pl + pr),
+                          cols.dtype)
+        _zero_border(padded, pt, pb, pl, pr)
         padded[:, :, pt:pt + h, pl:pl + w] = inside
     for i in range(kh):
         for j in range(kw):
             cols[:, i, j].reshape(c, n, oh, ow)[...] = _tap(padded, i, j, oh, ow, stride)
 
 
-def _scratch(xp, workspace, kind, shape, dtype, zeros=False):
-    """A scratch buffer: from the stream's `workspace` when the kernel is bound
-    (made once at compile time and shared by the steps of that stream asking for
-    the same kind, shape and dtype: a stream runs one step at a time), else new."""
+def _scratch(xp, workspace, name, shape, dtype):
+    """Scratch buffer `name` as an uninitialized array of `shape`: cut from the
+    kernel's planned scratch bytes when it is bound (`workspace` is a Scratch), else
+    new. Planned scratch is shared with other tensors between runs, so a kernel
+    assumes nothing about what it holds: borders that must be zero are zeroed on
+    every call (_zero_border)."""
     if workspace is None:
-        return (xp.zeros if zeros else xp.empty)(shape, dtype=dtype)
-    key = ("nn_ops", kind, tuple(shape), np.dtype(dtype))
-    if key not in workspace:
-        workspace[key] = xp.zeros(shape, dtype=dtype)
-    return workspace[key]
+        return xp.empty(shape, dtype=dtype)
+    return workspace.get(name, shape, dtype)
+
+
+class Scratch:
+    """A conv kernel's scratch memory: `region`, a uint8 array (the step's place in
+    the memory plan's arena, `OpDef.scratch` bytes), cut into one buffer per name at
+    the offsets that `sizes` ({name: most bytes the kernel asks for it}) give, each
+    aligned to 64 bytes (a cache line)."""
+
+    ALIGN = 64
+
+    def __init__(self, region: np.ndarray, sizes: dict[str, int]) -> None:
+        self.region = region
+        self.places: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, nbytes in sizes.items():
+            self.places[name] = (offset, nbytes)
+            offset += _aligned(nbytes, self.ALIGN)
+        if offset > region.nbytes:
+            raise ShapeError(f"{offset} bytes of scratch are needed, {region.nbytes} given")
+
+    def get(self, name: str, shape: tuple, dtype: Any) -> np.ndarray:
+        """Buffer `name` as an array of `shape` and `dtype` (at most its bytes)."""
+        offset, room = self.places[name]
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if nbytes > room:   # the kernel asked for more than its size function said
+            raise ShapeError(f"scratch buffer {name!r}: {nbytes} bytes asked, {room} planned")
+        return self.region[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
+def _aligned(nbytes: int, alignment: int) -> int:
+    return -(-nbytes // alignment) * alignment
+
+
+def scratch_bytes(sizes: dict[str, int]) -> int:
+    """The bytes a Scratch with these buffer sizes needs."""
+    return sum(_aligned(n, Scratch.ALIGN) for n in sizes.values())
+
+
+def _zero_border(image, top, bottom, left, right):
+    """Zero the outer rows and columns of image (..., H, W): its padding."""
+    height, width = image.shape[-2:]
+    image[..., :top, :] = 0
+    image[..., height - bottom:, :] = 0
+    image[..., :left] = 0
+    image[..., width - right:] = 0
 
 
 def _rows(xp, g, row, dtype, workspace=None):
     """g (N, O, OH, OW) in the GEMM layout (O, N*OH*row), batch inside the rows as
     in _im2col. In the wide layout of _col2im (row > OW) the extra columns are
-    zeros: they meet the wrapped-around windows, which must get nothing. (Zeroed
-    once when the buffer is made; every user, keyed by OW too, writes only the
-    first OW columns.)"""
+    zeros: they meet the wrapped-around windows, which must get nothing."""
     n, o, oh, ow = g.shape
-    wide = _scratch(xp, workspace, ("rows", ow), (o, n, oh, row), dtype, zeros=True)
+    wide = _scratch(xp, workspace, "rows", (o, n, oh, row), dtype)
     wide[..., :ow] = g.transpose(1, 0, 2, 3)
+    wide[..., ow:] = 0
     return wide.reshape(o, n * oh * row)
 
 
@@ -455,20 +497,84 @@ def _conv_grad_filter_grad(n, gg):
             None]
 
 
-def _bind_scratch(compute, infer):
-    """OpDef.bind for the conv kernels: their im2col / col2im scratch comes from the
-    stream's workspace, made on the first run and then reused (no allocation and no
-    page faults per run), and the result is never a view of that shared scratch."""
-    def bind(xp, shapes, dtypes, attrs, workspace):
+# What each conv kernel cuts from its scratch (see Scratch): {buffer: most bytes},
+# for the largest chunk of the batch. The executor asks for the total up front
+# (OpDef.scratch), so the memory planner can place it; Scratch.get refuses a
+# request beyond these sizes, so a kernel and its sizes cannot drift apart quietly.
+
+def _largest_chunk(n, bytes_per_sample):
+    return max(stop - start for start, stop in _batch_chunks(np, n, bytes_per_sample))
+
+
+def _window_sizes(x_shape, kh, kw, attrs, item):
+    """The forward's and the filter gradient's windows: the im2col matrix of one
+    chunk and, with padding, its padded copy; and the chunk's size."""
+    n, c, h, w = x_shape
+    pt, pb, pl, pr, oh, ow, _ = _conv_layout(x_shape, kh, kw, attrs.get("stride", (1, 1)),
+                                             attrs.get("padding", 0))
+    chunk = _largest_chunk(n, c * kh * kw * oh * ow * item)
+    sizes = {"im2col": c * kh * kw * chunk * oh * ow * item}
+    if pt or pb or pl or pr:
+        sizes["pad"] = c * chunk * (h + pt + pb) * (w + pl + pr) * item
+    return sizes, chunk, oh * ow
+
+
+def _conv_sizes(shapes, dtypes, attrs):
+    x, w = shapes
+    item = np.result_type(*dtypes).itemsize
+    sizes, chunk, pixels = _window_sizes(x, w[2], w[3], attrs, item)
+    return {**sizes, "gemm": w[0] * chunk * pixels * item}
+
+
+def _conv_grad_input_sizes(shapes, dtypes, attrs):
+    g, w, x = shapes
+    (o, c, kh, kw), item = w, np.result_type(dtypes[0], dtypes[1]).itemsize
+    stride = attrs.get("stride", (1, 1))
+    pt, pb, _, _, oh, _, row = _conv_layout(x, kh, kw, stride, attrs.get("padding", 0))
+    chunk = _largest_chunk(g[0], c * kh * kw * oh * row * item)
+    sizes = {"rows": o * chunk * oh * row * item,
+             "dcols": c * kh * kw * chunk * oh * row * item}
+    if tuple(stride) == (1, 1):
+        sizes["col2im"] = c * chunk * (x[2] + pt + pb + 1) * row * item
+    return sizes
+
+
+def _conv_grad_filter_sizes(shapes, dtypes, attrs):
+    g, x, w = shapes
+    (o, c, kh, kw), item = w, np.result_type(dtypes[0], dtypes[1]).itemsize
+    sizes, chunk, pixels = _window_sizes(x, kh, kw, attrs, item)
+    sizes.update({"rows": o * chunk * pixels * item, "dw": c * kh * kw * o * item})
+    if chunk < x[0]:   # more than one chunk: the later ones' products are added
+        sizes["dw part"] = c * kh * kw * o * item
+    return sizes
+
+
+def _scratch_of(sizes):
+    """OpDef.scratch for a kernel whose buffers are `sizes`: their bytes (on the CPU;
+    the GPU kernels allocate their own, in one chunk)."""
+    def scratch(xp, shapes, dtypes, attrs):
+        return scratch_bytes(sizes(shapes, dtypes, attrs)) if xp is np else 0
+    return scratch
+
+
+def _bind_scratch(compute, infer, sizes):
+    """OpDef.bind for the conv kernels: their buffers are cut from `scratch`, the
+    step's bytes in the memory plan's arena (or, without one, the executor's or a
+    region made here), so no run allocates or pages in memory."""
+    def bind(xp, shapes, dtypes, attrs, workspace, scratch=None):
         if xp is not np:
             return None                 # the GPU keeps the generic compute
         shape, dtype = infer(shapes, dtypes, attrs)
+        buffer_sizes = sizes(shapes, dtypes, attrs)
+        if scratch is None:
+            scratch = np.empty(scratch_bytes(buffer_sizes), np.uint8)
+        buffers = Scratch(scratch, buffer_sizes)
 
         def bound_compute(xp, *arrays, out=None, **attrs):
             if out is None:
                 out = np.empty(shape, dtype=dtype)
-            result = compute(xp, *arrays, out=out, workspace=workspace, **attrs)
-            if result is not out:  # (a view of the scratch, or another dtype)
+            result = compute(xp, *arrays, out=out, workspace=buffers, **attrs)
+            if result is not out:  # (another dtype)
                 out[...] = result
             return out
         return bound_compute
@@ -494,18 +600,23 @@ def conv_cost(node: Node) -> float | None:
 
 
 register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
-               bind=_bind_scratch(_conv_compute, _conv_infer), cost=conv_cost,
+               bind=_bind_scratch(_conv_compute, _conv_infer, _conv_sizes),
+               scratch=_scratch_of(_conv_sizes), cost=conv_cost,
                doc="2-D convolution, NCHW input, OIHW filters (im2col + a GEMM per batch chunk)",
                check=_window_check))
 register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _same_as_input_2,
                _conv_grad_input_grad,
-               bind=_bind_scratch(_conv_grad_input_compute, _same_as_input_2),
+               bind=_bind_scratch(_conv_grad_input_compute, _same_as_input_2,
+                                  _conv_grad_input_sizes),
+               scratch=_scratch_of(_conv_grad_input_sizes),
                cost=conv_cost,
                doc="gradient of conv2d with respect to its input",
                check=_window_check))
 register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _same_as_input_2,
                _conv_grad_filter_grad,
-               bind=_bind_scratch(_conv_grad_filter_compute, _same_as_input_2),
+               bind=_bind_scratch(_conv_grad_filter_compute, _same_as_input_2,
+                                  _conv_grad_filter_sizes),
+               scratch=_scratch_of(_conv_grad_filter_sizes),
                cost=conv_cost,
                doc="gradient of conv2d with respect to its filters",
                check=_window_check))

@@ -39,11 +39,18 @@ class OpDef:
     differentiable: bool = True  # False: has no gradient (comparisons, argmax, ...)
     random: bool = False        # draws random numbers: compute takes `generators`
     doc: str = ""
-    # Optional: bind(xp, shapes, dtypes, attrs, workspace) -> a compute specialized to
-    # these static input shapes (or None). The executor calls it once per step when it
-    # compiles, so per-run work (finding a plan) disappears; `workspace` is a dict of
-    # scratch buffers shared by the steps of one stream, which never run at once.
+    # Optional: bind(xp, shapes, dtypes, attrs, workspace, scratch) -> a compute
+    # specialized to these static input shapes (or None). The executor calls it once
+    # per step when it compiles, so per-run work (finding a plan) disappears;
+    # `workspace` is a dict of plans and buffers shared by the steps of one stream,
+    # which never run at once; `scratch` is the step's own scratch memory (below).
     bind: Callable[..., Any] | None = None
+    # Optional: scratch(xp, shapes, dtypes, attrs) -> the bytes of scratch memory the
+    # kernel needs while it runs (an im2col matrix, a padded copy), for these static
+    # shapes. The memory planner places them in the arena, alive during that step
+    # only (the workspace that cuDNN and TVM kernels declare), so they show in the
+    # plan and its validator checks them; `bind` receives them as a uint8 array.
+    scratch: Callable[..., int] | None = None
     # Optional: check(attrs, dtypes) raises Mismatch for attributes or input dtypes no
     # shape could make valid (a stride of 0, an unknown padding, float indices). Run
     # at build time even when the input shapes are not known yet, so the error names

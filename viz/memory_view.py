@@ -205,10 +205,10 @@ class MemoryView(palette.TextLines, Widget):
             if blame.inplace_of is not None:
                 text.append(f"  in place of {blame.inplace_of['node']}\n", styles["near"])
             if blame.took_from is not None and blame.took_from["node"] not in tensor["reason"]:
-                text.append(f"  took the space of {blame.took_from['node']} (freed after "
+                text.append(f"  took the space of {label(blame.took_from)} (freed after "
                             f"step {blame.took_from['last_step']})\n", styles["near"])
             if blame.sharers:
-                names = ", ".join(t["node"] for t in blame.sharers[:40])
+                names = ", ".join(label(t) for t in blame.sharers[:40])
                 more = f" +{len(blame.sharers) - 40}" if len(blame.sharers) > 40 else ""
                 lines = textwrap.wrap(f"▓ over the whole run {len(blame.sharers)} tensors "
                                       "alive at other steps reused these bytes: "
@@ -226,6 +226,12 @@ class MemoryView(palette.TextLines, Widget):
         r, c = offset.y - self._map_top, offset.x - LABEL
         if 0 <= r < len(self._grid) and 0 <= c < len(self._grid[r]) and self._grid[r][c]:
             self.tapp.select(self._grid[r][c]["node"])
+
+
+def label(tensor: dict) -> str:
+    """A tensor as the info panel names it: its node, and "(scratch)" for the
+    working memory of the node's kernel (which is named by its node too)."""
+    return tensor["node"] + (" (scratch)" if tensor["kind"] == "scratch" else "")
 
 
 def where_text(tensor: dict) -> str:

@@ -58,7 +58,10 @@ class RecordModel:
         self.entry_of_step: dict[int, dict] = {e["step"]: e for e in self.schedule}
         self.plan: dict | None = record["memory_plan"]
         self.tensors: list[dict] = self.plan["tensors"] if self.plan else []
-        self.tensor_of: dict[str, dict] = {t["node"]: t for t in self.tensors}
+        # (a node's value; the scratch of its kernel, also named by the node, is a
+        # block of the arena map but not the node's tensor)
+        self.tensor_of: dict[str, dict] = {t["node"]: t for t in self.tensors
+                                           if t["kind"] != "scratch"}
         self.timelines: list[dict] = record["timelines"]
         for timeline in self.timelines:
             for event in timeline["events"]:
