@@ -5,7 +5,9 @@ write and read it. So memory can be planned the way a compiler allocates registe
 
 1. **liveness**: a tensor is alive from the step that writes it to the last step
    that reads it. Fetched outputs live to the end of the run; feeds and variables
-   live outside the arena (in the caller's arrays and the Session's store).
+   live outside the arena (in the caller's arrays and the Session's store). A
+   kernel's scratch memory (``OpDef.scratch``: conv2d's im2col matrix) is a tensor
+   too, alive during its own step only, as TVM and XLA plan a kernel's workspace.
 2. **in place**: an op whose registry entry names an `inplace` input may write its
    output over that input when the input dies at this very step (``relu(x)`` where
    nothing reads ``x`` afterwards needs no new memory).
