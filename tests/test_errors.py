@@ -174,6 +174,17 @@ def test_bad_arguments_are_argument_errors_naming_op_value_and_line(build, words
     (lambda x: tf.nn.layer_norm(x, G(), G(), eps=-1e-5), "layer_norm: eps must be >= 0"),
     (lambda x: tf.nn.layer_norm(x, G(), G(), float("nan")), "eps must be a finite number, got nan"),
     (lambda x: tf.nn.LayerNorm(6, eps=-1.0), "LayerNorm: eps must be >= 0, got -1.0"),
+    # batch_normalization's epsilon was taken unchecked: a negative one NaN'd the output
+    (lambda x: tf.nn.batch_normalization(x, *tf.nn.moments(x, [0]), None, None, -1e-3),
+     "batch_normalization: variance_epsilon must be >= 0, got -0.001"),
+    (lambda x: tf.nn.batch_normalization(x, *tf.nn.moments(x, [0]), None, None, float("nan")),
+     "batch_normalization: variance_epsilon must be a finite number, got nan"),
+    (lambda x: tf.nn.batch_normalization(x, *tf.nn.moments(x, [0]), None, None, float("inf")),
+     "variance_epsilon must be a finite number, got inf"),
+    (lambda x: tf.nn.batch_normalization(x, *tf.nn.moments(x, [0]), None, None, "a"),
+     "variance_epsilon must be a finite number, got 'a'"),
+    (lambda x: tf.nn.batch_normalization(x, variance_epsilon=-1.0),
+     "batch_normalization: variance_epsilon must be >= 0, got -1.0"),
     (lambda x: tf.nn.LayerNorm(0), "LayerNorm: dim must be >= 1, got 0"),
     (lambda x: tf.nn.MLP([4, 3], activation="foo"),
      "MLP: activation must be one of ['gelu', 'relu', 'tanh'], got 'foo'"),
@@ -255,6 +266,8 @@ def test_well_typed_arguments_still_build():
     image = tf.placeholder(tf.float32, (1, 2, 6, 6))
     assert tf.nn.max_pool(image, ksize=[1, 3, 2, 1]).shape == (1, 2, 2, 3)
     assert tf.nn.conv2d(image, W(), strides=np.int64(2), padding="same").shape == (1, 3, 3, 3)
+    mean, variance = tf.nn.moments(image, [0, 2, 3], keepdims=True)
+    assert tf.nn.batch_normalization(image, mean, variance, None, None, 0).shape == image.shape
 
 
 def test_the_same_error_when_the_feed_fixes_the_shapes():
