@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import tinyflow as tf
+from tinyflow import eager as E
 from tinyflow.errors import ArgumentError
+from tinyflow.ops import make
 from tinyflow.graph import FeedError, ShapeError, TinyFlowError
 
 HERE = os.path.basename(__file__)
@@ -174,6 +176,17 @@ def test_bad_arguments_are_argument_errors_naming_op_value_and_line(build, words
     (lambda x: tf.nn.layer_norm(x, G(), G(), eps=-1e-5), "layer_norm: eps must be >= 0"),
     (lambda x: tf.nn.layer_norm(x, G(), G(), float("nan")), "eps must be a finite number, got nan"),
     (lambda x: tf.nn.LayerNorm(6, eps=-1.0), "LayerNorm: eps must be >= 0, got -1.0"),
+    # batch_normalization's epsilon was taken unchecked: a negative one NaN'd the output
+    (lambda x: tf.nn.batch_normalization(x, *tf.nn.moments(x, [0]), None, None, -1e-3),
+     "batch_normalization: variance_epsilon must be >= 0, got -0.001"),
+    (lambda x: tf.nn.batch_normalization(x, *tf.nn.moments(x, [0]), None, None, float("nan")),
+     "batch_normalization: variance_epsilon must be a finite number, got nan"),
+    (lambda x: tf.nn.batch_normalization(x, *tf.nn.moments(x, [0]), None, None, float("inf")),
+     "variance_epsilon must be a finite number, got inf"),
+    (lambda x: tf.nn.batch_normalization(x, *tf.nn.moments(x, [0]), None, None, "a"),
+     "variance_epsilon must be a finite number, got 'a'"),
+    (lambda x: tf.nn.batch_normalization(x, variance_epsilon=-1.0),
+     "batch_normalization: variance_epsilon must be >= 0, got -1.0"),
     (lambda x: tf.nn.LayerNorm(0), "LayerNorm: dim must be >= 1, got 0"),
     (lambda x: tf.nn.MLP([4, 3], activation="foo"),
      "MLP: activation must be one of ['gelu', 'relu', 'tanh'], got 'foo'"),
@@ -255,6 +268,8 @@ def test_well_typed_arguments_still_build():
     image = tf.placeholder(tf.float32, (1, 2, 6, 6))
     assert tf.nn.max_pool(image, ksize=[1, 3, 2, 1]).shape == (1, 2, 2, 3)
     assert tf.nn.conv2d(image, W(), strides=np.int64(2), padding="same").shape == (1, 3, 3, 3)
+    mean, variance = tf.nn.moments(image, [0, 2, 3], keepdims=True)
+    assert tf.nn.batch_normalization(image, mean, variance, None, None, 0).shape == image.shape
 
 
 def test_the_same_error_when_the_feed_fixes_the_shapes():
@@ -315,6 +330,72 @@ def test_index_past_an_unknown_dim_fails_when_the_feed_is_too_small():
     message = str(info.value)
     assert message.startswith("getitem:") and "(2, 3)" in message
     assert "index 4 is out of bounds" in message and where("the index") in message
+
+
+class Inputs:
+    """Makes a helper op's inputs, each zeros of the given shape: as placeholders of
+    that shape ("build"), as placeholders of unknown dims fed that shape ("feed"),
+    or as eager Tensors ("eager")."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.feed = mode, {}
+
+    def __call__(self, *shape: int, dtype=np.float32):
+        value = np.zeros(shape, dtype)
+        if self.mode == "eager":
+            return E.tensor(value)
+        x = tf.placeholder(dtype, shape if self.mode == "build" else (None,) * len(shape))
+        self.feed[x] = value
+        return x
+
+
+# Each gradient helper given a g that does not fit its other inputs (the shape the
+# forward op gives them). Before, the shape rule took its output shape from one
+# input and checked nothing: numpy failed inside the kernel at run time, or the
+# result came back silently wrong (scatter_rows reshaped a (4, 3) g into (3, 4)).
+MISMATCHED_G = [
+    ("conv2d_grad_input", lambda P: make("conv2d_grad_input", P(2, 4, 5, 5), P(4, 3, 3, 3), P(2, 3, 8, 8), stride=(1, 1), padding=0)),  # noqa: E501
+    ("conv2d_grad_input", lambda P: make("conv2d_grad_input", P(2, 5, 6, 6), P(4, 3, 3, 3), P(2, 3, 8, 8), stride=(1, 1), padding=0)),  # noqa: E501
+    ("conv2d_grad_filter", lambda P: make("conv2d_grad_filter", P(2, 4, 5, 5), P(2, 3, 8, 8), P(4, 3, 3, 3), stride=(1, 1), padding=0)),  # noqa: E501
+    ("conv2d_grad_filter", lambda P: make("conv2d_grad_filter", P(2, 4, 3, 3), P(2, 3, 8, 8), P(4, 3, 3, 3), stride=(2, 2), padding="SAME")),  # noqa: E501
+    ("max_pool2d_grad", lambda P: make("max_pool2d_grad", P(1, 2, 4, 4), P(1, 2, 6, 6), ksize=(2, 2), stride=(2, 2), padding=0)),  # noqa: E501
+    ("max_pool2d_grad", lambda P: make("max_pool2d_grad", P(1, 2, 3, 3), P(1, 2, 6, 6), P(1, 2, 4, 4), ksize=(2, 2), stride=(2, 2), padding=0)),  # noqa: E501
+    ("max_pool2d_pick", lambda P: make("max_pool2d_pick", P(1, 2, 5, 5), P(1, 2, 6, 6), ksize=(2, 2), stride=(2, 2), padding=0)),  # noqa: E501
+    ("avg_pool2d_grad", lambda P: make("avg_pool2d_grad", P(1, 2, 4, 4), P(1, 2, 6, 6), ksize=(2, 2), stride=(2, 2), padding=0)),  # noqa: E501
+    ("sum_to_like", lambda P: make("sum_to_like", P(2, 3), P(4,))),
+    ("sum_to_like", lambda P: make("sum_to_like", P(2, 3), P(3, 3))),
+    ("broadcast_like", lambda P: make("broadcast_like", P(3,), P(2, 4))),
+    ("reshape_like", lambda P: make("reshape_like", P(2, 3), P(4, 2))),
+    ("slice_grad", lambda P: make("slice_grad", P(3, 5), P(4, 5), index=(("slice", 0, 2, None),))),  # noqa: E501
+    ("scatter_rows", lambda P: make("scatter_rows", P(4, 3), P(3, dtype=np.int64), P(10, 4))),
+    ("concat_part", lambda P: make("concat_part", P(2, 5), P(2, 3), P(2, 3), axis=1, part=0)),
+    ("one_hot_like", lambda P: make("one_hot_like", P(3, dtype=np.int64), P(4, 5))),
+]
+
+
+@pytest.mark.parametrize("mode", ["build", "feed", "eager"])
+@pytest.mark.parametrize("op, build", MISMATCHED_G)
+def test_a_gradient_helper_given_a_g_that_does_not_fit_is_a_shape_error(op, build, mode):
+    """Where the shapes are known (at build, in eager mode, or when the feed fixes
+    the unknown dims) the helper's rule refuses them, naming the op and the user's
+    line; unknown dims are accepted at build."""
+    inputs = Inputs(mode)
+    if mode == "feed":
+        node = build(inputs)
+        with pytest.raises(ShapeError) as info:
+            tf.Session().run(node, inputs.feed)
+    else:
+        with pytest.raises(ShapeError) as info:
+            build(inputs)
+    message = str(info.value)
+    assert message.startswith(f"{op}:") and f"{HERE}:{build.__code__.co_firstlineno}" in message
+
+
+def test_bias_grad_of_a_g_without_a_channel_axis_is_a_shape_error():
+    g = tf.placeholder(tf.float32, (3,))
+    with pytest.raises(ShapeError, match="bias_grad:") as info:
+        make("bias_grad", g)  # the bias grad
+    assert where("the bias grad") in str(info.value)
 
 
 # ----------------------------------------------------------------------------------

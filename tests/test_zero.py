@@ -112,3 +112,30 @@ def test_mismatched_zero_stages_are_a_collective_error():
 def test_zero_stage_must_be_known():
     with pytest.raises(ValueError, match="zero must be"):
         DistributedOptimizer(tf.train.SGD(0.1), ThreadTransport.group_of(1)[0], zero=4)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("empty", [(3, 0), (0, 3)])
+def test_an_empty_variable_trains_beside_the_others(stage, empty):
+    """A 0 in a reshape target copies the input's dim: flattening a (3, 0) variable
+    to (prod(shape),) = (0,) asked for (3,), and minimize failed with a ShapeError
+    ('cannot reshape 0 elements into (3,)')."""
+    x = tf.placeholder(tf.float64, (None, 3))
+    w = tf.Variable(np.ones((3, 2)), dtype=tf.float64, name="w")
+    e = tf.Variable(np.zeros(empty), dtype=tf.float64, name="e")
+    loss = tf.reduce_sum(tf.matmul(x, w)) + tf.reduce_sum(e)
+    comms = ThreadTransport.group_of(2, timeout=20)
+    dists = [DistributedOptimizer(tf.train.SGD(0.1), c, zero=stage) for c in comms]
+    trains = [d.minimize(loss, [w, e]) for d in dists]
+    init = tf.global_variables_initializer()
+
+    def rank(comm):
+        sess = tf.Session()
+        sess.run(init)
+        dists[comm.rank].shard(sess)
+        sess.run(trains[comm.rank], {x: np.full((2, 3), comm.rank + 1.0)})
+        return dists[comm.rank].gather_variables(sess)
+
+    for got_w, got_e in run_threads(comms, rank):
+        np.testing.assert_allclose(got_w, np.ones((3, 2)) - 0.1 * 3.0)  # mean of 2 and 4
+        assert got_e.shape == empty

@@ -155,7 +155,12 @@ def batch_normalization(x: Node, mean: Any = None, variance: Any = None, offset:
     layer's Variables (an inference graph beside the training one). Its Variables
     initialize themselves once their shape is known (`tf.infer_variable_shapes`,
     then `tf.initialize_all_variables`).
+
+    variance_epsilon must be a finite number >= 0 (an ArgumentError otherwise): a
+    negative one makes sqrt(variance + eps) NaN wherever the variance is small.
     """
+    variance_epsilon = ops.float_attr("batch_normalization", "variance_epsilon",
+                                      variance_epsilon, low=0)
     if mean is None and variance is None:
         return _batch_norm_layer(x, variance_epsilon, name, training, momentum)
     inv = 1.0 / ops.sqrt(variance + variance_epsilon)

@@ -38,6 +38,7 @@ from tinyflow.ops import (
     ones_like,
     reduce_sum,
     register,
+    require_shape,
     sum_to_like,
     zero_gradient,
     zeros_like,
@@ -383,7 +384,17 @@ def _bias_grad_compute(xp, g, out=None):
 register(OpDef("bias_add", _bias_add_compute, _bias_add_infer,
                lambda n, g: [g, make("bias_grad", g)], inplace=0,
                doc="x + b along dimension 1 (channels)"))
-register(OpDef("bias_grad", _bias_grad_compute, lambda s, d, a: ((s[0][1],), d[0]),
+
+
+def _bias_grad_infer(shapes, dtypes, attrs):
+    """(C,) for g shaped like bias_add's x, (N, C, ...); dtype of g."""
+    g = shapes[0]
+    if len(g) < 2:
+        raise Mismatch("bias_grad needs g of rank >= 2 (shaped like bias_add's x)")
+    return (g[1],), dtypes[0]
+
+
+register(OpDef("bias_grad", _bias_grad_compute, _bias_grad_infer,
                lambda n, g: [make("bias_add", zeros_like(n.inputs[0]), g)],
                doc="sum over every axis but 1 (gradient of bias_add)"))
 
@@ -585,6 +596,26 @@ def _same_as_input_2(shapes, dtypes, attrs):
     return tuple(shapes[2]), dtypes[0]
 
 
+def _require_conv_output(g, x, w, attrs) -> None:
+    """Raise Mismatch unless g has the shape conv2d(x, w) has (with these attrs)."""
+    expected, _ = _conv_infer([x, w], [None, None], attrs)
+    require_shape(g, expected, "g", "conv2d(x, filters)")
+
+
+def _conv_grad_input_infer(shapes, dtypes, attrs):
+    """(g, w, x): x's shape, g's dtype; g must be conv2d(x, w)'s shape."""
+    g, w, x = shapes
+    _require_conv_output(g, x, w, attrs)
+    return tuple(x), dtypes[0]
+
+
+def _conv_grad_filter_infer(shapes, dtypes, attrs):
+    """(g, x, w): w's shape, g's dtype; g must be conv2d(x, w)'s shape."""
+    g, x, w = shapes
+    _require_conv_output(g, x, w, attrs)
+    return tuple(w), dtypes[0]
+
+
 def conv_cost(node: Node) -> float | None:
     """Flops of a convolution (or one of its gradients): 2 * output size * the
     size of one filter (input 1's dims after the first)."""
@@ -604,7 +635,7 @@ register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
                scratch=_scratch_of(_conv_sizes), cost=conv_cost,
                doc="2-D convolution, NCHW input, OIHW filters (im2col + a GEMM per batch chunk)",
                check=_window_check))
-register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _same_as_input_2,
+register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _conv_grad_input_infer,
                _conv_grad_input_grad,
                bind=_bind_scratch(_conv_grad_input_compute, _same_as_input_2,
                                   _conv_grad_input_sizes),
@@ -612,7 +643,7 @@ register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _same_as_input_2,
                cost=conv_cost,
                doc="gradient of conv2d with respect to its input",
                check=_window_check))
-register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _same_as_input_2,
+register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _conv_grad_filter_infer,
                _conv_grad_filter_grad,
                bind=_bind_scratch(_conv_grad_filter_compute, _same_as_input_2,
                                   _conv_grad_filter_sizes),
@@ -667,9 +698,19 @@ def _pool_infer(shapes, dtypes, attrs):
 
 
 def _pool_infer_second(shapes, dtypes, attrs):
-    """Pooled shape of input 1 (x), dtype of input 0 (g)."""
+    """Pooled shape of input 1 (x), dtype of input 0 (g), which must be x's shape."""
+    require_shape(shapes[0], shapes[1], "g", "x")
     shape, _ = _pool_infer(shapes[1:], dtypes[1:], attrs)
     return shape, dtypes[0]
+
+
+def _pool_grad_infer(shapes, dtypes, attrs):
+    """(g, x[, y]): x's shape, g's dtype; g (and y, the forward's output, when
+    given) must have the pooled shape of x."""
+    pooled, _ = _pool_infer(shapes[1:2], dtypes[1:2], attrs)
+    for what, shape in zip(("g", "y"), [shapes[0], *shapes[2:]]):
+        require_shape(shape, pooled, what, "the pooling of x")
+    return tuple(shapes[1]), dtypes[0]
 
 
 def _lowest(dtype: np.dtype) -> float | int | bool:
@@ -786,8 +827,7 @@ register(OpDef("max_pool2d", _max_pool_compute, _pool_infer,
                lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], n, **n.attrs)],
                doc="max over each window",
                check=_window_check))
-register(OpDef("max_pool2d_grad", _max_pool_grad_compute,
-               lambda s, d, a: (tuple(s[1]), d[0]),
+register(OpDef("max_pool2d_grad", _max_pool_grad_compute, _pool_grad_infer,
                lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs)]
                + [None] * (len(n.inputs) - 1),
                doc="gradient of max_pool2d (g, x[, y = max_pool2d(x)]): g to the first "
@@ -801,8 +841,7 @@ register(OpDef("avg_pool2d", _avg_pool_compute, _pool_infer,
                lambda n, g: [make("avg_pool2d_grad", g, n.inputs[0], **n.attrs)],
                doc="mean over each window (padding counts as zeros)",
                check=_float_window_check))
-register(OpDef("avg_pool2d_grad", _avg_pool_grad_compute,
-               lambda s, d, a: (tuple(s[1]), d[0]),
+register(OpDef("avg_pool2d_grad", _avg_pool_grad_compute, _pool_grad_infer,
                lambda n, gg: [make("avg_pool2d", gg, **n.attrs), None],
                doc="gradient of avg_pool2d",
                check=_float_window_check))
@@ -924,9 +963,18 @@ def _xent_grad(n, g):
 
 register(OpDef("softmax_cross_entropy", _xent_compute, _xent_infer, _xent_grad,
                doc="-log softmax(logits)[label] per example; labels are class indices"))
-register(OpDef("one_hot_like", _one_hot_like_compute,
-               lambda s, d, a: (tuple(s[0]) + (s[1][-1] if s[1] else None,), d[1]),
-               zero_gradient, doc="one-hot rows, classes = last dim of input 1"))
+
+
+def _one_hot_like_infer(shapes, dtypes, attrs):
+    """(labels, logits): labels' shape plus the class axis, logits' dtype; labels
+    must fit the logits as for the loss (their shape less the class axis)."""
+    labels, logits = shapes
+    _xent_infer([logits, labels], dtypes[::-1], attrs)
+    return tuple(labels) + (logits[-1],), dtypes[1]
+
+
+register(OpDef("one_hot_like", _one_hot_like_compute, _one_hot_like_infer, zero_gradient,
+               doc="one-hot rows, classes = last dim of input 1"))
 
 
 def softmax(x: Operand) -> Node:

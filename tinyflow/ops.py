@@ -61,6 +61,26 @@ def check_dims(shape: Sequence | None) -> None:
         raise Mismatch(f"negative dimension in shape {format_shape(tuple(shape))}")
 
 
+def require_shape(shape: Sequence, expected: Sequence, what: str, source: str) -> None:
+    """Raise Mismatch unless `shape` can be `expected`: the same rank, and the same
+    size wherever both dims are known (None is unknown and agrees with any size).
+    For gradient helpers, whose g must be what the forward op (`source`) gives."""
+    if len(shape) != len(expected) or any(
+            a is not None and b is not None and a != b for a, b in zip(shape, expected)):
+        raise Mismatch(f"{what} must have the shape of {source}, "
+                       f"{format_shape(tuple(expected))}; got {format_shape(tuple(shape))}")
+
+
+def require_broadcastable(small: Sequence, big: Sequence, what: str) -> None:
+    """Raise Mismatch unless `small` broadcasts to `big` by numpy's rules: no more
+    dims, and each known dim 1 or the size of `big`'s (None agrees with any size)."""
+    fits = len(small) <= len(big) and all(
+        s is None or b is None or s in (1, b) for s, b in zip(small[::-1], big[::-1]))
+    if not fits:
+        raise Mismatch(f"{what} {format_shape(tuple(small))} does not broadcast to "
+                       f"{format_shape(tuple(big))}")
+
+
 def shape_error(op: str, shapes: Sequence, why: str, where: str) -> ShapeError:
     """The one format of a shape error: op, every input shape, reason, user's line."""
     shown = ", ".join(format_shape(s) for s in shapes)
@@ -267,11 +287,6 @@ def infer_same(shapes, dtypes, attrs):
     return tuple(shapes[0]), dtypes[0]
 
 
-def _infer_like_second(shapes, dtypes, attrs):
-    """Output has the shape of input 1 (a shape reference) and the dtype of input 0."""
-    return tuple(shapes[1]), dtypes[0]
-
-
 def normalize_axes(axes: Any, ndim: int) -> tuple[int, ...]:
     """axes given as None (all), int or sequence -> sorted tuple of non-negative ints."""
     if axes is None:
@@ -462,10 +477,25 @@ def _broadcast_like_compute(xp, x, ref, out=None):
     return xp.broadcast_to(x, ref.shape)
 
 
-register(OpDef("sum_to_like", _sum_to_like_compute, _infer_like_second,
+def _sum_to_like_infer(shapes, dtypes, attrs):
+    """Shape of input 1 (ref), dtype of input 0 (g): ref must broadcast to g, as
+    the input that broadcast to g's shape in the forward op did."""
+    g, ref = shapes
+    require_broadcastable(ref, g, "ref")
+    return tuple(ref), dtypes[0]
+
+
+def _broadcast_like_infer(shapes, dtypes, attrs):
+    """Shape of input 1 (ref), dtype of input 0 (x), which must broadcast to ref."""
+    x, ref = shapes
+    require_broadcastable(x, ref, "x")
+    return tuple(ref), dtypes[0]
+
+
+register(OpDef("sum_to_like", _sum_to_like_compute, _sum_to_like_infer,
                lambda node, g: [broadcast_like(g, node.inputs[0]), None],
                doc="Sum input 0 down to the shape of input 1 (gradient of broadcasting)."))
-register(OpDef("broadcast_like", _broadcast_like_compute, _infer_like_second,
+register(OpDef("broadcast_like", _broadcast_like_compute, _broadcast_like_infer,
                lambda node, g: [sum_to_like(g, node.inputs[0]), None],
                doc="Broadcast input 0 to the shape of input 1."))
 

@@ -216,6 +216,8 @@ class DistributedOptimizer:
                 piece = shape_ops.getitem(reduced, slice(offset, offset + count))
                 piece.phase = "backward"
                 if len(var.shape) != 1:  # a slice is already the shape of a vector
+                    # var.shape reads literally: piece is (count,), so only a leading
+                    # 0 is a copy, and then count, the dim it copies, is 0 too.
                     piece = shape_ops.reshape(piece, var.shape)
                     piece.phase = "backward"
                 self._bucket_of[id(piece)] = reduced

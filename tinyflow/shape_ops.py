@@ -24,7 +24,6 @@ from tinyflow.ops import (
     Operand,
     Shape,
     _axis_attr,
-    _infer_like_second,
     _shape_attr,
     argument_error,
     int_attr,
@@ -36,6 +35,7 @@ from tinyflow.ops import (
     make,
     normalize_axes,
     register,
+    require_shape,
     sum_to_like,
     zeros_like,
 )
@@ -98,6 +98,14 @@ def _reshape_compute(xp, x, out=None, shape=()):
     return x.reshape(_resolve_zeros(x.shape, shape))
 
 
+def _reshape_like_infer(shapes, dtypes, attrs):
+    """Shape of input 1 (ref), dtype of input 0 (x): as many elements, where known."""
+    x, ref = shapes
+    if None not in x and None not in ref and math.prod(x) != math.prod(ref):
+        raise Mismatch(f"cannot reshape {math.prod(x)} elements into {tuple(ref)}")
+    return tuple(ref), dtypes[0]
+
+
 def _reshape_like_compute(xp, x, ref, out=None):
     result = x.reshape(ref.shape)
     return result
@@ -106,7 +114,7 @@ def _reshape_like_compute(xp, x, ref, out=None):
 register(OpDef("reshape", _reshape_compute, _reshape_infer,
                lambda n, g: [reshape_like(g, n.inputs[0])], doc="same data, new shape",
                check=_reshape_check, reshape=True))
-register(OpDef("reshape_like", _reshape_like_compute, _infer_like_second,
+register(OpDef("reshape_like", _reshape_like_compute, _reshape_like_infer,
                lambda n, g: [reshape_like(g, n.inputs[0]), None],
                doc="reshape input 0 to the shape of input 1", reshape=True))
 
@@ -248,8 +256,14 @@ def _concat_part_grad(n, g):
     return [make("concat", *pieces, axis=n.attrs["axis"])] + [None] * len(parts)
 
 
-register(OpDef("concat_part", _concat_part_compute,
-               lambda s, d, a: (tuple(s[1 + a["part"]]), d[0]), _concat_part_grad,
+def _concat_part_infer(shapes, dtypes, attrs):
+    """Shape of the concat's input `part`, dtype of g, which must be the concat's."""
+    expected, _ = _concat_infer(shapes[1:], dtypes[1:], attrs)
+    require_shape(shapes[0], expected, "g", "the concat of the parts")
+    return tuple(shapes[1 + attrs["part"]]), dtypes[0]
+
+
+register(OpDef("concat_part", _concat_part_compute, _concat_part_infer, _concat_part_grad,
                doc="the slice of a concat's gradient that belongs to input `part`"))
 
 
@@ -333,6 +347,15 @@ def _getitem_compute(xp, x, out=None, index=()):
     return result
 
 
+def _slice_grad_infer(shapes, dtypes, attrs):
+    """Shape of input 1 (ref), dtype of input 0 (g), which must be ref[index]'s: numpy
+    would broadcast a smaller g into the slice."""
+    g, ref = shapes
+    expected, _ = _getitem_infer([ref], dtypes[1:], attrs)
+    require_shape(g, expected, "g", "ref[index]")
+    return tuple(ref), dtypes[0]
+
+
 def _slice_grad_compute(xp, g, ref, out=None, index=()):
     result = xp.zeros(ref.shape, dtype=g.dtype) if out is None else out
     if out is not None:
@@ -344,7 +367,7 @@ def _slice_grad_compute(xp, g, ref, out=None, index=()):
 register(OpDef("getitem", _getitem_compute, _getitem_infer,
                lambda n, g: [make("slice_grad", g, n.inputs[0], index=n.attrs["index"])],
                doc="x[index] with ints and slices"))
-register(OpDef("slice_grad", _slice_grad_compute, _infer_like_second,
+register(OpDef("slice_grad", _slice_grad_compute, _slice_grad_infer,
                lambda n, g: [make("getitem", g, index=n.attrs["index"]), None],
                doc="zeros of input 1's shape with input 0 written at index"))
 
@@ -369,6 +392,15 @@ def _gather_compute(xp, params, indices, out=None):
     return xp.take(params, rows, axis=0, out=out)
 
 
+def _scatter_rows_infer(shapes, dtypes, attrs):
+    """Shape of input 2 (ref, the params), dtype of g, which must be gather's output
+    shape: the kernel reshapes g, so a g of the same size would pass, scrambled."""
+    g, indices, ref = shapes
+    expected, _ = _gather_infer([ref, indices], [dtypes[2], dtypes[1]], attrs)
+    require_shape(g, expected, "g", "gather(ref, indices)")
+    return tuple(ref), dtypes[0]
+
+
 def _scatter_rows_compute(xp, g, indices, ref, out=None):
     result = xp.zeros(ref.shape, dtype=g.dtype) if out is None else out
     if out is not None:
@@ -388,8 +420,7 @@ register(OpDef("gather", _gather_compute, _gather_infer,
                lambda n, g: [make("scatter_rows", g, n.inputs[1], n.inputs[0]), None],
                doc="rows of params picked by integer indices (embeddings)",
                check=_gather_check))
-register(OpDef("scatter_rows", _scatter_rows_compute,
-               lambda s, d, a: (tuple(s[2]), d[0]),
+register(OpDef("scatter_rows", _scatter_rows_compute, _scatter_rows_infer,
                lambda n, g: [gather(g, n.inputs[1]), None, None],
                doc="gradient of gather: rows of g summed into zeros of params' shape"))
 

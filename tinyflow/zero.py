@@ -122,7 +122,9 @@ def zero_bytes_formula(stage: int, params: int, size: int, slots: int, itemsize:
 # ----------------------------------------------------------------------------------
 
 def _flat(nodes: Sequence[Node]) -> Node:
-    pieces = [shape_ops.reshape(n, (math.prod(n.shape),)) for n in nodes]
+    """The nodes flattened and joined, in order: one (total,) vector."""
+    # (-1,), not (prod(shape),): a 0 there would copy dim 0 of an empty (3, 0).
+    pieces = [shape_ops.reshape(n, (-1,)) for n in nodes]
     return pieces[0] if len(pieces) == 1 else shape_ops.concat(pieces, 0)
 
 
@@ -167,6 +169,8 @@ class ZeroOptimizer:
         for var in self.variables:
             count = math.prod(var.shape)
             piece = shape_ops.getitem(flat, slice(offset, offset + count))
+            # var.shape reads literally: piece is (count,), so only a leading 0 is a
+            # copy, and then count, the dim it copies, is 0 too.
             piece = shape_ops.reshape(piece, var.shape)
             pieces.append(piece)
             offset += count
