@@ -592,10 +592,6 @@ def _bind_scratch(compute, infer, sizes):
     return bind
 
 
-def _same_as_input_2(shapes, dtypes, attrs):
-    return tuple(shapes[2]), dtypes[0]
-
-
 def _require_conv_output(g, x, w, attrs) -> None:
     """Raise Mismatch unless g has the shape conv2d(x, w) has (with these attrs)."""
     expected, _ = _conv_infer([x, w], [None, None], attrs)
@@ -637,7 +633,7 @@ register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
                check=_window_check))
 register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _conv_grad_input_infer,
                _conv_grad_input_grad,
-               bind=_bind_scratch(_conv_grad_input_compute, _same_as_input_2,
+               bind=_bind_scratch(_conv_grad_input_compute, _conv_grad_input_infer,
                                   _conv_grad_input_sizes),
                scratch=_scratch_of(_conv_grad_input_sizes),
                cost=conv_cost,
@@ -645,7 +641,7 @@ register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _conv_grad_input_i
                check=_window_check))
 register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _conv_grad_filter_infer,
                _conv_grad_filter_grad,
-               bind=_bind_scratch(_conv_grad_filter_compute, _same_as_input_2,
+               bind=_bind_scratch(_conv_grad_filter_compute, _conv_grad_filter_infer,
                                   _conv_grad_filter_sizes),
                scratch=_scratch_of(_conv_grad_filter_sizes),
                cost=conv_cost,
