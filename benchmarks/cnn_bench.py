@@ -24,7 +24,7 @@ one BLAS/OpenMP thread each unless ``TINYFLOW_BENCH_THREADS`` says otherwise):
 PyTorch is optional: without it every figure is NaN with a note ``skipped: ...``.
 PyTorch's CPU convolutions are oneDNN kernels (direct convolution with vectorized
 inner loops, no im2col copy); TinyFlow's are numpy: copies into an im2col layout and
-one BLAS GEMM per cache-sized chunk of the batch (see tinyflow/nn_ops.py).
+one BLAS GEMM per cache-sized chunk of the batch (see tinyflow/image_ops.py).
 """
 
 from __future__ import annotations

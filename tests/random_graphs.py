@@ -48,7 +48,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import tinyflow as tf
-from tinyflow import nn_ops, ops
+from tinyflow import image_ops, nn_ops, ops
 from tinyflow.graph import Node
 
 SHAPE = (3, 4)
@@ -333,14 +333,14 @@ def _conv(b: _Builder) -> None:
     image = ops.reshape(x, (1, 1, 3, 4))
     kind = b.choice(["conv_same", "conv_pad", "max_pool", "avg_pool"])
     if kind == "conv_same":
-        out = ops.reduce_sum(nn_ops.conv2d(image, b.const((2, 1, 2, 2), 0.7), 1, "SAME"),
+        out = ops.reduce_sum(image_ops.conv2d(image, b.const((2, 1, 2, 2), 0.7), 1, "SAME"),
                              1, keepdims=True)
     elif kind == "conv_pad":
-        out = nn_ops.conv2d(image, b.const((1, 1, 3, 3), 0.5), 1, 1)
+        out = image_ops.conv2d(image, b.const((1, 1, 3, 3), 0.5), 1, 1)
     elif kind == "max_pool":
-        out = nn_ops.max_pool2d(image, 2, 1, "SAME")
+        out = image_ops.max_pool2d(image, 2, 1, "SAME")
     else:
-        out = nn_ops.avg_pool2d(image, 2, 1, "SAME")
+        out = image_ops.avg_pool2d(image, 2, 1, "SAME")
     b.add(ops.reshape(out, SHAPE), [x], kind)
 
 
@@ -513,7 +513,7 @@ def _narrow(b: _Builder) -> None:
     if kind == "pow_half":
         out = ops.pow(ops.cast(n, np.float16), 0.5)
     elif kind == "max_pool":
-        out = nn_ops.max_pool2d(ops.reshape(n, (1, 1, 3, 4)), 3, 2, "SAME")
+        out = image_ops.max_pool2d(ops.reshape(n, (1, 1, 3, 4)), 3, 2, "SAME")
         out = ops.reshape(ops.broadcast_to(ops.reshape(out, (1, 2, 2)), (3, 2, 2)), (3, 4))
     elif kind == "where_literal":
         out = ops.where(n > 0, n, 1) if dtype != np.bool_ else ops.where(n, 0, n)

@@ -111,9 +111,9 @@ def test_integer_inputs_to_float_only_ops_are_refused_when_built():
     that a planned int buffer truncated (an option-dependent answer, issue 14 item
     4). Now the graph refuses to build them, as TF1 does, naming op and line."""
     import tinyflow as tf
-    from tinyflow import nn_ops
+    from tinyflow import image_ops
     x = tf.placeholder(np.int64, (1, 1, 3, 4))
     with pytest.raises(tf.ShapeError, match=r"avg_pool2d.*float.*test_bitwise.py:\d+"):
-        nn_ops.avg_pool2d(x, 2, 1, "SAME")
+        image_ops.avg_pool2d(x, 2, 1, "SAME")
     with pytest.raises(tf.ShapeError, match=r"dropout.*float.*test_bitwise.py:\d+"):
         tf.nn.dropout(x, 0.5, seed=3)

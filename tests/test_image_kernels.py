@@ -1,4 +1,4 @@
-"""The fast conv2d / max_pool2d kernels (nn_ops.py) against straightforward loops.
+"""The fast conv2d / max_pool2d kernels (image_ops.py) against straightforward loops.
 
 * Every kernel, on a sweep of shapes, strides and paddings that reaches both conv
   layouts (wide rows for stride 1, strided taps otherwise) and both pooling
@@ -23,7 +23,7 @@ from test_ops import (
 )
 
 import tinyflow as tf
-from tinyflow import nn_ops
+from tinyflow import image_ops
 from tinyflow.ops import REGISTRY, make
 
 CONV_CASES = [  # (x shape, w shape, stride, padding)
@@ -51,21 +51,21 @@ def test_conv_kernels_match_loops(xs, ws, stride, padding, with_out):
     g = rng.standard_normal(want.shape)
     out = (lambda s: _out(s)) if with_out else (lambda s: None)
     attrs = {"stride": stride, "padding": padding}
-    got = nn_ops._conv_compute(np, x, w, out(want.shape), **attrs)
+    got = image_ops._conv_compute(np, x, w, out(want.shape), **attrs)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    got = nn_ops._conv_grad_input_compute(np, g, w, x, out(xs), **attrs)
+    got = image_ops._conv_grad_input_compute(np, g, w, x, out(xs), **attrs)
     np.testing.assert_allclose(got, conv_grad_input_reference(g, w, x, stride, padding),
                                rtol=1e-12, atol=1e-12)
-    got = nn_ops._conv_grad_filter_compute(np, g, x, w, out(ws), **attrs)
+    got = image_ops._conv_grad_filter_compute(np, g, x, w, out(ws), **attrs)
     np.testing.assert_allclose(got, conv_grad_filter_reference(g, x, w, stride, padding),
                                rtol=1e-12, atol=1e-12)
 
 
 def test_batch_chunks_cover_the_batch_in_near_equal_chunks_of_the_budget():
-    budget = nn_ops.CHUNK_BYTES
+    budget = image_ops.CHUNK_BYTES
     for n in range(1, 40):
         for per_sample in (1, budget // 7, budget // 2, budget, 3 * budget):
-            ranges = nn_ops._batch_chunks(np, n, per_sample)
+            ranges = image_ops._batch_chunks(np, n, per_sample)
             sizes = [stop - start for start, stop in ranges]
             assert ranges[0][0] == 0 and ranges[-1][1] == n
             assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
@@ -98,7 +98,7 @@ def test_conv_kernels_in_batch_chunks_match_loops(monkeypatch, chunk_bytes, xs, 
                                                   stride, padding):
     # A batch of 5 in chunks of one sample (1 B budget), or of two and three sizes
     # (5 = 2+2+1: two buffer shapes in one scratch), bound to poisoned scratch or not.
-    monkeypatch.setattr(nn_ops, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(image_ops, "CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(3)
     xs = (5,) + xs[1:]
     x, w = rng.standard_normal(xs), rng.standard_normal(ws)
@@ -143,7 +143,7 @@ def test_conv_kernels_take_an_empty_batch(xs, ws, stride, padding):
     xs = (0,) + xs[1:]
     x, w = np.zeros(xs), np.ones(ws)
     attrs = {"stride": stride, "padding": padding}
-    y = nn_ops._conv_compute(np, x, w, **attrs)
+    y = image_ops._conv_compute(np, x, w, **attrs)
     g = np.zeros(y.shape)
     for run in (REGISTRY["conv2d_grad_input"].compute, None):
         if run is None:   # bound, with its (empty) scratch
@@ -151,7 +151,7 @@ def test_conv_kernels_take_an_empty_batch(xs, ws, stride, padding):
             dw = _run_bound("conv2d_grad_filter", (g, x, w), attrs, _out(ws))
         else:
             dx = run(np, g, w, x, _out(xs), **attrs)
-            dw = nn_ops._conv_grad_filter_compute(np, g, x, w, _out(ws), **attrs)
+            dw = image_ops._conv_grad_filter_compute(np, g, x, w, _out(ws), **attrs)
         assert y.shape[0] == 0 and dx.shape == xs
         np.testing.assert_array_equal(dw, np.zeros(ws))
 
@@ -198,13 +198,13 @@ def test_max_pool_kernels_match_loops(xs, ksize, stride, padding, with_out):
     out = (lambda s: _out(s)) if with_out else (lambda s: None)
     attrs = {"ksize": ksize, "stride": stride, "padding": padding}
     np.testing.assert_array_equal(
-        nn_ops._max_pool_compute(np, x, out(want.shape), **attrs), want)
+        image_ops._max_pool_compute(np, x, out(want.shape), **attrs), want)
     grad_want = max_pool_grad_reference(g, x, ksize, stride, padding)
     for y in (None, want):  # the 2-input form recomputes the max; the 3-input gets it
-        got = nn_ops._max_pool_grad_compute(np, g, x, y, out(xs), **attrs)
+        got = image_ops._max_pool_grad_compute(np, g, x, y, out(xs), **attrs)
         np.testing.assert_allclose(got, grad_want, rtol=1e-12, atol=1e-12)
     gx = rng.standard_normal(xs)
-    got = nn_ops._max_pool_pick_compute(np, gx, x, out(want.shape), **attrs)
+    got = image_ops._max_pool_pick_compute(np, gx, x, out(want.shape), **attrs)
     np.testing.assert_allclose(got, pick_reference(gx, x, ksize, stride, padding),
                                rtol=1e-12, atol=1e-12)
 
@@ -212,7 +212,7 @@ def test_max_pool_kernels_match_loops(xs, ksize, stride, padding, with_out):
 def test_max_pool_grad_of_a_nan_window_goes_to_its_first_nan():
     x = np.array([[[[1.0, np.nan], [np.nan, 5.0]]]])
     g = np.array([[[[2.0]]]])
-    got = nn_ops._max_pool_grad_compute(np, g, x, ksize=(2, 2), stride=(2, 2))
+    got = image_ops._max_pool_grad_compute(np, g, x, ksize=(2, 2), stride=(2, 2))
     np.testing.assert_array_equal(got, [[[[0.0, 2.0], [0.0, 0.0]]]])
 
 

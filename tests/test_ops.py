@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 import tinyflow as tf
 from tinyflow import eager as E
-from tinyflow import nn_ops, ops
+from tinyflow import image_ops, ops
 from tinyflow.gradcheck import GradientCheckError, check_gradients
 from tinyflow.graph import Node, topological_order
 from tinyflow.ops import REGISTRY, make
@@ -164,7 +164,7 @@ def C(build, *args, **options):  # noqa: N802 - reads as a table row
 
 
 def _conv(stride, padding):
-    return lambda x, w: nn_ops.conv2d(x, w, stride, padding)
+    return lambda x, w: image_ops.conv2d(x, w, stride, padding)
 
 
 def _pool(op, ksize, stride, padding):
@@ -968,7 +968,7 @@ FORWARD_CASES = [
     FwdCase("scatter_rows", "repeated rows", lambda g, i, r: make("scatter_rows", g, i, r),
             [X4[:, :2, :], ROWS, np.zeros((4, 4))],
             scatter_rows_reference),
-    FwdCase("conv2d", "stride 1, padding 0", lambda x, w: nn_ops.conv2d(x, w),
+    FwdCase("conv2d", "stride 1, padding 0", lambda x, w: image_ops.conv2d(x, w),
             [IMG, FILT], conv_reference),
     FwdCase("conv2d", "stride 2, SAME", lambda x, w: tf.nn.conv2d(x, w, [1, 2, 2, 1], "SAME"),
             [IMG, FILT], lambda x, w: conv_reference(x, w, (2, 2), "SAME")),
@@ -1048,7 +1048,8 @@ FORWARD_CHECKED_ELSEWHERE = {
 def test_every_op_has_a_forward_check():
     covered = {c.op for c in FORWARD_CASES} | set(FORWARD_CHECKED_ELSEWHERE)
     # The core ops; fused, checkpoint and allreduce ops have tests of their own layers.
-    core = _tinyflow_ops(("tinyflow.ops", "tinyflow.shape_ops", "tinyflow.nn_ops"))
+    core = _tinyflow_ops(("tinyflow.ops", "tinyflow.shape_ops", "tinyflow.nn_ops",
+                            "tinyflow.image_ops"))
     missing = sorted(set(core) - covered)
     assert not missing, (f"ops without a forward check against numpy: {missing}; add a "
                          "FwdCase to FORWARD_CASES in tests/test_ops.py")

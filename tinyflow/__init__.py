@@ -7,7 +7,9 @@ placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimize
     registry.py             OpDef and the registry: every fact about an op
     graph.py                the IR: Node, Graph, topological order
     ops.py, shape_ops.py,   the op registry: compute, gradient, shape/dtype rule and
-      nn_ops.py, backend.py   flags per op; numpy/CuPy shims
+      nn_ops.py,              flags per op; numpy/CuPy shims
+      image_ops.py,
+      backend.py
     autodiff.py             reverse-mode gradients as new graph nodes
     rules.py, passes.py,    graph rewrites, each one recorded; the simplification
       fusion.py, gpu.py       rule table; fused kernels (and their CUDA source)

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import api, nn_ops, ops, shape_ops
+from tinyflow import api, image_ops, nn_ops, ops, shape_ops
 from tinyflow.registry import source_kind
 from tinyflow.graph import Node
-from tinyflow.nn_ops import avg_pool2d, dropout, layer_norm, log_softmax, max_pool2d, softmax
+from tinyflow.image_ops import avg_pool2d, max_pool2d
+from tinyflow.nn_ops import dropout, layer_norm, log_softmax, softmax
 from tinyflow.ops import gelu, relu, sigmoid, tanh
 
 __all__ = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "dropout",
@@ -54,7 +55,7 @@ def _spatial(op: str, arg: str, pair: Any, default: tuple[int, int]) -> tuple[in
             raise ops.argument_error(op, f"{arg} {list(pair)} must be [1, h, w, 1] "
                                          "(or (h, w), or an int)")
         return (h, w)
-    return nn_ops.pair_attr(op, arg, pair)
+    return image_ops.pair_attr(op, arg, pair)
 
 
 def _nchw(op: str, data_format: str) -> None:
@@ -100,12 +101,12 @@ def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: An
         name = name or f"conv2d_{next(_layer_ids)}"
         filter = api.Variable(name=f"{name}_weight")
         api.deferred_shapes[filter] = (x, lambda s: (num_filter, s[1], kh, kw))
-        y = nn_ops.conv2d(x, filter, stride, padding)
+        y = image_ops.conv2d(x, filter, stride, padding)
         if not no_bias:
             bias = api.Variable(name=f"{name}_bias", shape=(num_filter,))
             y = bias_add(y, bias)
         return y
-    return nn_ops.conv2d(x, filter, stride, padding)
+    return image_ops.conv2d(x, filter, stride, padding)
 
 
 def max_pool(x: Node, ksize: Any = (1, 2, 2, 1), strides: Any = None,
@@ -333,7 +334,7 @@ class Conv2d(Module):
         self.stride, self.padding = stride, padding
 
     def __call__(self, x: Node, training: bool = True) -> Node:
-        y = nn_ops.conv2d(x, self.weight, self.stride, self.padding)
+        y = image_ops.conv2d(x, self.weight, self.stride, self.padding)
         return y if self.bias is None else bias_add(y, self.bias)
 
 

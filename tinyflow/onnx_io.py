@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import api, nn_ops, ops, shape_ops
+from tinyflow import api, image_ops, nn_ops, ops, shape_ops
 from tinyflow.graph import Node, TinyFlowError, next_node_id, topological_order
 
 DEFAULT_OPSET = 20      # Gelu (with its tanh form) is an ONNX operator from opset 20
@@ -299,7 +299,7 @@ def _conv(im: _Importer, attrs: dict) -> Node:
     if attrs.get("group", 1) != 1:
         raise im.fail(f"group={attrs['group']} (grouped convolution) is not supported")
     stride = tuple(int(s) for s in attrs.get("strides", (1, 1)))
-    y = nn_ops.conv2d(x, w, stride, _padding(im, attrs, kernel))
+    y = image_ops.conv2d(x, w, stride, _padding(im, attrs, kernel))
     return y if b is None else ops.make("bias_add", y, b)
 
 
@@ -316,7 +316,7 @@ def _pool(op: str) -> Callable:
             raise im.fail("padded AveragePool must count the padding "
                           "(count_include_pad=1), as TinyFlow's avg_pool2d does")
         stride = tuple(int(s) for s in attrs.get("strides", (1, 1)))
-        return nn_ops._pool(op, im.input(0), kernel, stride, padding)
+        return image_ops._pool(op, im.input(0), kernel, stride, padding)
     return translate
 
 

@@ -20,9 +20,9 @@ above asks the registry, never a chain of `if op == ...`:
   input shape could make valid) even before shapes are known.
 
 The user-facing builders (``add``, ``matmul``, ...) live here too, since a builder is
-just "check shapes with the rule, make the Node". Neural-network ops (convolution,
-pooling, bias_add, softmax, losses, normalisation, dropout) are in `nn_ops.py`, and
-shape ops in `shape_ops.py`; both register into the same registry.
+just "check shapes with the rule, make the Node". Neural-network ops (bias_add,
+softmax, losses, normalisation, dropout) are in `nn_ops.py`, convolution and pooling
+in `image_ops.py`, shape ops in `shape_ops.py`; all register into the same registry.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ NNVM's lesson: an op is a name plus attributes in one table (`FInferShape`,
 `FGradient`, `FMutateInputs`, ...), and every layer asks the table rather than
 testing op names. This module is that table and nothing else, so it sits at the
 bottom of the import order: graph.py asks it which ops write a variable (its order
-rule), and ops.py, shape_ops.py, nn_ops.py, fusion.py and sublinear.py fill it with
+rule), and ops.py, shape_ops.py, nn_ops.py, image_ops.py, fusion.py and sublinear.py fill it with
 their `register` calls. Adding an op is one `register` call: no set of op names
 elsewhere can drift out of sync with it.
 

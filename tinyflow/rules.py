@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyflow import nn_ops, shape_ops  # noqa: F401  (registered before the table reads REGISTRY)
+from tinyflow import image_ops, nn_ops, shape_ops  # noqa: F401  (registered before the table reads REGISTRY)
 from tinyflow.graph import Node
 from tinyflow.ops import REGISTRY, ConstValue
 from tinyflow.registry import source_kind

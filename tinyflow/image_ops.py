@@ -1,0 +1,815 @@
+"""Image ops: 2-D convolution and pooling, with the kernels that make them fast.
+
+They register into the same registry as ops.py (one dict for all ops); they live in
+their own file only so that each file reads in one sitting.
+
+Layout is NCHW (batch, channels, height, width) and filters are OIHW, as in the
+original TinyFlow and PyTorch. Convolution is im2col + one matrix multiply (the
+CS231n / Caffe way): every window of the input becomes a column of a matrix, so the
+heavy work is one BLAS call. Inside the conv kernels the batch sits within each
+matrix row (a "CNHW" layout, see _im2col), so that call is one large GEMM for a
+chunk of the batch sized to stay in the CPU's cache (see CHUNK_BYTES). The matrix
+and the other buffers of a conv kernel are its scratch memory (OpDef.scratch),
+which the memory planner places in the arena (see Scratch). Pooling loops over the
+taps of the window (see "Taps").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tinyflow import backend
+from tinyflow.graph import Node, ShapeError
+from tinyflow.ops import (
+    OpDef,
+    Mismatch,
+    Operand,
+    argument_error,
+    int_like,
+    ints_attr,
+    result_dtype,
+    make,
+    register,
+    require_shape,
+)
+
+# ----------------------------------------------------------------------------------
+# Windows (im2col)
+# ----------------------------------------------------------------------------------
+
+
+def _pads(size: int, kernel: int, stride: int, padding) -> tuple[int, int]:
+    """(before, after) padding of one spatial dim for padding = int, "VALID" or "SAME"."""
+    if padding == "VALID":
+        return 0, 0
+    if padding == "SAME":
+        # TF's rule: output = ceil(size / stride); the odd pixel goes after.
+        out = -(-size // stride)
+        total = max((out - 1) * stride + kernel - size, 0)
+        return total // 2, total - total // 2
+    return int(padding), int(padding)
+
+
+def _window_check(attrs: dict, dtypes: list) -> None:
+    """Strides and window sizes are positive; padding is "SAME", "VALID" or an int >= 0."""
+    for key in ("ksize", "stride"):  # (ksize first: a pool's stride defaults to it)
+        if key in attrs and any(int(v) < 1 for v in attrs[key]):
+            raise Mismatch(f"{key} {tuple(attrs[key])} must be >= 1")
+    padding = attrs.get("padding", 0)
+    if isinstance(padding, str) and padding not in ("SAME", "VALID") or \
+            not isinstance(padding, str) and int(padding) < 0:
+        raise Mismatch(f"padding {padding!r} must be 'SAME', 'VALID' or an int >= 0")
+
+
+def _float_window_check(attrs: dict, dtypes: list) -> None:
+    """A window check, and a float input 0: a mean of ints is a fraction (TF1's
+    avg_pool refuses ints too)."""
+    _window_check(attrs, dtypes)
+    if dtypes[0] is not None and dtypes[0].kind != "f":
+        raise Mismatch(f"needs a float input, got {dtypes[0]} (cast it first)")
+
+
+def _out_size(size, kernel, stride, padding):
+    if size is None:
+        return None
+    before, after = _pads(size, kernel, stride, padding)
+    out = (size + before + after - kernel) // stride + 1
+    if out <= 0:
+        raise Mismatch(f"window {kernel} with stride {stride} does not fit size {size}")
+    return out
+
+
+def _windows(xp, x, kh, kw, sh, sw, padding, fill=0.0):
+    """View of x (N,C,H,W) as windows (N, C, OH, OW, kh, kw). Pads with `fill`."""
+    n, c, h, w = x.shape
+    (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
+    if pt or pb or pl or pr:
+        x = xp.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    x = xp.ascontiguousarray(x)
+    n, c, hp, wp = x.shape
+    oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+    s0, s1, s2, s3 = x.strides
+    return backend.as_strided(xp, x, (n, c, oh, ow, kh, kw), (s0, s1, s2 * sh, s3 * sw, s2, s3))
+
+
+def _scatter_windows(xp, cols, x_shape, kh, kw, sh, sw, padding):
+    """Adjoint of `_windows`: sum window values (N,C,OH,OW,kh,kw) back into (N,C,H,W)."""
+    n, c, h, w = x_shape
+    (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
+    padded = xp.zeros((n, c, h + pt + pb, w + pl + pr), dtype=cols.dtype)
+    oh, ow = cols.shape[2], cols.shape[3]
+    # One strided add per kernel offset: kh*kw numpy calls, each over the whole batch.
+    for i in range(kh):
+        for j in range(kw):
+            padded[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw] += cols[:, :, :, :, i, j]
+    return padded[:, :, pt:pt + h, pl:pl + w]
+
+
+# ----------------------------------------------------------------------------------
+# Taps: the loop behind the conv2d and max_pool2d kernels
+#
+# A kh x kw window has kh*kw taps; tap (i, j) of every window at once is one strided
+# view of the (padded) input, shaped like the output (N, C, OH, OW). The kernels
+# loop over the taps (9 or 25 iterations), each a single numpy call over the whole
+# batch, so Python's cost is per tap, not per window, and no (N,C,OH,OW,kh,kw) view
+# is ever reduced over its tiny trailing axes (which numpy does slowly).
+# ----------------------------------------------------------------------------------
+
+
+def _padded(xp, x, ksize, stride, padding, fill=0.0):
+    """x padded for windows of `ksize` (a copy only when there is padding), and the
+    output size (oh, ow) and the (top, left) padding."""
+    (kh, kw), (sh, sw) = ksize, stride
+    h, w = x.shape[2:]
+    (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
+    if pt or pb or pl or pr:
+        x = xp.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    return x, oh, ow, (pt, pl)
+
+
+def _tap(x, i, j, oh, ow, stride):
+    """Element (i, j) of every window: a strided view (N, C, oh, ow) of x."""
+    sh, sw = stride
+    return x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+
+
+def _conv_layout(x_shape, kh, kw, stride, padding):
+    """(pt, pb, pl, pr, oh, ow, row): the padding, the output size, and `row`, the
+    columns per output row in the layout of _col2im: ow in general, but the padded
+    width when the stride is 1 (its "wide rows")."""
+    (sh, sw), (h, w) = stride, x_shape[2:]
+    (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
+    oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
+    return pt, pb, pl, pr, oh, ow, (w + pl + pr if (sh, sw) == (1, 1) else ow)
+
+
+# Every conv kernel below works through the batch in chunks whose matrix (the
+# im2col windows, or the gradient's columns) is about CHUNK_BYTES: the copies into
+# it and the GEMM reading it back then meet in the core's L2 cache (1-2 MiB on
+# current x86 cores) instead of making a round trip to memory for the whole batch.
+# Measured on the benchmark CNNs with a cold cache: forward -25% (CIFAR conv2,
+# 64x32x16x16, 3x3) and -30% (LeNet conv2, 100x20x14x14, 5x5) against one GEMM
+# over the whole batch; the GEMMs stay large (thousands of columns) for BLAS.
+CHUNK_BYTES = 2 << 20
+
+
+def _batch_chunks(xp, n, bytes_per_sample):
+    """(start, stop) ranges that cover a batch of n samples in chunks of about
+    CHUNK_BYTES (at least one sample each, but for the one empty chunk of an empty
+    batch), their sizes differing by one at most
+    (so a kernel's scratch comes in two shapes at most). On a GPU, one chunk:
+    there the whole batch in one GEMM is what keeps the device busy."""
+    per_chunk = n if xp is not np else CHUNK_BYTES // max(bytes_per_sample, 1)
+    # ceil(n / samples per chunk); an empty batch is one empty chunk (its filter
+    # gradient is then the GEMM's zeros, not an unwritten buffer)
+    count = max(1, -(-n // max(per_chunk, 1)))
+    base, extra = divmod(n, count)
+    ranges, start = [], 0
+    for k in range(count):
+        stop = start + base + (k < extra)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
+    """The windows of x as a (C*kh*kw, N*OH*OW) matrix in `dtype`.
+
+    Row c*kh*kw + i*kw + j holds tap (i, j) of channel c for every output pixel of
+    every sample, so the rows match OIHW filters reshaped to (O, C*kh*kw). The batch
+    (a chunk of it, see _batch_chunks) lies *inside* each row (channels outermost: a
+    "CNHW" layout), which makes the forward and both gradients ONE GEMM per chunk,
+    the samples in a long dimension: BLAS runs one large product faster than many
+    small ones, and the filter gradient sums over the chunk inside the GEMM.
+    The price is a transposing copy of x in (done with the padding copy anyway)
+    and of the result out (a copy out of the GEMM's buffer anyway).
+
+    Each tap is one strided view of the padded input, copied whole: kh*kw copies,
+    each over the whole chunk. (_col2im uses "wide rows" instead, where a tap is a
+    contiguous slice; here they would cost GEMM work: +28% for a 5x5 conv on
+    14x14, more than the strided copies save.)
+
+    `workspace` (a stream's scratch dict, see _bind_scratch) supplies the buffers;
+    without it they are allocated here."""
+    oh, ow = _conv_layout(x.shape, kh, kw, stride, padding)[4:6]
+    n, c = x.shape[:2]
+    cols = _scratch(xp, workspace, "im2col", (c, kh, kw, n, oh * ow), dtype)
+    _fill_im2col(xp, x, cols, stride, padding, workspace)
+    return cols.reshape(c * kh * kw, n * oh * ow)
+
+
+def _fill_im2col(xp, x, cols, stride, padding, workspace):
+    """The copies of _im2col into cols (C, kh, kw, N, OH*OW)."""
+    c, kh, kw, n = cols.shape[:4]
+    pt, pb, pl, pr, oh, ow, _ = _conv_layout(x.shape, kh, kw, stride, padding)
+    h, w = x.shape[2:]
+    padded = x.transpose(1, 0, 2, 3)      # (C, N, H, W): a view, copied below
+    if pt or pb or pl or pr:
+        # The padded copy: x inside, zeros in the border (zeroed here, on every
+        # call: between runs the scratch holds other tensors).
+        inside = padded
+        padded = _scratch(xp, workspace, "pad", (c, n, h + pt + pb, w + pl + pr),
+                          cols.dtype)
+        _zero_border(padded, pt, pb, pl, pr)
+        padded[:, :, pt:pt + h, pl:pl + w] = inside
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, i, j].reshape(c, n, oh, ow)[...] = _tap(padded, i, j, oh, ow, stride)
+
+
+def _scratch(xp, workspace, name, shape, dtype):
+    """Scratch buffer `name` as an uninitialized array of `shape`: cut from the
+    kernel's planned scratch bytes when it is bound (`workspace` is a Scratch), else
+    new. Planned scratch is shared with other tensors between runs, so a kernel
+    assumes nothing about what it holds: borders that must be zero are zeroed on
+    every call (_zero_border)."""
+    if workspace is None:
+        return xp.empty(shape, dtype=dtype)
+    return workspace.get(name, shape, dtype)
+
+
+class Scratch:
+    """A conv kernel's scratch memory: `region`, a uint8 array (the step's place in
+    the memory plan's arena, `OpDef.scratch` bytes), cut into one buffer per name at
+    the offsets that `sizes` ({name: most bytes the kernel asks for it}) give, each
+    aligned to 64 bytes (a cache line)."""
+
+    ALIGN = 64
+
+    def __init__(self, region: np.ndarray, sizes: dict[str, int]) -> None:
+        self.region = region
+        self.places: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, nbytes in sizes.items():
+            self.places[name] = (offset, nbytes)
+            offset += _aligned(nbytes, self.ALIGN)
+        if offset > region.nbytes:
+            raise ShapeError(f"{offset} bytes of scratch are needed, {region.nbytes} given")
+
+    def get(self, name: str, shape: tuple, dtype: Any) -> np.ndarray:
+        """Buffer `name` as an array of `shape` and `dtype` (at most its bytes)."""
+        offset, room = self.places[name]
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if nbytes > room:   # the kernel asked for more than its size function said
+            raise ShapeError(f"scratch buffer {name!r}: {nbytes} bytes asked, {room} planned")
+        return self.region[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
+def _aligned(nbytes: int, alignment: int) -> int:
+    return -(-nbytes // alignment) * alignment
+
+
+def scratch_bytes(sizes: dict[str, int]) -> int:
+    """The bytes a Scratch with these buffer sizes needs."""
+    return sum(_aligned(n, Scratch.ALIGN) for n in sizes.values())
+
+
+def _zero_border(image, top, bottom, left, right):
+    """Zero the outer rows and columns of image (..., H, W): its padding."""
+    height, width = image.shape[-2:]
+    image[..., :top, :] = 0
+    image[..., height - bottom:, :] = 0
+    image[..., :left] = 0
+    image[..., width - right:] = 0
+
+
+def _rows(xp, g, row, dtype, workspace=None):
+    """g (N, O, OH, OW) in the GEMM layout (O, N*OH*row), batch inside the rows as
+    in _im2col. In the wide layout of _col2im (row > OW) the extra columns are
+    zeros: they meet the wrapped-around windows, which must get nothing."""
+    n, o, oh, ow = g.shape
+    wide = _scratch(xp, workspace, "rows", (o, n, oh, row), dtype)
+    wide[..., :ow] = g.transpose(1, 0, 2, 3)
+    wide[..., ow:] = 0
+    return wide.reshape(o, n * oh * row)
+
+
+def _to_nchw(xp, y, out):
+    """y (C, N, H, W), a view of a GEMM result in the CNHW layout, as an NCHW
+    array: copied into `out` (the planned memory) when there is one."""
+    if out is None:
+        return xp.ascontiguousarray(y.transpose(1, 0, 2, 3))
+    out[...] = y.transpose(1, 0, 2, 3)
+    return out
+
+
+def _zeroed_padded(xp, shape, dtype, ksize, stride, padding, out):
+    """A zeroed buffer to scatter windows into: `out` itself when there is no
+    padding and it is contiguous (the planned memory, already paged in), else a new
+    padded array. Returns it and the (top, left, h, w) crop that is x's part."""
+    n, c, h, w = shape
+    (pt, pb), (pl, pr) = _pads(h, ksize[0], stride[0], padding), \
+        _pads(w, ksize[1], stride[1], padding)
+    if out is not None and not (pt or pb or pl or pr) and out.flags.c_contiguous:
+        out[...] = 0
+        return out, None
+    return xp.zeros((n, c, h + pt + pb, w + pl + pr), dtype=dtype), (pt, pl, h, w)
+
+
+def _uncrop(xp, buffer, crop, out):
+    if crop is None:        # the buffer is `out`
+        return buffer
+    pt, pl, h, w = crop
+    return buffer[:, :, pt:pt + h, pl:pl + w]
+
+
+def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
+    """Adjoint of _im2col: add each tap's values (C, kh, kw, N, OH*row) back into
+    an image of x_shape; kh*kw adds, each over the whole batch, into a CNHW image
+    that is transposed to NCHW at the end (into `out` when given).
+
+    Stride 1 uses "wide rows" (row = the padded width, see _conv_layout): the
+    gradient is computed for windows at every column of the padded width, so tap
+    (i, j) of every window is ONE contiguous slice of each flattened padded image,
+    starting at i*Wp + j, and the adds move long runs, twice as fast as adds into
+    strided views. The windows that wrap around a row's end get zeros from g
+    (see _rows); an extra zero row at the bottom keeps the last tap's slice inside
+    the array. Other strides add tap by tap into strided views."""
+    c, kh, kw, n = dcols.shape[:4]
+    pt, pb, pl, pr, oh, ow, row = _conv_layout(x_shape, kh, kw, stride, padding)
+    h, w = x_shape[2:]
+    if tuple(stride) == (1, 1):
+        image = _scratch(xp, workspace, "col2im", (c, n, h + pt + pb + 1, row),
+                         dcols.dtype)
+        image[...] = 0
+        flat = image.reshape(c, n, (h + pt + pb + 1) * row)
+        for i in range(kh):
+            for j in range(kw):
+                flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, i, j]
+    else:
+        image = xp.zeros((c, n, h + pt + pb, w + pl + pr), dtype=dcols.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                view = _tap(image, i, j, oh, ow, stride)
+                view += dcols[:, i, j].reshape(c, n, oh, ow)
+    return _to_nchw(xp, image[:, :, pt:pt + h, pl:pl + w], out)
+
+
+# ----------------------------------------------------------------------------------
+# conv2d
+# ----------------------------------------------------------------------------------
+
+def _conv_infer(shapes, dtypes, attrs):
+    x, w = shapes
+    if len(x) != 4 or len(w) != 4:
+        raise Mismatch("conv2d needs x as (N, C, H, W) and filters as (O, C, kh, kw)")
+    if x[1] is not None and w[1] is not None and x[1] != w[1]:
+        raise Mismatch(f"input has {x[1]} channels but the filters expect {w[1]}")
+    if 0 in (w[2], w[3]):  # (the output would be wider than the input)
+        raise Mismatch(f"filters of size {w[2]}x{w[3]} are empty: a window needs a tap")
+    sh, sw = attrs.get("stride", (1, 1))
+    padding = attrs.get("padding", 0)
+    if w[2] is None or w[3] is None:
+        return (x[0], w[0], None, None), result_dtype(dtypes)
+    return (x[0], w[0], _out_size(x[2], w[2], sh, padding),
+            _out_size(x[3], w[3], sw, padding)), result_dtype(dtypes)
+
+
+def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
+    # Per chunk of the batch, one GEMM (O, C*kh*kw) @ (C*kh*kw, n*OH*OW): the result
+    # is (O, n, OH, OW), CNHW; one copy puts the batch first, into out's rows.
+    o, c, kh, kw = w.shape
+    n, dtype = x.shape[0], xp.result_type(x, w)
+    oh, ow = _conv_layout(x.shape, kh, kw, stride, padding)[4:6]
+    if out is None:
+        out = xp.empty((n, o, oh, ow), dtype=dtype)
+    wmat = w.reshape(o, c * kh * kw).astype(dtype, copy=False)
+    for start, stop in _batch_chunks(xp, n, c * kh * kw * oh * ow * dtype.itemsize):
+        cols = _im2col(xp, x[start:stop], kh, kw, stride, padding, dtype, workspace)
+        y = xp.matmul(wmat, cols, out=_scratch(xp, workspace, "gemm",
+                                               (o, cols.shape[1]), dtype))
+        out[start:stop] = y.reshape(o, stop - start, oh, ow).transpose(1, 0, 2, 3)
+    return out
+
+
+def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
+                             workspace=None):
+    # The adjoint of the forward, per chunk of the batch: W^T @ g (one GEMM) gives
+    # every window's share of dx in the layout of _col2im, which adds the kh*kw
+    # taps back into the chunk's rows of dx.
+    o, c, kh, kw = w.shape
+    n, dtype = x.shape[0], xp.result_type(g, w)
+    oh, row = g.shape[2], _conv_layout(x.shape, kh, kw, stride, padding)[-1]
+    if out is None:
+        out = xp.empty(x.shape, dtype=dtype)
+    wmat_t = w.reshape(o, c * kh * kw).T.astype(dtype, copy=False)
+    for start, stop in _batch_chunks(xp, n, c * kh * kw * oh * row * dtype.itemsize):
+        g_rows = _rows(xp, g[start:stop], row, dtype, workspace)
+        dcols = xp.matmul(wmat_t, g_rows, out=_scratch(
+            xp, workspace, "dcols", (c * kh * kw, g_rows.shape[1]), dtype))
+        _col2im(xp, dcols.reshape(c, kh, kw, stop - start, oh * row),
+                (stop - start,) + tuple(x.shape[1:]), stride, padding, out[start:stop],
+                workspace)
+    return out
+
+
+def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
+                              workspace=None):
+    # dW = sum over the chunks of g (O, n*OH*OW) @ cols^T (n*OH*OW, C*kh*kw): one
+    # GEMM per chunk on its im2col matrix, whose inner dimension runs over every
+    # pixel of every sample in the chunk, so the sum over them happens inside BLAS.
+    # It is computed transposed, cols @ g^T (C*kh*kw, O): the same products, which
+    # OpenBLAS runs 10-20% faster in that orientation for these shapes (long inner
+    # dimension, small result); the small result is transposed once at the end.
+    o, c, kh, kw = w.shape
+    n, dtype = x.shape[0], xp.result_type(x, g)
+    oh, ow = g.shape[2:]
+    dw_t = _scratch(xp, workspace, "dw", (c * kh * kw, o), dtype)
+    for k, (start, stop) in enumerate(_batch_chunks(xp, n, c * kh * kw * oh * ow *
+                                                    dtype.itemsize)):
+        cols = _im2col(xp, x[start:stop], kh, kw, stride, padding, dtype, workspace)
+        g_rows = _rows(xp, g[start:stop], ow, dtype, workspace)
+        if k == 0:
+            xp.matmul(cols, g_rows.T, out=dw_t)
+        else:
+            dw_t += xp.matmul(cols, g_rows.T, out=_scratch(xp, workspace, "dw part",
+                                                           dw_t.shape, dtype))
+    if out is None:
+        out = xp.empty(w.shape, dtype=dtype)
+    out[...] = dw_t.T.reshape(o, c, kh, kw)
+    return out
+
+
+def _conv_grad(n, g):
+    x, w = n.inputs
+    attrs = dict(n.attrs)
+    return [make("conv2d_grad_input", g, w, x, **attrs),
+            make("conv2d_grad_filter", g, x, w, **attrs)]
+
+
+# The two gradient kernels are linear in each of their first two inputs, so their
+# own gradients (needed for second derivatives) are convolutions again. With
+# conv2d(x, w) = A_w x = B_x w, the kernels are A_w^T g and B_x^T g, and
+#   <gg, A_w^T g> = <conv2d(gg, w), g>,   <gg, B_x^T g> = <conv2d(x, gg), g>.
+# The last input of each only gives a shape: no gradient flows into it.
+def _conv_grad_input_grad(n, gg):
+    g, w, x = n.inputs
+    return [make("conv2d", gg, w, **n.attrs), make("conv2d_grad_filter", g, gg, w, **n.attrs),
+            None]
+
+
+def _conv_grad_filter_grad(n, gg):
+    g, x, w = n.inputs
+    return [make("conv2d", x, gg, **n.attrs), make("conv2d_grad_input", g, gg, x, **n.attrs),
+            None]
+
+
+# What each conv kernel cuts from its scratch (see Scratch): {buffer: most bytes},
+# for the largest chunk of the batch. The executor asks for the total up front
+# (OpDef.scratch), so the memory planner can place it; Scratch.get refuses a
+# request beyond these sizes, so a kernel and its sizes cannot drift apart quietly.
+
+def _largest_chunk(n, bytes_per_sample):
+    return max(stop - start for start, stop in _batch_chunks(np, n, bytes_per_sample))
+
+
+def _window_sizes(x_shape, kh, kw, attrs, item):
+    """The forward's and the filter gradient's windows: the im2col matrix of one
+    chunk and, with padding, its padded copy; and the chunk's size."""
+    n, c, h, w = x_shape
+    pt, pb, pl, pr, oh, ow, _ = _conv_layout(x_shape, kh, kw, attrs.get("stride", (1, 1)),
+                                             attrs.get("padding", 0))
+    chunk = _largest_chunk(n, c * kh * kw * oh * ow * item)
+    sizes = {"im2col": c * kh * kw * chunk * oh * ow * item}
+    if pt or pb or pl or pr:
+        sizes["pad"] = c * chunk * (h + pt + pb) * (w + pl + pr) * item
+    return sizes, chunk, oh * ow
+
+
+def _conv_sizes(shapes, dtypes, attrs):
+    x, w = shapes
+    item = np.result_type(*dtypes).itemsize
+    sizes, chunk, pixels = _window_sizes(x, w[2], w[3], attrs, item)
+    return {**sizes, "gemm": w[0] * chunk * pixels * item}
+
+
+def _conv_grad_input_sizes(shapes, dtypes, attrs):
+    g, w, x = shapes
+    (o, c, kh, kw), item = w, np.result_type(dtypes[0], dtypes[1]).itemsize
+    stride = attrs.get("stride", (1, 1))
+    pt, pb, _, _, oh, _, row = _conv_layout(x, kh, kw, stride, attrs.get("padding", 0))
+    chunk = _largest_chunk(g[0], c * kh * kw * oh * row * item)
+    sizes = {"rows": o * chunk * oh * row * item,
+             "dcols": c * kh * kw * chunk * oh * row * item}
+    if tuple(stride) == (1, 1):
+        sizes["col2im"] = c * chunk * (x[2] + pt + pb + 1) * row * item
+    return sizes
+
+
+def _conv_grad_filter_sizes(shapes, dtypes, attrs):
+    g, x, w = shapes
+    (o, c, kh, kw), item = w, np.result_type(dtypes[0], dtypes[1]).itemsize
+    sizes, chunk, pixels = _window_sizes(x, kh, kw, attrs, item)
+    sizes.update({"rows": o * chunk * pixels * item, "dw": c * kh * kw * o * item})
+    if chunk < x[0]:   # more than one chunk: the later ones' products are added
+        sizes["dw part"] = c * kh * kw * o * item
+    return sizes
+
+
+def _scratch_of(sizes):
+    """OpDef.scratch for a kernel whose buffers are `sizes`: their bytes (on the CPU;
+    the GPU kernels allocate their own, in one chunk)."""
+    def scratch(xp, shapes, dtypes, attrs):
+        return scratch_bytes(sizes(shapes, dtypes, attrs)) if xp is np else 0
+    return scratch
+
+
+def _bind_scratch(compute, infer, sizes):
+    """OpDef.bind for the conv kernels: their buffers are cut from `scratch`, the
+    step's bytes in the memory plan's arena (or, without one, the executor's or a
+    region made here), so no run allocates or pages in memory."""
+    def bind(xp, shapes, dtypes, attrs, workspace, scratch=None):
+        if xp is not np:
+            return None                 # the GPU keeps the generic compute
+        shape, dtype = infer(shapes, dtypes, attrs)
+        buffer_sizes = sizes(shapes, dtypes, attrs)
+        if scratch is None:
+            scratch = np.empty(scratch_bytes(buffer_sizes), np.uint8)
+        buffers = Scratch(scratch, buffer_sizes)
+
+        def bound_compute(xp, *arrays, out=None, **attrs):
+            if out is None:
+                out = np.empty(shape, dtype=dtype)
+            result = compute(xp, *arrays, out=out, workspace=buffers, **attrs)
+            if result is not out:  # (another dtype)
+                out[...] = result
+            return out
+        return bound_compute
+    return bind
+
+
+def _require_conv_output(g, x, w, attrs) -> None:
+    """Raise Mismatch unless g has the shape conv2d(x, w) has (with these attrs)."""
+    expected, _ = _conv_infer([x, w], [None, None], attrs)
+    require_shape(g, expected, "g", "conv2d(x, filters)")
+
+
+def _conv_grad_input_infer(shapes, dtypes, attrs):
+    """(g, w, x): x's shape, g's dtype; g must be conv2d(x, w)'s shape."""
+    g, w, x = shapes
+    _require_conv_output(g, x, w, attrs)
+    return tuple(x), dtypes[0]
+
+
+def _conv_grad_filter_infer(shapes, dtypes, attrs):
+    """(g, x, w): w's shape, g's dtype; g must be conv2d(x, w)'s shape."""
+    g, x, w = shapes
+    _require_conv_output(g, x, w, attrs)
+    return tuple(w), dtypes[0]
+
+
+def conv_cost(node: Node) -> float | None:
+    """Flops of a convolution (or one of its gradients): 2 * output size * the
+    size of one filter (input 1's dims after the first)."""
+    if len(node.inputs) < 2 or not node.inputs[1].shape:
+        return None
+    size = 1
+    for d in node.shape or ():
+        size *= d or 1
+    kernel = 1
+    for d in node.inputs[1].shape[1:]:
+        kernel *= d or 1
+    return 2.0 * size * kernel
+
+
+register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
+               bind=_bind_scratch(_conv_compute, _conv_infer, _conv_sizes),
+               scratch=_scratch_of(_conv_sizes), cost=conv_cost,
+               doc="2-D convolution, NCHW input, OIHW filters (im2col + a GEMM per batch chunk)",
+               check=_window_check))
+register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _conv_grad_input_infer,
+               _conv_grad_input_grad,
+               bind=_bind_scratch(_conv_grad_input_compute, _conv_grad_input_infer,
+                                  _conv_grad_input_sizes),
+               scratch=_scratch_of(_conv_grad_input_sizes),
+               cost=conv_cost,
+               doc="gradient of conv2d with respect to its input",
+               check=_window_check))
+register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _conv_grad_filter_infer,
+               _conv_grad_filter_grad,
+               bind=_bind_scratch(_conv_grad_filter_compute, _conv_grad_filter_infer,
+                                  _conv_grad_filter_sizes),
+               scratch=_scratch_of(_conv_grad_filter_sizes),
+               cost=conv_cost,
+               doc="gradient of conv2d with respect to its filters",
+               check=_window_check))
+
+
+def pair_attr(op: str, arg: str, value: Any) -> tuple[int, int]:
+    """A window size or stride: an int, or (h, w). A float is refused, not truncated
+    (a stride of 1.5 became 1), as is a sequence of another length, which `int()`
+    and unpacking turned into errors from inside tinyflow."""
+    if int_like(value):
+        return (int(value), int(value))
+    if not isinstance(value, (Sequence, np.ndarray)) or isinstance(value, str) \
+            or len(value) != 2:
+        raise argument_error(op, f"{arg} must be an int or (h, w), got {value!r}")
+    return ints_attr(op, arg, value)
+
+
+def padding_attr(op: str, padding: Any) -> str | int:
+    """"SAME" or "VALID" (any case), or an int: not a float (1.5 was 1), True, None."""
+    if isinstance(padding, str):
+        return padding.upper()  # (an unknown name is the check's, with the attributes)
+    if not int_like(padding):
+        raise argument_error(op, f"padding must be 'SAME', 'VALID' or an int, got "
+                                 f"{padding!r}")
+    return int(padding)
+
+
+def conv2d(x: Operand, w: Operand, stride: int | Sequence[int] = (1, 1),
+           padding: int | str | Sequence[int] = 0) -> Node:
+    """Convolve x (N,C,H,W) with filters w (O,C,kh,kw); padding int, "SAME" or "VALID"."""
+    return make("conv2d", x, w, stride=pair_attr("conv2d", "stride", stride),
+                padding=padding_attr("conv2d", padding))
+
+
+# ----------------------------------------------------------------------------------
+# Pooling
+# ----------------------------------------------------------------------------------
+
+def _pool_infer(shapes, dtypes, attrs):
+    x = shapes[0]
+    if len(x) != 4:
+        raise Mismatch("pooling needs x as (N, C, H, W)")
+    kh, kw = attrs["ksize"]
+    sh, sw = attrs["stride"]
+    padding = attrs.get("padding", 0)
+    return (x[0], x[1], _out_size(x[2], kh, sh, padding),
+            _out_size(x[3], kw, sw, padding)), dtypes[0]
+
+
+def _pool_infer_second(shapes, dtypes, attrs):
+    """Pooled shape of input 1 (x), dtype of input 0 (g), which must be x's shape."""
+    require_shape(shapes[0], shapes[1], "g", "x")
+    shape, _ = _pool_infer(shapes[1:], dtypes[1:], attrs)
+    return shape, dtypes[0]
+
+
+def _pool_grad_infer(shapes, dtypes, attrs):
+    """(g, x[, y]): x's shape, g's dtype; g (and y, the forward's output, when
+    given) must have the pooled shape of x."""
+    pooled, _ = _pool_infer(shapes[1:2], dtypes[1:2], attrs)
+    for what, shape in zip(("g", "y"), [shapes[0], *shapes[2:]]):
+        require_shape(shape, pooled, what, "the pooling of x")
+    return tuple(shapes[1]), dtypes[0]
+
+
+def _lowest(dtype: np.dtype) -> float | int | bool:
+    """The value no element of `dtype` is below: max pooling pads windows with it.
+    -inf only for floats: cast to ints it fails ('cannot convert float infinity'),
+    and to booleans it is True, which made padded windows of all-False x True."""
+    if dtype.kind == "f":
+        return -np.inf
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min
+    return False
+
+
+def _max_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+    # A running maximum over the kh*kw taps: kh*kw - 1 ufunc calls, each over the
+    # whole (N, C, OH, OW) output. For the common 2x2 stride-2 pool that is 3 calls
+    # on strided views (the reshape (N,C,OH,2,OW,2).max(axis=(3,5)) reads the same
+    # memory but numpy reduces its two tiny axes ~40x slower).
+    padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=_lowest(x.dtype))
+    shape = x.shape[:2] + (oh, ow)
+    result = out if out is not None else xp.empty(shape, x.dtype)
+    result[...] = _tap(padded, 0, 0, oh, ow, stride)
+    for i in range(ksize[0]):
+        for j in range(ksize[1]):
+            if i or j:
+                xp.maximum(result, _tap(padded, i, j, oh, ow, stride), out=result)
+    return result
+
+
+def _first_max_masks(xp, x, ksize, stride, padding, peak=None):
+    """Yield (i, j, hit) per tap: hit (N,C,OH,OW) is True where tap (i, j) is the
+    first maximum of its window (row-major order, as cuDNN and PyTorch pick).
+
+    `peak` is max_pool2d(x), the forward's output: the gradient op takes it as an
+    input (it is usually alive anyway, as the next layer's input), so the argmax
+    costs one compare per tap. An op has one output in the IR, so the forward
+    cannot hand over an argmax array; without `peak` (the 2-input form) the max is
+    recomputed, kh*kw - 1 ufunc calls."""
+    padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=_lowest(x.dtype))
+    if peak is None:
+        peak = _max_pool_compute(xp, x, None, ksize, stride, padding)
+    free = xp.ones(peak.shape, dtype=bool)
+    hit = xp.empty(peak.shape, dtype=bool)
+    # A window holding NaN has max NaN, which equals nothing: its first NaN is the
+    # "max" then (as argmax picks it). Checked once, so clean inputs pay one isnan.
+    has_nan = bool(xp.isnan(peak).any())
+    for i in range(ksize[0]):
+        for j in range(ksize[1]):
+            tap = _tap(padded, i, j, oh, ow, stride)
+            xp.equal(tap, peak, out=hit)
+            if has_nan:
+                hit |= xp.isnan(tap)
+            hit &= free                 # an earlier tap already holds this max
+            free ^= hit
+            yield i, j, hit
+
+
+def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 2),
+                           padding=0):
+    # The gradient goes to the first max of each window (as cuDNN and PyTorch do).
+    # Per tap, g lands where that tap is the max, in a strided view of dx. When the
+    # windows do not overlap (stride >= ksize, the common 2x2 stride-2 pool) each
+    # element of dx is in one window at most, so g * hit can be *written* (4x faster
+    # than a masked add, and with exact tiling dx needs no zeroing first); windows
+    # that overlap add into the same elements, so there the adds accumulate.
+    n, c, h, w = x.shape
+    oh, ow = g.shape[2:]
+    (kh, kw), (sh, sw) = ksize, stride
+    disjoint = sh >= kh and sw >= kw
+    tiled = (sh, sw) == (kh, kw) and (oh * kh, ow * kw) == (h, w)  # no pad, no gaps
+    if tiled and out is not None and out.flags.c_contiguous:
+        dx, crop = out, None
+    elif tiled:
+        dx, crop = xp.empty(x.shape, dtype=g.dtype), None
+    else:
+        dx, crop = _zeroed_padded(xp, x.shape, g.dtype, ksize, stride, padding, out)
+    for i, j, hit in _first_max_masks(xp, x, ksize, stride, padding, y):
+        view = _tap(dx, i, j, oh, ow, stride)
+        if disjoint:
+            xp.multiply(g, hit, out=view)
+        else:
+            xp.add(view, g, out=view, where=hit)
+    return _uncrop(xp, dx, crop, out)
+
+
+def _max_pool_pick_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+    # The adjoint of max_pool2d_grad: read g (shaped like x) where each window of x
+    # has its first max. Exactly one tap per window hits, so copies do not collide.
+    padded_g, oh, ow, _ = _padded(xp, g, ksize, stride, padding)
+    result = out if out is not None else xp.empty(g.shape[:2] + (oh, ow), g.dtype)
+    result[...] = 0
+    for i, j, hit in _first_max_masks(xp, x, ksize, stride, padding):
+        xp.copyto(result, _tap(padded_g, i, j, oh, ow, stride), where=hit)
+    return result
+
+
+def _avg_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+    win = _windows(xp, x, *ksize, *stride, padding)
+    return win.mean(axis=(4, 5))
+
+
+def _avg_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+    kh, kw = ksize
+    cols = xp.broadcast_to((g / (kh * kw))[..., None, None], g.shape + (kh, kw))
+    return _scatter_windows(xp, cols, x.shape, kh, kw, *stride, padding)
+
+
+# Which element of a window is its max does not move when x moves a little, so the
+# pooling gradients are linear in g with no gradient into x; their own gradients
+# (for second derivatives) are the adjoint linear maps: pick <-> scatter to the max,
+# avg_pool2d <-> avg_pool2d_grad.
+# The backward gets the forward's output too (g, x, y): see _first_max_masks.
+register(OpDef("max_pool2d", _max_pool_compute, _pool_infer,
+               lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], n, **n.attrs)],
+               doc="max over each window",
+               check=_window_check))
+register(OpDef("max_pool2d_grad", _max_pool_grad_compute, _pool_grad_infer,
+               lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs)]
+               + [None] * (len(n.inputs) - 1),
+               doc="gradient of max_pool2d (g, x[, y = max_pool2d(x)]): g to the first "
+                   "max of each window of x",
+               check=_window_check))
+register(OpDef("max_pool2d_pick", _max_pool_pick_compute, _pool_infer_second,
+               lambda n, gg: [make("max_pool2d_grad", gg, n.inputs[1], **n.attrs), None],
+               doc="g (shaped like x) read at the first max of each window of x",
+               check=_window_check))
+register(OpDef("avg_pool2d", _avg_pool_compute, _pool_infer,
+               lambda n, g: [make("avg_pool2d_grad", g, n.inputs[0], **n.attrs)],
+               doc="mean over each window (padding counts as zeros)",
+               check=_float_window_check))
+register(OpDef("avg_pool2d_grad", _avg_pool_grad_compute, _pool_grad_infer,
+               lambda n, gg: [make("avg_pool2d", gg, **n.attrs), None],
+               doc="gradient of avg_pool2d",
+               check=_float_window_check))
+
+
+def _pool(op, x, ksize, stride, padding):
+    ksize = pair_attr(op, "ksize", ksize)
+    stride = ksize if stride is None else pair_attr(op, "stride", stride)
+    return make(op, x, ksize=ksize, stride=stride, padding=padding_attr(op, padding))
+
+
+def max_pool2d(x: Operand, ksize: int | Sequence[int] = 2,
+               stride: int | Sequence[int] | None = None,
+               padding: int | str | Sequence[int] = 0) -> Node:
+    return _pool("max_pool2d", x, ksize, stride, padding)
+
+
+def avg_pool2d(x: Operand, ksize: int | Sequence[int] = 2,
+               stride: int | Sequence[int] | None = None,
+               padding: int | str | Sequence[int] = 0) -> Node:
+    return _pool("avg_pool2d", x, ksize, stride, padding)
+
+
+__all__ = ["conv2d", "max_pool2d", "avg_pool2d", "pair_attr", "padding_attr", "conv_cost",
+           "CHUNK_BYTES", "Scratch", "scratch_bytes"]
