@@ -159,9 +159,16 @@ def batch_normalization(x: Node, mean: Any = None, variance: Any = None, offset:
 
     variance_epsilon must be a finite number >= 0 (an ArgumentError otherwise): a
     negative one makes sqrt(variance + eps) NaN wherever the variance is small.
+    momentum must be in [0, 1], training a flag: a momentum of 1.5 or NaN made the
+    moving averages diverge or NaN silently.
     """
     variance_epsilon = ops.float_attr("batch_normalization", "variance_epsilon",
                                       variance_epsilon, low=0)
+    momentum = ops.float_attr("batch_normalization", "momentum", momentum, low=0)
+    if momentum > 1:
+        raise ops.argument_error("batch_normalization", f"momentum must be <= 1, got "
+                                                        f"{momentum!r}")
+    training = ops.bool_attr("batch_normalization", "training", training)
     if mean is None and variance is None:
         return _batch_norm_layer(x, variance_epsilon, name, training, momentum)
     inv = 1.0 / ops.sqrt(variance + variance_epsilon)
