@@ -441,3 +441,39 @@ def test_an_eager_run_records_for_the_debugger(tmp_path):
     assert len(updates) == len(opt.params) and all(
         n["op"] == "sub" and n["attrs"].get("optimizer_step") for n in updates)
     assert not {n["id"] for n in updates} & {t["node"] for t in plan["tensors"]}
+
+
+def test_an_eager_conv_takes_its_scratch_from_the_caching_allocator(tmp_path):
+    # conv2d's im2col matrix (OpDef.scratch) is a block of the caching allocator for
+    # the length of the call, as a traced program's plan places it in its arena: the
+    # allocator's figures count it, and a recorded run shows it as a scratch block.
+    from tinyflow import trace
+    from tinyflow.ops import REGISTRY
+    x = np.random.default_rng(0).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((5, 3, 3, 3)).astype(np.float32)
+    attrs = {"stride": (1, 1), "padding": 1}
+    scratch = REGISTRY["conv2d"].scratch(np, [x.shape, w.shape], [x.dtype, w.dtype], attrs)
+    fresh = CachingAllocator(record=True)
+    old = E.set_allocator(fresh)
+    try:
+        xt, wt = E.tensor(x), E.tensor(w)
+        before = len(fresh.events)
+        y = tf.nn.conv2d(xt, wt, padding=1)
+        events = [e for e in fresh.events[before:] if e["event"] in ("alloc", "free")]
+        assert [e["event"] for e in events] == ["alloc", "alloc", "free"]  # y, scratch
+        assert events[1]["requested"] == scratch and events[2]["block"] == events[1]["block"]
+        fresh.validate()
+        path = tmp_path / "conv.tfdbg.json"
+        with tf.debug.record(path):
+            tf.nn.conv2d(xt, wt, padding=1)
+    finally:
+        E.set_allocator(old)
+    np.testing.assert_allclose(y.numpy(), tf.Session(passes=[]).run(
+        tf.nn.conv2d(tf.constant(x), tf.constant(w), padding=1)), rtol=1e-6)
+    record = trace.load(path)
+    trace.validate(record)
+    kinds = {t["kind"] for t in record["memory_plan"]["tensors"]}
+    assert kinds == {"intermediate", "scratch"}
+    (entry,) = [t for t in record["memory_plan"]["tensors"] if t["kind"] == "scratch"]
+    assert entry["first_step"] == entry["last_step"] and entry["nbytes"] >= scratch
+    assert entry["reason"].startswith(("best fit", "new segment"))

@@ -805,9 +805,13 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     recorder, began = _recording(alloc) if debug.active else _NOT_RECORDING
     block = alloc.malloc(nbytes)
     out = block.view if block.view_key is layout else alloc.view_as(block, layout)
+    scratch = None
     try:
         if ufunc is None:
-            result = _run_kernel(opdef.compute, arrays, out, attrs)
+            if opdef.scratch is None:
+                result = _run_kernel(opdef.compute, arrays, out, attrs)
+            else:
+                result, scratch = _run_with_scratch(opdef, arrays, out, attrs, alloc)
             if result is not out:  # the kernel could not write into `out`
                 out[...] = result
         elif len(arrays) == 2:  # the op is this numpy ufunc (OpDef.ufunc): call it
@@ -826,13 +830,33 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     result_tensor._block = block
     result_tensor._alloc = alloc
     if began is not None:  # inside tf.debug.record: the op goes into the record
-        recorder.eager_log.add(op, inputs, result_tensor, block, began, time.perf_counter())
+        recorder.eager_log.add(op, inputs, result_tensor, block, began, time.perf_counter(),
+                               scratch)
     if _mode.grad_enabled and opdef.differentiable:
         _put_on_tape(result_tensor, op, inputs, attrs)
     return result_tensor
 
 
 _NOT_RECORDING = (None, None)
+_SCRATCH_DTYPE = np.dtype(np.uint8)
+
+
+def _run_with_scratch(opdef: Any, arrays: list, out: np.ndarray, attrs: dict,
+                      alloc: CachingAllocator) -> tuple[Any, tuple[Block, int]]:
+    """Run a kernel that needs working memory while it runs (OpDef.scratch: conv2d's
+    im2col matrix): the memory is a block of the caching allocator, taken for the
+    call and given back after it, as PyTorch's cuDNN convolutions take their
+    workspace from the CUDA caching allocator (a traced program's plan places the
+    same bytes in its arena). Returns the result and (the block, its bytes)."""
+    shapes, dtypes = [a.shape for a in arrays], [a.dtype for a in arrays]
+    nbytes = opdef.scratch(np, shapes, dtypes, attrs)
+    block = alloc.malloc(nbytes)
+    try:
+        region = alloc.view_as(block, ((nbytes,), _SCRATCH_DTYPE))
+        compute = opdef.bind(np, shapes, dtypes, attrs, {}, region) or opdef.compute
+        return _run_kernel(compute, arrays, out, attrs), (block, block.size)
+    finally:
+        alloc.free(block)
 
 
 def _recording(alloc: CachingAllocator) -> tuple:
@@ -1506,16 +1530,22 @@ class EagerLog:
         return name
 
     def add(self, op: str, inputs: Sequence[Tensor], out: Tensor, block: Block,
-            began: float, ended: float) -> None:
-        """An op whose result `out` went into a new `block` of the allocator."""
+            began: float, ended: float, scratch: tuple[Block, int] | None = None) -> None:
+        """An op whose result `out` went into a new `block` of the allocator, and whose
+        kernel had `scratch` = (block, bytes) during its step (`_run_with_scratch`)."""
         step = self._add_op(op, inputs, out, began, ended, {})
         if step is None:
             return
         name = self.names[id(out)] = f"{op}_{step}"
-        entry = {"node": name, "block": block, "nbytes": block.size,
+        entry = {"node": name, "block": block, "nbytes": block.size, "kind": "intermediate",
                  "first_step": step, "last_step": None, "reason": self._reason(block)}
         self.tensors.append(entry)
         self.by_block[block.id] = entry
+        if scratch is not None:   # (already given back: alive at this step only)
+            scratch_block, nbytes = scratch
+            self.tensors.append({"node": name, "block": scratch_block, "nbytes": nbytes,
+                                 "kind": "scratch", "first_step": step, "last_step": step,
+                                 "reason": self._reason(scratch_block)})
 
     def add_inplace(self, op: str, inputs: Sequence[Tensor], target: Tensor,
                     began: float, ended: float) -> None:
@@ -1551,9 +1581,13 @@ class EagerLog:
         return step
 
     def _reason(self, block: Block) -> str:
-        # The op's malloc was the allocator's last event (kernels allocate nothing).
-        event = self.alloc.events[-1] if self.alloc.events else {}
-        return event.get("reason", "") if event.get("block") == block.id else ""
+        # The op's mallocs are among the allocator's last events: its output's, then
+        # (for a kernel with scratch) the scratch block's alloc and free, each alloc
+        # perhaps after a new segment's event.
+        for event in reversed(self.alloc.events[-5:]):
+            if event["event"] == "alloc" and event["block"] == block.id:
+                return event["reason"]
+        return ""
 
     def _note_frees(self, step: int) -> None:
         events = self.alloc.events
@@ -1581,7 +1615,7 @@ class EagerLog:
         tensors = [{"node": t["node"], "offset": bases[t["block"].segment] + t["block"].offset,
                     "nbytes": t["nbytes"], "first_step": t["first_step"],
                     "last_step": last if t["last_step"] is None else t["last_step"],
-                    "inplace_of": None, "kind": "intermediate", "reason": t["reason"]}
+                    "inplace_of": None, "kind": t["kind"], "reason": t["reason"]}
                    for t in self.tensors]
         record["memory_plan"] = {
             "strategy": "caching allocator", "arena_bytes": self.alloc.peak_reserved,
