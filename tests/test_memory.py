@@ -107,6 +107,30 @@ def test_a_steps_scratch_lives_during_that_step_only():
         memory.liveness(steps + [PlanStep("conv:scratch", ["b"], 4)], {"x"})
 
 
+def test_a_node_named_like_a_steps_scratch_keeps_its_own_bytes():
+    # Node names are the user's ("c:scratch" too); the planner names step c's
+    # scratch "c:scratch". Regression: with a conv named "c" the compile failed
+    # (PlanError "already named 'c:scratch'"); with any step named "c", poison mode
+    # took the user's tensor for c's scratch and filled it with NaN after step c,
+    # while a later step still read it.
+    x = np.arange(50.0).reshape(1, 2, 5, 5)
+    xn = tf.placeholder(tf.float64, x.shape)
+    named = ops.make("exp", xn * 0.01, name="c:scratch")
+    conv = ops.make("conv2d", named, tf.constant(np.ones((2, 2, 3, 3))), stride=(1, 1),
+                    padding=1, name="c")
+    other = ops.make("exp", xn * 0.02, name="p:scratch")   # read before and after p
+    product = ops.make("matmul", tf.reshape(other, (10, 5)), tf.constant(np.ones((5, 5))),
+                       name="p")
+    fetches = [conv + tf.reduce_sum(named), tf.reduce_sum(product) + other]
+    want = tf.compile(fetches, {xn: (x.shape, np.float64)}, {}, passes=[],
+                      memory=None).run({xn: x}, {})
+    for options in ({}, {"poison": True}, {"passes": [], "poison": True}):
+        got = tf.compile(fetches, {xn: (x.shape, np.float64)}, {}, **options
+                         ).run({xn: x}, {})
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_liveness_rejects_unknown_inputs_and_duplicate_names():
     with pytest.raises(PlanError, match=r"step 0 \(a\) reads 'ghost'"):
         memory.liveness([PlanStep("a", ["ghost"], 4)])

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow.graph import FeedError, Graph, Node, topological_order
+from tinyflow.memory import SCRATCH_SUFFIX
 from tinyflow.ops import infer_node
 from tinyflow.registry import mutated_input, source_kind, written_variable
 
@@ -34,7 +35,9 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
     The passes below never clone a placeholder or variable of this graph again: the
     executor binds feeds and variables to exactly these nodes. Clones get unique names
     (a user may name two nodes alike: the second "W" becomes "W_1"), since the memory
-    plan and the DebugRecord refer to nodes by name.
+    plan and the DebugRecord refer to nodes by name; for the same reason none ends in
+    ":scratch", the plan's suffix for a kernel's scratch ("c:scratch" becomes
+    "c:scratch_1").
     """
     leaves = frozenset(id(n) for n in sources)
     clones: dict[Node, Node] = {}
@@ -44,8 +47,10 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
     first_writers = set(first_written.values())   # (a set: asked once per node)
     for node in order:
         name = node.name
-        while name in taken:
-            taken[node.name] += 1
+        # (a name ending in ":scratch" is the memory plan's for a kernel's scratch,
+        # memory.scratch_name: a user's "c:scratch" would be taken for conv c's)
+        while name in taken or name.endswith(SCRATCH_SUFFIX):
+            taken[node.name] = taken.get(node.name, 0) + 1
             name = f"{node.name}_{taken[node.name]}"
         taken[name] = 0
         if node in sources:
