@@ -314,6 +314,22 @@ def test_nodes_named_alike_get_unique_names_in_the_program(tmp_path):
     tf.trace.load(path)  # validates: every node id unique, every reference resolves
 
 
+def test_a_variable_only_assigned_gets_a_unique_name_too():
+    """Regression: a Variable with no value, first written by an assign, was cloned
+    under its own name, not the unique one reserved for it: beside a placeholder
+    named alike the program held two nodes named "w"."""
+    x = tf.placeholder(tf.float32, (2,), name="w")
+    tripled = x * 3
+    v = tf.Variable(name="w")          # no value: its first assign gives its shape
+    written = tf.assign(v, tf.constant(np.ones(2, np.float32)))
+    sess = tf.Session()
+    got = sess.run([tripled, written], {x: np.ones(2, np.float32)})
+    np.testing.assert_array_equal(got[0], [3.0, 3.0])
+    np.testing.assert_array_equal(got[1], [1.0, 1.0])
+    names = [n.name for n in sess.last_program.graph.nodes]
+    assert len(names) == len(set(names)) and {"w", "w_1"} <= set(names), names
+
+
 def test_one_program_writes_the_store_each_run_is_given():
     """The variable store is an input of the run (Program.run's `store`, read by the
     writers through the program's store slot), not state bound at compile time."""

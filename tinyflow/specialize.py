@@ -42,6 +42,7 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
     leaves = frozenset(id(n) for n in sources)
     clones: dict[Node, Node] = {}
     taken: dict[str, int] = {}
+    unique: dict[int, str] = {}   # id(node) -> its clone's name
     order = topological_order(fetches, leaves)
     first_written = _first_written(order, fetches, sources)
     first_writers = set(first_written.values())   # (a set: asked once per node)
@@ -53,6 +54,7 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
             taken[node.name] = taken.get(node.name, 0) + 1
             name = f"{node.name}_{taken[node.name]}"
         taken[name] = 0
+        unique[id(node)] = name
         if node in sources:
             shape, dtype = sources[node]
             kind = source_kind(node)
@@ -76,7 +78,7 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
                 value = clones[node.inputs[1]]
                 clones[target] = Node("variable", (), {"shape": value.shape,
                                       "dtype": np.dtype(target.dtype or value.dtype).name},
-                                      name=target.name, shape=value.shape,
+                                      name=unique[id(target)], shape=value.shape,
                                       dtype=target.dtype or value.dtype, where=target.where,
                                       provenance=target.provenance, phase=target.phase)
             inputs = [clones[i] for i in node.inputs]
