@@ -172,6 +172,51 @@ def test_an_in_place_update_under_no_grad_takes_no_new_block():
         p.mul_(2.0)
     assert p._block is block
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64,
+                                   np.uint8, np.bool_])
+@pytest.mark.parametrize("number", [0.5, -0.0, 0.0, 3, -2, True, np.float32(0.25),
+                                    np.int64(7), np.float64(-0.0)])
+def test_a_literal_beside_a_tensor_is_typed_as_in_the_graph(dtype, number):
+    # A number beside one Tensor takes a shortcut to its remembered constant
+    # (_with_literals): on either side, before and after it is remembered, the
+    # result has the dtype and the bits the graph gives for the same expression.
+    value = np.array([1, 0, 1], dtype)
+    x = E.tensor(value)
+    p = tf.placeholder(value.dtype, value.shape)
+    for build in (lambda t: t * number, lambda t: number - t):
+        try:
+            graph_node = build(p)
+        except tf.TinyFlowError as refused:   # (-2 beside uint8, bool - bool): eager too
+            with pytest.raises(type(refused)):
+                build(x)
+            continue
+        with np.errstate(all="ignore"):
+            want = tf.Session(passes=[]).run(graph_node, {p: value})
+            for _ in range(2):        # made, then remembered
+                got = build(x).numpy()
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_a_symbolic_tensor_used_outside_its_trace_is_a_clear_error():
+    # Regression: a Tensor that stands for a node of a traced function, kept past the
+    # call and used eagerly, failed inside eager.py ("'NoneType' object has no
+    # attribute 'shape'").
+    kept = []
+
+    @E.function
+    def double(x):
+        y = x * 2.0
+        kept.append(y)
+        return y
+
+    double(E.tensor(np.ones(3, np.float32)))
+    for use in (lambda t: t * 0.5, lambda t: t + E.tensor(np.ones(3, np.float32)),
+                lambda t: -t):
+        with pytest.raises(EagerError, match="at test_eager.py:.*symbolic Tensor"):
+            use(kept[0])
+
+
 def test_remembered_literals_keep_the_sign_of_zero_and_their_type():
     """Regression: literals were remembered by (type, value, dtype), and 0.0 == -0.0
     in Python, so `x * -0.0` after `x * 0.0` reused the +0.0 constant and gave +0."""
