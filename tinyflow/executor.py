@@ -909,12 +909,21 @@ def _plan_memory(program: Program, planned: tuple[list[memory.PlanStep], dict[st
             view = arena[tensor.offset:tensor.offset + node_nbytes(node)]
             program.slot_template[step.output] = view.view(node.dtype).reshape(node.shape)
             step.planned = True
-        scratch = placed.get(memory.scratch_name(step.node.name))
-        if scratch is not None:
-            step.scratch = arena[scratch.offset:scratch.offset + scratch.nbytes]
+    for step, scratch in _scratch_of_steps(program, plan):
+        step.scratch = arena[scratch.offset:scratch.offset + scratch.nbytes]
     program.memory_plan, program.arena = plan, arena
     if program.options["poison"]:
         _plan_poison(program, placed)
+
+
+def _scratch_of_steps(program: Program, plan: memory.MemoryPlan
+                      ) -> list[tuple[Step, memory.TensorSpec]]:
+    """(step, its scratch tensor in `plan`) for each step whose kernel has scratch."""
+    scratch = {t.name: t for t in plan.tensors if t.kind == "scratch"}
+    if not scratch:      # (most programs: no name to build per step)
+        return []
+    return [(step, scratch[memory.scratch_name(step.node.name)]) for step in program.steps
+            if memory.scratch_name(step.node.name) in scratch]
 
 
 def _plan_poison(program: Program, placed: dict) -> None:
@@ -933,10 +942,10 @@ def _plan_poison(program: Program, placed: dict) -> None:
             return None
         return tensor.offset, tensor.nbytes
     poison = _dead_after(program, dead_bytes)
+    for step, scratch in _scratch_of_steps(program, program.memory_plan):
+        # a kernel's scratch is dead once it returns
+        poison.setdefault(step.index, []).append((scratch.offset, scratch.nbytes))
     for k, step in enumerate(program.steps):
-        scratch = placed.get(memory.scratch_name(step.node.name))
-        if scratch is not None:     # a kernel's scratch is dead once it returns
-            poison.setdefault(k, []).append((scratch.offset, scratch.nbytes))
         step.poison_after = tuple(poison.get(k, ()))
 
 

@@ -65,6 +65,8 @@ def require_shape(shape: Sequence, expected: Sequence, what: str, source: str) -
     """Raise Mismatch unless `shape` can be `expected`: the same rank, and the same
     size wherever both dims are known (None is unknown and agrees with any size).
     For gradient helpers, whose g must be what the forward op (`source`) gives."""
+    if tuple(shape) == tuple(expected):   # (the usual case, and the cheap test)
+        return
     if len(shape) != len(expected) or any(
             a is not None and b is not None and a != b for a, b in zip(shape, expected)):
         raise Mismatch(f"{what} must have the shape of {source}, "
@@ -74,6 +76,8 @@ def require_shape(shape: Sequence, expected: Sequence, what: str, source: str) -
 def require_broadcastable(small: Sequence, big: Sequence, what: str) -> None:
     """Raise Mismatch unless `small` broadcasts to `big` by numpy's rules: no more
     dims, and each known dim 1 or the size of `big`'s (None agrees with any size)."""
+    if tuple(small) == tuple(big):   # (the usual case: gradient graphs hold thousands)
+        return
     fits = len(small) <= len(big) and all(
         s is None or b is None or s in (1, b) for s, b in zip(small[::-1], big[::-1]))
     if not fits:
