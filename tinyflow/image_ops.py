@@ -576,27 +576,22 @@ def conv_cost(node: Node) -> float | None:
     return 2.0 * size * kernel
 
 
-register(OpDef("conv2d", _conv_compute, _conv_infer, _conv_grad,
-               bind=_bind_scratch(_conv_compute, _conv_infer, _conv_sizes),
-               scratch=_scratch_of(_conv_sizes), cost=conv_cost,
-               doc="2-D convolution, NCHW input, OIHW filters (im2col + a GEMM per batch chunk)",
-               check=_window_check))
-register(OpDef("conv2d_grad_input", _conv_grad_input_compute, _conv_grad_input_infer,
-               _conv_grad_input_grad,
-               bind=_bind_scratch(_conv_grad_input_compute, _conv_grad_input_infer,
-                                  _conv_grad_input_sizes),
-               scratch=_scratch_of(_conv_grad_input_sizes),
-               cost=conv_cost,
-               doc="gradient of conv2d with respect to its input",
-               check=_window_check))
-register(OpDef("conv2d_grad_filter", _conv_grad_filter_compute, _conv_grad_filter_infer,
-               _conv_grad_filter_grad,
-               bind=_bind_scratch(_conv_grad_filter_compute, _conv_grad_filter_infer,
-                                  _conv_grad_filter_sizes),
-               scratch=_scratch_of(_conv_grad_filter_sizes),
-               cost=conv_cost,
-               doc="gradient of conv2d with respect to its filters",
-               check=_window_check))
+def _register_conv(name, compute, infer, gradient, sizes, doc):
+    """A conv op: its kernel bound to the scratch that `sizes` declares (OpDef.bind
+    and OpDef.scratch read the same sizes), its flops for the stream assigner."""
+    register(OpDef(name, compute, infer, gradient, bind=_bind_scratch(compute, infer, sizes),
+                   scratch=_scratch_of(sizes), cost=conv_cost, doc=doc,
+                   check=_window_check))
+
+
+_register_conv("conv2d", _conv_compute, _conv_infer, _conv_grad, _conv_sizes,
+               "2-D convolution, NCHW input, OIHW filters (im2col + a GEMM per batch chunk)")
+_register_conv("conv2d_grad_input", _conv_grad_input_compute, _conv_grad_input_infer,
+               _conv_grad_input_grad, _conv_grad_input_sizes,
+               "gradient of conv2d with respect to its input")
+_register_conv("conv2d_grad_filter", _conv_grad_filter_compute, _conv_grad_filter_infer,
+               _conv_grad_filter_grad, _conv_grad_filter_sizes,
+               "gradient of conv2d with respect to its filters")
 
 
 def pair_attr(op: str, arg: str, value: Any) -> tuple[int, int]:
