@@ -749,8 +749,8 @@ def _bind_kernels(program: Program, user_of: dict[int, Node]) -> None:
     """Phase 5: each step's kernel specialized to its static shapes, where its op
     can (OpDef.bind, given the step's scratch memory and the plans and buffers its
     stream's steps share, as they never run at once); a variable writer's kernel
-    bound to its variable; then
-    what the runner calls, bound once: `Step.kernel` and `Step.gather`."""
+    bound to its variable; then what the runner calls, bound once: `Step.kernel`
+    and `Step.gather`."""
     workspaces: list[dict] = [{} for _ in program.schedule.names]
     for step in program.steps:
         opdef, inputs = REGISTRY[step.node.op], step.node.inputs
@@ -862,13 +862,8 @@ def _stream_scratch(program: Program) -> None:
     """Without a plan, the kernels' scratch (OpDef.scratch) comes from one buffer
     per stream, as large as the most any step of that stream asks: the steps of a
     stream run one at a time, so they can all use it."""
-    wanted: dict[int, int] = {}
-    for step in program.steps:
-        scratch = REGISTRY[step.node.op].scratch
-        if scratch is not None:
-            inputs = step.node.inputs
-            wanted[step.index] = scratch(program.xp, [i.shape for i in inputs],
-                                         [i.dtype for i in inputs], step.attrs)
+    wanted = {step.index: memory.node_scratch(step.node, program.xp)
+              for step in program.steps}
     largest: dict[int, int] = {}
     for step in program.steps:
         largest[step.stream] = max(largest.get(step.stream, 0), wanted.get(step.index, 0))

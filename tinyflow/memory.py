@@ -1230,6 +1230,16 @@ def node_nbytes(node: Node) -> int:
     return nbytes
 
 
+def node_scratch(node: Node, xp: Any = np) -> int:
+    """Bytes of scratch memory `node`'s kernel on array module `xp` needs while it
+    runs (OpDef.scratch), 0 for none."""
+    scratch = REGISTRY[node.op].scratch
+    if scratch is None:
+        return 0
+    return scratch(xp, [i.shape for i in node.inputs], [i.dtype for i in node.inputs],
+                   node.attrs)
+
+
 def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None, xp: Any = np
                      ) -> tuple[list[PlanStep], dict[str, str], set[str]]:
     """(steps, external, keep) for plan_memory, from a specialized graph.
@@ -1257,8 +1267,7 @@ def steps_from_graph(graph: Graph, order: Sequence[Node] | None = None, xp: Any 
                     or node.inputs.count(source) > 1):
                 inplace = None
         nbytes = node_nbytes(node) if opdef.mutates is None else 0    # in_arena(node)
-        scratch = 0 if opdef.scratch is None else opdef.scratch(
-            xp, [i.shape for i in node.inputs], [i.dtype for i in node.inputs], node.attrs)
+        scratch = 0 if opdef.scratch is None else node_scratch(node, xp)
         steps.append(PlanStep(node.name, [i.name for i in node.inputs], nbytes, inplace,
                               scratch=scratch))
     keep = {o.name for o in graph.outputs if source_kind(o) is None}
