@@ -159,10 +159,15 @@ def test_worker_threads_are_reused_across_runs():
     x, out, _ = two_branches(n=64)
     sess = tf.Session(passes=[], streams=2)
     sess.run(out, {x: np.ones((64, 64))})
-    before = threading.active_count()
+    # Threads that started during the runs, not a count: under xdist, other tests'
+    # collected Sessions end their workers meanwhile (the count once fell by one).
+    before = set(threading.enumerate())
+    workers = {s: w.thread for s, w in sess.last_program.runner.workers.items()}
     for _ in range(20):
         sess.run(out, {x: np.ones((64, 64))})
-    assert threading.active_count() == before
+    assert not set(threading.enumerate()) - before
+    assert {s: w.thread for s, w in sess.last_program.runner.workers.items()} == workers
+    assert workers and all(t.is_alive() for t in workers.values())
 
 
 def test_timeline_has_one_event_per_step_on_its_stream():
