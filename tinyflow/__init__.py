@@ -17,7 +17,7 @@ placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimize
     sublinear.py            memory-aware order and gradient checkpointing
     streams.py              stream assignment, events, stream runners
     executor.py             compile + run: Program, Session
-    eager.py                define-by-run: eager Tensors over the same registry, a
+    eager.py, allocator.py  define-by-run: eager Tensors over the same registry, a
                               tape, tracing into graphs (tf.function), a caching allocator
     trace.py, debug.py      the DebugRecord the debugger reads, and recording one
     transports.py,          ring allreduce over threads, processes, MPI, NCCL;

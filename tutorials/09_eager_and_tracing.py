@@ -19,8 +19,8 @@
 #
 # **Read along:** `tinyflow/eager.py`: the module docstring, `apply` (one op, at
 # once), `backward` and `_input_grads` (the gradient rules of lesson 2, interpreted
-# on values), `Function` (tracing and its guard), `CachingAllocator` (`malloc`,
-# `free`, `_split`, `_merge`).
+# on values), `Function` (tracing and its guard); `tinyflow/allocator.py`:
+# `CachingAllocator` (`malloc`, `free`, `_split`, `_merge`).
 
 # %%
 import time

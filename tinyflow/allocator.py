@@ -1,0 +1,293 @@
+"""A caching allocator for eager Tensors, after PyTorch's CUDA caching allocator.
+
+Define-by-run code cannot plan its memory ahead the way the static planner
+(memory.py) does: each op asks for its result's bytes when it runs. Asking the
+system for every one would be slow (on a GPU, cudaMalloc synchronizes the device),
+so PyTorch keeps the memory it got and hands it out again: requests are rounded up,
+carved out of larger segments (small requests share 2 MiB segments), a free block
+of the right pool is found by best fit, the rest of it split off, and freed blocks
+merge with free neighbours so that large requests can use the space later. Nothing
+goes back to the system until `empty_cache()`.
+
+This module is that allocator, written to teach: numpy arrays are views of its
+segments, every alloc and free is recorded with its reason (which free block it
+took, or a new segment), and `validate` proves that no two live blocks share a byte,
+as `memory.validate_plan` does for the static plan. Eager mode (eager.py) allocates
+every Tensor here; the debugger's memory view and lesson 9 show it beside the plan.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tinyflow.graph import TinyFlowError
+
+
+# PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp), kept so the numbers in the
+# lesson match what PyTorch users see: sizes are rounded up to 512 bytes (which also
+# keeps every block aligned for any dtype); requests up to 1 MiB share 2 MiB segments
+# (the "small pool"); larger ones get segments of 20 MiB while under 10 MiB, else
+# their own size rounded up to 2 MiB (the "large pool").
+ROUND = 512
+SMALL_REQUEST = 1 << 20
+SMALL_SEGMENT = 2 << 20
+LARGE_SEGMENT = 20 << 20
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20
+# A free remainder is split off as its own block only when it is worth keeping:
+# any remainder in the small pool, more than 1 MiB in the large pool.
+SPLIT_REMAINDER_LARGE = 1 << 20
+POISON_BYTE = 0xFF  # freed blocks are filled with it when poisoning (NaN in floats)
+
+
+class Block:
+    """A run of bytes inside a segment, free or handed out to one Tensor.
+
+    `prev` and `next` are its neighbours in the same segment (for merging);
+    `requested` is what the Tensor asked for (the size is rounded up); `pool` is the
+    free list it goes back to. A block's segment and offset never change (a split
+    keeps the front part, a merge keeps the lower block), so `view` can keep the
+    ndarray it last handed out for `view_key` = (shape, dtype) and hand it out again.
+    A plain class with slots, not a dataclass: one is made per split, on every
+    eager op's path.
+    """
+
+    __slots__ = ("segment", "offset", "size", "allocated", "requested", "prev", "next", "id",
+                 "pool", "view", "view_key")
+
+    def __init__(self, segment: int, offset: int, size: int, pool: list, id: int = 0) -> None:
+        # One name a line: a tuple assignment of five builds a tuple, on the op path.
+        self.segment = segment
+        self.offset = offset
+        self.size = size
+        self.pool = pool
+        self.id = id
+        self.allocated = False
+        self.requested = 0
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.view: np.ndarray | None = None
+        self.view_key: tuple | None = None
+
+    def __repr__(self) -> str:
+        state = "allocated" if self.allocated else "free"
+        return f"<Block #{self.id} {state} {self.size} B at {self.segment}:{self.offset}>"
+
+
+@dataclass
+class Segment:
+    id: int
+    buffer: np.ndarray               # uint8, the memory that blocks are views of
+    small: bool
+    head: Block | None = None        # the block at offset 0 (merging keeps it first)
+
+
+@dataclass
+class CachingAllocator:
+    """Hands out numpy arrays that are views of cached segments.
+
+    `malloc(nbytes)` rounds the size up, takes the best-fitting free block of the
+    right pool (the smallest that is large enough), splits off the remainder, and only
+    when no free block fits reserves a new segment. `free(block)` returns the block
+    and merges it with free neighbours, so large requests can reuse the space later.
+    `events` records every step (for the debugger's memory view and the lesson);
+    `reserved` is what segments hold, `allocated` what live blocks hold.
+
+    Each pool is a list of its free blocks as (size, segment, offset, block), kept
+    sorted: best fit is one binary search, and ties go to the lowest address, as
+    PyTorch's set of blocks orders them. Both calls run once per eager op, so they
+    are written as straight-line code with the rare cases (a new segment, a split,
+    a merge, recording) behind one test each.
+    """
+
+    poison: bool = False
+    record: bool = True
+    segments: list[Segment] = field(default_factory=list)
+    free_small: list[tuple] = field(default_factory=list)   # sorted (size, seg, off, block)
+    free_large: list[tuple] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    allocated: int = 0
+    reserved: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    _next_block: int = 0
+
+    # -- the two calls -----------------------------------------------------------
+    def malloc(self, nbytes: int) -> Block:
+        """A block of at least `nbytes` bytes (a multiple of ROUND), not shared."""
+        size = -(-nbytes // ROUND) * ROUND if nbytes > ROUND else ROUND
+        pool = self.free_small if size <= SMALL_REQUEST else self.free_large
+        # (size,) sorts before every (size, segment, offset, block): the first fit.
+        index = bisect.bisect_left(pool, (size,))
+        reused = index < len(pool)
+        block = pool.pop(index)[3] if reused else self._new_segment(size, pool)
+        found_size = block.size
+        if found_size != size:
+            self._split(block, size)
+        block.allocated, block.requested = True, nbytes
+        self.allocated += block.size
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+        if self.record:  # the reason is text: made only when someone keeps it
+            reason = (f"best fit: free block #{block.id} ({found_size} B at offset "
+                      f"{block.offset} of segment {block.segment})" if reused else
+                      f"new segment {block.segment} of {found_size} B (no free block fits)")
+            self._event("alloc", block, reason)
+        return block
+
+    def free(self, block: Block) -> None:
+        """Give `block` back: it merges with free neighbours and becomes reusable."""
+        if not block.allocated:
+            raise TinyFlowError(f"block #{block.id} is freed twice")
+        block.allocated = False
+        self.allocated -= block.size
+        if self.poison:
+            self.view(block, block.size, np.uint8).fill(POISON_BYTE)
+        if self.record:
+            self._event("free", block, "its Tensor was released")
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated:
+            self._take(before)
+            block = self._merge(before, block)
+        if after is not None and not after.allocated:
+            self._take(after)
+            block = self._merge(block, after)
+        bisect.insort(block.pool, (block.size, block.segment, block.offset, block))
+
+    def array(self, shape: tuple, dtype: Any) -> tuple[np.ndarray, Block]:
+        """An uninitialized array of `shape` and `dtype` in a fresh block."""
+        dtype = np.dtype(dtype)
+        shape = tuple(shape)
+        block = self.malloc(math.prod(shape) * dtype.itemsize)
+        return self.view_as(block, (shape, dtype)), block
+
+    def view_as(self, block: Block, layout: tuple) -> np.ndarray:
+        """`block`'s bytes as an array of `layout` = (shape, dtype) (they must fit).
+
+        Making an ndarray over a buffer costs about 1 us, more than a one-element
+        kernel, and an eager loop asks for the same (shape, dtype) in the same block
+        step after step; so the block keeps the last view it gave, and the layout
+        tuple it gave it for (`apply` compares that tuple by identity first)."""
+        if block.view_key != layout:
+            shape, dtype = layout
+            buffer = self.segments[block.segment].buffer
+            block.view = np.ndarray(shape, dtype, buffer=buffer, offset=block.offset)
+        block.view_key = layout
+        return block.view
+
+    def view(self, block: Block, nbytes: int, dtype: Any) -> np.ndarray:
+        buffer = self.segments[block.segment].buffer
+        return buffer[block.offset:block.offset + nbytes].view(dtype)
+
+    def empty_cache(self) -> None:
+        """Release segments that hold no live block (torch.cuda.empty_cache)."""
+        for pool in (self.free_small, self.free_large):
+            for entry in list(pool):
+                block = entry[3]
+                seg = self.segments[block.segment]
+                if block.prev is None and block.next is None and seg.buffer.size:
+                    pool.remove(entry)
+                    self.reserved -= seg.buffer.size
+                    self._event("segment_free", block, "empty_cache: the segment was unused")
+                    seg.buffer, seg.head = np.empty(0, np.uint8), None
+                    block.view = block.view_key = None
+
+    # -- checks and figures ------------------------------------------------------
+    def live_blocks(self) -> list[Block]:
+        blocks = []
+        for seg in self.segments:
+            block = self._first_block(seg.id)
+            while block is not None:
+                if block.allocated:
+                    blocks.append(block)
+                block = block.next
+        return blocks
+
+    def validate(self) -> None:
+        """Prove the bookkeeping: blocks tile each segment, no two live blocks share
+        a byte, and the counters equal what the blocks say."""
+        allocated = 0
+        for seg in self.segments:
+            block, end = self._first_block(seg.id), 0
+            while block is not None:
+                if block.offset != end:
+                    raise TinyFlowError(f"segment {seg.id}: block #{block.id} starts at "
+                                        f"{block.offset}, the previous one ends at {end}")
+                end = block.offset + block.size
+                allocated += block.size if block.allocated else 0
+                block = block.next
+            if seg.buffer.size and end != seg.buffer.size:
+                raise TinyFlowError(f"segment {seg.id}: blocks cover {end} of "
+                                    f"{seg.buffer.size} bytes")
+        if allocated != self.allocated:
+            raise TinyFlowError(f"allocated counter {self.allocated} != {allocated} in blocks")
+
+    def fragmentation(self) -> float:
+        """1 - allocated / reserved: the share of reserved bytes no Tensor uses."""
+        return 0.0 if not self.reserved else 1.0 - self.allocated / self.reserved
+
+    # -- inside ------------------------------------------------------------------
+    def _new_segment(self, size: int, pool: list) -> Block:
+        small = pool is self.free_small
+        if small:
+            seg_size = SMALL_SEGMENT
+        elif size < MIN_LARGE_ALLOC:
+            seg_size = LARGE_SEGMENT
+        else:
+            seg_size = -(-size // ROUND_LARGE) * ROUND_LARGE
+        seg = Segment(len(self.segments), np.empty(seg_size, np.uint8), small)
+        self.segments.append(seg)
+        self.reserved += seg_size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        block = seg.head = self._block(seg.id, 0, seg_size, pool)
+        self._event("segment_alloc", block, f"reserved {seg_size} B "
+                    f"({'small' if small else 'large'} pool)")
+        return block
+
+    def _split(self, block: Block, size: int) -> None:
+        """Cut `block` to `size` and free the rest, when the rest is worth keeping."""
+        remainder = block.size - size
+        if block.pool is self.free_large and remainder <= SPLIT_REMAINDER_LARGE:
+            return
+        self._next_block += 1
+        rest = Block(block.segment, block.offset + size, remainder, block.pool, self._next_block)
+        rest.prev = block
+        rest.next = block.next
+        if block.next is not None:
+            block.next.prev = rest
+        block.next = rest
+        block.size = size
+        bisect.insort(rest.pool, (remainder, rest.segment, rest.offset, rest))
+
+    def _merge(self, first: Block, second: Block) -> Block:
+        """`second` (the block right after `first`) joins `first`; `first` remains."""
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        return first
+
+    def _block(self, segment: int, offset: int, size: int, pool: list) -> Block:
+        self._next_block += 1
+        return Block(segment, offset, size, pool, self._next_block)
+
+    def _first_block(self, segment: int) -> Block | None:
+        return self.segments[segment].head
+
+    def _take(self, block: Block) -> None:
+        """Remove free `block` from its pool (to merge it)."""
+        pool = block.pool
+        del pool[bisect.bisect_left(pool, (block.size, block.segment, block.offset))]
+
+    def _event(self, kind: str, block: Block, reason: str) -> None:
+        if self.record:
+            self.events.append({"event": kind, "block": block.id, "segment": block.segment,
+                                "offset": block.offset, "size": block.size,
+                                "requested": block.requested,
+                                "allocated": self.allocated, "reserved": self.reserved,
+                                "reason": reason})
