@@ -26,6 +26,7 @@ lived.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -97,7 +98,16 @@ def _tag(operation: str, flat: Any, detail: str = "") -> str:
     """The message tag: the whole collective (name, size, dtype, and the reduction op
     or root in `detail`), so that ranks calling different collectives fail the
     transport's header check instead of mixing data."""
-    return f"{operation} of {flat.size} {flat.dtype.name}" + (f" {detail}" if detail else "")
+    return (f"{operation} of {flat.size} {_dtype_name(flat.dtype)}"
+            + (f" {detail}" if detail else ""))
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: Any) -> str:
+    """`dtype.name`, remembered: numpy 2 computes it in Python, 1.6 us a call, and
+    16 us as the first thing a rank does after a barrier (measured under mpiexec),
+    which was 7% of a 1 MiB ring allreduce on 2 ranks."""
+    return dtype.name
 
 
 TAG_BYTES = 64  # the longest tag `agree` compares (the socket header's tag field)
