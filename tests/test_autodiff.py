@@ -140,6 +140,32 @@ def test_built_nodes_are_backward_and_point_at_the_gradients_call():
     assert second and all(n.phase == "backward" for n in second)
 
 
+def test_no_gradient_flows_through_a_boolean_mask():
+    """Regression: `x * (x > 0)` (relu written with a mask) failed in tf.gradients
+    ("op greater has no gradient, but it lies between the variables and the loss"),
+    and so in a traced eager step, while eager backward gave the answer: a boolean
+    does not move when x moves, so no gradient flows through it (as in PyTorch)."""
+    from tinyflow import eager as E
+    value = np.array([-1.5, -0.0, 0.0, 2.0, np.inf], F64)
+    x = tf.placeholder(F64, value.shape)
+    (graph,) = tf.gradients(tf.reduce_sum(x * (x > 0) + (x <= 1) * x), [x])
+    with np.errstate(invalid="ignore"):    # the forward's False * inf
+        got = tf.Session(passes=[]).run(graph, {x: value})
+    w = E.tensor(value, requires_grad=True)
+
+    def step():
+        w.grad = None
+        (w * (w > 0) + (w <= 1) * w).sum().backward()
+        return w.grad
+
+    with np.errstate(invalid="ignore"):
+        eager = step().numpy()
+        traced = E.function(step)().numpy()
+    np.testing.assert_array_equal(got, [1.0, 1.0, 1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(eager.view(np.uint64), got.view(np.uint64))
+    np.testing.assert_array_equal(traced.view(np.uint64), got.view(np.uint64))
+
+
 def test_op_without_gradient_on_the_path_names_it_and_its_line():
     x = tf.placeholder(F64, (3, 4))
     index = tf.argmax(x, 1)                  # MARK: argmax

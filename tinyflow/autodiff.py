@@ -22,10 +22,15 @@ from tinyflow.ops import REGISTRY, add, argument_error, ones_like
 
 
 def _depends_on(order: list[Node], xs: Sequence[Node]) -> set[int]:
-    """ids of the nodes (in `order`) that have some x among their ancestors."""
+    """ids of the nodes (in `order`) a gradient can flow through to some x: those
+    with an x among their ancestors, less boolean values. A boolean (the mask in
+    `x * (x > 0)`) does not move when x moves a little, so no gradient flows through
+    it: as in PyTorch, where a bool tensor cannot require grad, and as eager mode
+    does (a comparison is not on its tape)."""
     marked = {id(x) for x in xs}
     for node in order:  # inputs come first in a topological order
-        if any(id(i) in marked for i in node.inputs):
+        if (node.dtype is None or node.dtype.kind != "b") and any(
+                id(i) in marked for i in node.inputs):
             marked.add(id(node))
     return marked
 
