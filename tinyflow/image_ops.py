@@ -193,7 +193,7 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     contiguous slice; here they would cost GEMM work: +28% for a 5x5 conv on
     14x14, more than the strided copies save.)
 
-    `workspace` (a stream's scratch dict, see _bind_scratch) supplies the buffers;
+    `workspace` (the kernel's Scratch, see _bind_scratch) supplies the buffers;
     without it they are allocated here."""
     oh, ow = _conv_layout(x.shape, kh, kw, stride, padding)[4:6]
     n, c = x.shape[:2]
