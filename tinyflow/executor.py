@@ -866,11 +866,11 @@ def _stream_scratch(program: Program) -> None:
               for step in program.steps}
     largest: dict[int, int] = {}
     for step in program.steps:
-        largest[step.stream] = max(largest.get(step.stream, 0), wanted.get(step.index, 0))
+        largest[step.stream] = max(largest.get(step.stream, 0), wanted[step.index])
     buffers = {stream: program.xp.empty(size, dtype=np.uint8)
                for stream, size in largest.items() if size}
     for step in program.steps:
-        if wanted.get(step.index):
+        if wanted[step.index]:
             step.scratch = buffers[step.stream][:wanted[step.index]]
 
 
@@ -917,8 +917,8 @@ def _scratch_of_steps(program: Program, plan: memory.MemoryPlan
     scratch = {t.name: t for t in plan.tensors if t.kind == "scratch"}
     if not scratch:      # (most programs: no name to build per step)
         return []
-    return [(step, scratch[memory.scratch_name(step.node.name)]) for step in program.steps
-            if memory.scratch_name(step.node.name) in scratch]
+    return [(step, scratch[name]) for step in program.steps
+            if (name := memory.scratch_name(step.node.name)) in scratch]
 
 
 def _plan_poison(program: Program, placed: dict) -> None:
