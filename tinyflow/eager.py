@@ -35,8 +35,8 @@ value (``if loss > 0``, ``.item()``) is a *graph break*: an error naming the lin
 
 Eager memory comes from `CachingAllocator` (allocator.py), after PyTorch's CUDA
 caching allocator: blocks carved from larger segments, best-fit reuse, split and
-merge, every alloc and free recorded so the debugger and lesson 9 can put it beside
-the static plan.
+merge (with glibc's fast bins in front for small blocks), every alloc and free
+recorded so the debugger and lesson 9 can put it beside the static plan.
 """
 
 from __future__ import annotations
@@ -1262,7 +1262,8 @@ class EagerLog:
     """What `tf.debug.record` keeps of eager ops: each op as a node of a graph (the
     tape, drawn), its time on the timeline, and its output's block in the caching
     allocator as the memory view's "plan" (segments laid end to end, each block's
-    reason taken from the allocator: the best-fitting free block, or a new segment).
+    reason taken from the allocator: a block waiting in the fast bin of its size, the
+    best-fitting free block, or a new segment).
     """
 
     MAX_OPS = 20_000   # a record is for reading; a longer run keeps its first ops

@@ -192,9 +192,11 @@ print(clipped_in_graph(eager.tensor(np.ones(3))).numpy())
 #   before the first step;
 # * **caching allocator** (`eager.CachingAllocator`, after PyTorch's CUDA caching
 #   allocator): requests rounded to 512 bytes, small ones carved out of 2 MiB
-#   segments, best-fit reuse of freed blocks, splitting and merging. It never
-#   gives memory back to the system (that is the point: `cudaMalloc` is slow), so
-#   it *reserves* more than Tensors *allocate*;
+#   segments, best-fit reuse of freed blocks, splitting and merging; in front of
+#   that, glibc's *fast bins*: a freed small block waits whole for the next request
+#   of its exact size (no search, split or merge: an eager loop asks for the same
+#   sizes again and again). It never gives memory back to the system (that is the
+#   point: `cudaMalloc` is slow), so it *reserves* more than Tensors *allocate*;
 # * **plain malloc**: exactly what each Tensor asks, freed when it dies.
 
 # %%
@@ -227,8 +229,9 @@ assert report["static_arena"] <= report["malloc_peak"] <= report["caching_reserv
 # %% [markdown]
 # The same eager step in the debugger: inside `tf.debug.record`, every eager op
 # becomes a node (forward and backward), a bar on the timeline, and a block in the
-# memory view, whose inspector says why the block is where it is (the best-fitting
-# free block, or a new segment). Open it with `tinyflow debug FILE`.
+# memory view, whose inspector says why the block is where it is (a block waiting in
+# the fast bin of its size, the best-fitting free block, or a new segment). Open it
+# with `tinyflow debug FILE`.
 
 # %%
 import os  # noqa: E402
