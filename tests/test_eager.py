@@ -172,6 +172,60 @@ def test_an_in_place_update_under_no_grad_takes_no_new_block():
         p.mul_(2.0)
     assert p._block is block
 
+
+@pytest.mark.parametrize("method", ["sub_", "add_"])
+@pytest.mark.parametrize("alpha", [0.1, -0.0, np.float32(3.0), np.float64(1e-3)])
+@pytest.mark.parametrize("value", [
+    pytest.param(lambda n: E.tensor(np.resize(SPECIALS[::-1], n).astype(np.float32)),
+                 id="tensor"),
+    pytest.param(lambda n: E.tensor(np.float32([-0.5])), id="broadcast"),
+    pytest.param(lambda n: E.tensor(np.resize(SPECIALS, n)), id="float64-tensor"),
+    pytest.param(lambda n: 0.25, id="number"),
+])
+def test_scaled_in_place_updates_equal_the_unfused_expression(method, alpha, value,
+                                                               monkeypatch):
+    # p.sub_(g, alpha=lr) (PyTorch's spelling of SGD's update) runs alpha * g and
+    # the update slice by slice through a scratch block; the bits must be those of
+    # `p.assign_(p - alpha * g)`, for every special value, with slices that do not
+    # divide the Tensor (here 8 elements a slice, 37 elements).
+    monkeypatch.setattr(E, "SCALED_SLICE_BYTES", 32)
+    n = 37
+    op = {"sub_": "__sub__", "add_": "__add__"}[method]
+    start = np.resize(SPECIALS, n).astype(np.float32)
+    p, q = E.tensor(start), E.tensor(start)
+    with E.no_grad(), np.errstate(all="ignore"):
+        got = getattr(p, method)(value(n), alpha=alpha)
+        q.assign_(getattr(q, op)(alpha * value(n)))
+    assert got is p and p.dtype == np.float32
+    np.testing.assert_array_equal(p.numpy().view(np.uint32), q.numpy().view(np.uint32))
+
+
+def test_a_scaled_update_takes_only_a_slice_of_scratch_and_works_traced():
+    p = E.tensor(np.ones((512, 512), np.float32))
+    g = E.tensor(np.full((512, 512), 0.5, np.float32))
+    alloc = E._allocator
+    with E.no_grad():
+        alloc.peak_allocated = alloc.allocated
+        p.sub_(g, alpha=0.1)
+        assert alloc.peak_allocated - alloc.allocated == E.SCALED_SLICE_BYTES
+    np.testing.assert_array_equal(p.numpy(), np.float32(1) - np.float32(0.1) * g.numpy())
+
+    @E.function
+    def step(w, grad):
+        with E.no_grad():
+            w.sub_(grad, alpha=0.1)
+        return w
+
+    w = E.tensor(np.ones((4, 3), np.float32))
+    step(w, E.tensor(np.full((4, 3), 0.5, np.float32)))
+    np.testing.assert_array_equal(w.numpy(), np.float32(1) - np.float32(0.1) * np.float32(0.5))
+
+
+def test_a_scaled_update_of_a_leaf_that_requires_grad_needs_no_grad():
+    p = E.tensor(np.ones(3), requires_grad=True)
+    with pytest.raises(EagerError, match="in-place write to a leaf"):
+        p.sub_(E.tensor(np.ones(3)), alpha=0.5)
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64,
                                    np.uint8, np.bool_])
 @pytest.mark.parametrize("number", [0.5, -0.0, 0.0, 3, -2, True, np.float32(0.25),
@@ -358,6 +412,32 @@ def test_graph_break_names_the_line():
     assert "graph break" in relu_if_positive.explain()
 
 
+def test_traced_in_place_writes_to_arguments_and_inner_values_match_eager():
+    # Regression: a traced function that wrote into its argument failed after the
+    # run ("'NoneType' object does not support item assignment"), and a read after
+    # an in-place write to a value made inside the trace saw the old value.
+    def step(w, grad):
+        h = w * 2.0
+        with E.no_grad():
+            w.sub_(0.5 * grad)       # the caller's Tensor is updated, as in eager
+            h.add_(1.0)              # an inner value: later reads see the write
+        return w + 0.0, h
+
+    start = np.arange(12, dtype=np.float32).reshape(4, 3)
+    grad = E.tensor(np.full((4, 3), 0.25, np.float32))
+    eager_w, traced_w = E.tensor(start), E.tensor(start)
+    want = step(eager_w, grad)
+    traced = E.function(step)
+    got = traced(traced_w, grad)
+    for a, b in [(want[0], got[0]), (want[1], got[1]), (eager_w, traced_w)]:
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    traced(traced_w, grad)              # the compiled program writes back again
+    step(eager_w, grad)
+    np.testing.assert_array_equal(eager_w.numpy(), traced_w.numpy())
+    with pytest.raises(EagerError, match="argument 0, a numpy array"):
+        E.function(step)(start.copy(), grad)
+
+
 def test_traced_function_sees_new_parameter_values():
     """Captured Tensors are fed on every call, not baked in as constants."""
     w = E.tensor(np.array([2.0]))
@@ -537,7 +617,11 @@ def test_an_eager_run_records_for_the_debugger(tmp_path):
     updates = [n for n in nodes.values() if n["attrs"].get("in_place")]
     assert len(updates) == len(opt.params) and all(
         n["op"] == "sub" and n["attrs"].get("optimizer_step") for n in updates)
-    assert not {n["id"] for n in updates} & {t["node"] for t in plan["tensors"]}
+    # p.sub_(g, alpha=lr): one node with its alpha, and beside it only the scratch
+    # block that held alpha * g during its step
+    assert all(n["attrs"]["alpha"] == pytest.approx(0.1) for n in updates)
+    kinds = {t["kind"] for t in plan["tensors"] if t["node"] in {n["id"] for n in updates}}
+    assert kinds == {"scratch"}
 
 
 def test_an_eager_conv_takes_its_scratch_from_the_caching_allocator(tmp_path):
