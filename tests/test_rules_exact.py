@@ -48,7 +48,7 @@ def _values(dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
 CASES: dict[str, Callable] = {
     "add(x, -0.0) -> x": lambda x, y: x + (-0.0),
     "add(x, 0) -> x, x integer": lambda x, y: x + 0,
-    "sub(x, 0) -> x": lambda x, y: x - 0,
+    "sub(x, +0.0) -> x; sub(x, 0) -> x, x integer": lambda x, y: x - 0,
     "mul(x, 1) -> x": lambda x, y: x * 1,
     "div(x, 1) -> x": lambda x, y: x / 1,
     "pow(x, 1) -> x": lambda x, y: x ** 1,
@@ -160,3 +160,17 @@ def test_inexact_identities_are_not_applied(build, dtype):
         plain = tf.Session(passes=[], memory=None).run(fetch, {x: xv})
         optimized = tf.Session().run(fetch, {x: xv})
     assert _same_bits(plain, optimized)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_subtracting_negative_zero_is_not_simplified_away(dtype):
+    # Regression: "sub(x, 0) -> x" fired for -0.0 too, but -0.0 - -0.0 is +0.0:
+    # the simplified graph gave -0.0 where the program gives +0.0.
+    x = tf.placeholder(dtype, (3,), name="x")
+    fetch = x - np.array(-0.0, dtype)
+    assert not [r for r in _fired(fetch, x, tf.placeholder(dtype, (3,)), np.dtype(dtype))
+                if r.startswith("sub(x")]
+    xv = np.array([-0.0, 0.0, 1.5], dtype)
+    want = tf.Session(passes=[]).run(fetch, {x: xv})
+    got = tf.Session().run(fetch, {x: xv})
+    assert _same_bits(got, want) and not np.signbit(got[0])

@@ -93,6 +93,25 @@ def _rule_add_zero(integer: bool) -> Callable[[Node], Node | None]:
     return rule
 
 
+def _rule_sub_zero(node: Node) -> Node | None:
+    """sub(x, 0) -> x: for integers any zero; for floats only +0.0, since x - +0.0
+    is x for every x but the float -0.0 - -0.0 is +0.0 (x - -0.0 is x + +0.0)."""
+    x, zero = node.inputs
+    if not _is(zero, 0.0):
+        return None
+    if _is_integer(node) or _positive_zero(zero):
+        return _keep(node, x)
+    return None
+
+
+def _positive_zero(node: Node) -> bool:
+    """A constant whose every element is +0.0."""
+    if node.op != "constant":
+        return False
+    array = node.attrs["value"].array
+    return array.dtype.kind == "f" and not bool(np.any(np.signbit(array)))
+
+
 def _negative_zero(node: Node) -> bool:
     """A constant whose every element is -0.0."""
     if node.op != "constant":
@@ -274,7 +293,7 @@ class Rule:
 RULES: list[Rule] = [
     Rule("add(x, -0.0) -> x", "add", _rule_add_zero(integer=False)),
     Rule("add(x, 0) -> x, x integer", "add", _rule_add_zero(integer=True)),
-    Rule("sub(x, 0) -> x", "sub", _rule_identity(0.0)),
+    Rule("sub(x, +0.0) -> x; sub(x, 0) -> x, x integer", "sub", _rule_sub_zero),
     Rule("mul(x, 1) -> x", "mul", _rule_identity(1.0)),
     Rule("div(x, 1) -> x", "div", _rule_identity(1.0)),
     Rule("pow(x, 1) -> x", "pow", _rule_pow(1.0, None)),
