@@ -221,6 +221,33 @@ def test_a_scaled_update_takes_only_a_slice_of_scratch_and_works_traced():
     np.testing.assert_array_equal(w.numpy(), np.float32(1) - np.float32(0.1) * np.float32(0.5))
 
 
+def test_scaled_updates_by_numbers_arrays_and_tensor_alphas_match_the_expression(tmp_path):
+    # Regressions found in review: a number or array value got a product typed on
+    # its own (float32 for a float64 target, int32 wrapping around for an int64
+    # one); a bool target failed; a Tensor alpha failed inside tf.debug.record after
+    # updating; numpy set to raise left the update half done.
+    p = E.tensor(np.zeros(3))
+    with E.no_grad():
+        p.sub_(np.ones(3), alpha=0.1)
+    assert p.numpy()[0] == -0.1 * 1.0
+    q = E.tensor(np.zeros(3, np.int64))
+    with E.no_grad():
+        q.add_(2 ** 20, alpha=2 ** 20)
+    assert (q.numpy() == 2 ** 40).all()
+    flags = E.tensor(np.array([True, False, True]))
+    with E.no_grad():
+        flags.sub_(E.tensor(np.ones(3, bool)), alpha=0.5)
+    np.testing.assert_array_equal(flags.numpy(), (np.array([1, 0, 1]) - 0.5).astype(bool))
+    w = E.tensor(np.ones(3, np.float32))
+    with tf.debug.record(tmp_path / "alpha.tfdbg.json"), E.no_grad():
+        w.sub_(E.tensor(np.ones(3, np.float32)), alpha=E.tensor(np.float32(0.05)))
+    np.testing.assert_array_equal(w.numpy(), np.float32(1) - np.float32(0.05))
+    big = E.tensor(np.full(8, 3e38, np.float32))
+    with E.no_grad(), np.errstate(over="raise"), pytest.raises(EagerError):
+        big.sub_(E.tensor(np.full(8, 3e38, np.float32)), alpha=10.0)
+    assert (big.numpy() == np.float32(3e38)).all()     # untouched
+
+
 def test_a_scaled_update_of_a_leaf_that_requires_grad_needs_no_grad():
     p = E.tensor(np.ones(3), requires_grad=True)
     with pytest.raises(EagerError, match="in-place write to a leaf"):
@@ -398,6 +425,23 @@ def test_retrace_on_new_shapes_is_counted_and_explained():
     assert len(forward.traces) == 2
     text = forward.explain()
     assert "2 trace(s)" in text and "argument 0 is ((5, 3)" in text
+
+
+def test_a_python_float_argument_retraces_on_its_sign_and_not_on_each_nan():
+    # Regression: the guard compared Python arguments with ==, so a call with -0.0
+    # reused the program traced for 0.0 (traced x * -0.0 gave +0.0 where eager gives
+    # -0.0), and NaN, unequal to itself, retraced on every call.
+    def scale(x, factor):
+        return x * factor
+
+    traced = E.function(scale)
+    x = E.tensor(np.array([1.0, -2.0], np.float32))
+    for factor in [0.0, -0.0, float("nan"), float("nan"), 0.0, (0.5, -0.0)[1]]:
+        got, want = traced(x, factor).numpy(), scale(x, factor).numpy()
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        np.testing.assert_array_equal(got, want)
+    assert len(traced.traces) == 3      # 0.0, -0.0 and NaN, each once
+    assert "argument 1 is ('float', '-0.0')" in traced.explain()
 
 
 def test_graph_break_names_the_line():

@@ -319,24 +319,23 @@ class Tensor:
     def _scaled_update_(self, op: str, value: Tensor | Any, alpha: Any) -> Tensor:
         """self = self <op> alpha * value, in place: `_update_(op, alpha * value)`.
 
-        Under no_grad, when alpha * value is elementwise in this Tensor's shape and
-        dtype, the two ufuncs run slice by slice through a small scratch block
-        (`_scaled_update`): the product never makes a round trip through memory. As
-        in `_update_`, elementwise ufuncs give the same bits whatever the slicing."""
-        if _mode.grad_enabled or _mode.tracer is not None or self.node is not None:
-            return self._update_(op, apply("mul", (alpha, value), {}))
-        inputs, arrays = _with_literals("mul", (alpha, value))
-        layout, _, scale, _ = _kernel("mul", arrays, {})
-        here = (self.data.shape, self.data.dtype)
-        update_layout, _, update, _ = _kernel(op, [self.data, self.data], {})
-        operands = [_flat_operand(a, self.data.shape) for a in arrays]
-        if (scale is None or update is None or layout != here or update_layout != here
-                or not self.data.flags.c_contiguous or any(a is None for a in operands)):
-            return self._update_(op, apply("mul", (alpha, value), {}))
+        Under no_grad, when alpha is a number, value a Tensor, and alpha * value is
+        elementwise in this Tensor's shape and dtype, the two ufuncs run slice by
+        slice through a small scratch block (`_scaled_update`): the product never
+        makes a round trip through memory. As in `_update_`, elementwise ufuncs give
+        the same bits whatever the slicing. Anything else (numpy set to raise on
+        floating-point errors too, which could stop the update halfway) takes the
+        unfused path."""
+        fused = _fusable_update(self, op, value, alpha)
+        if fused is None:
+            product = apply("mul", (alpha, value), {}) if isinstance(
+                value, Tensor) or isinstance(alpha, Tensor) else alpha * value
+            return self._update_(op, product)
+        operands, scale, update = fused
         recorder, began = _recording(_allocator) if debug.active else _NOT_RECORDING
         scratch = _scaled_update(self.data.reshape(-1), operands, scale, update, _allocator)
         if began is not None:
-            recorder.eager_log.add_inplace(op, [self, inputs[1]], self, began,
+            recorder.eager_log.add_inplace(op, [self, value], self, began,
                                            time.perf_counter(), {"alpha": float(alpha)},
                                            scratch)
         return self
@@ -640,6 +639,28 @@ _SCRATCH_DTYPE = np.dtype(np.uint8)
 # (1-2 MiB). Measured on a 1024x1024 float32 update: 256 KiB slices 0.38 ms,
 # 64 KiB 0.46 ms, 1 MiB 0.53 ms, the whole product at once 0.63 ms.
 SCALED_SLICE_BYTES = 256 << 10
+
+
+def _fusable_update(target: Tensor, op: str, value: Any, alpha: Any) -> tuple | None:
+    """(the operands of alpha * value as `_scaled_update` slices them, the product's
+    ufunc, the update's ufunc) when `target.<op>_(value, alpha=alpha)` can run
+    fused, else None (see Tensor._scaled_update_)."""
+    if (_mode.grad_enabled or _mode.tracer is not None or target.node is not None
+            or isinstance(alpha, Tensor) or not isinstance(value, Tensor)
+            or value.node is not None or not target.data.flags.c_contiguous
+            or "raise" in np.geterr().values()):
+        return None
+    _, arrays = _with_literals("mul", (alpha, value))
+    layout, _, scale, _ = _kernel("mul", arrays, {})
+    here = (target.data.shape, target.data.dtype)
+    if scale is None or layout != here:
+        return None
+    # (the product has the target's layout: the update is op(target, target)'s)
+    update_layout, _, update, _ = _kernel(op, [target.data, target.data], {})
+    operands = [_flat_operand(a, target.data.shape) for a in arrays]
+    if update is None or update_layout != here or any(a is None for a in operands):
+        return None
+    return operands, scale, update
 
 
 def _flat_operand(array: np.ndarray, shape: tuple) -> np.ndarray | None:
@@ -1082,7 +1103,18 @@ def _signature(arg: Any) -> tuple:
     except TypeError:
         raise EagerError(f"a traced function takes Tensors, arrays and hashable Python "
                          f"values; got {type(arg).__name__}") from None
-    return ("python", type(arg).__name__, arg)
+    return ("python", type(arg).__name__, _exact(arg))
+
+
+def _exact(value: Any) -> Any:
+    """A Python value as the guard compares it: a float by its repr, which tells
+    -0.0 from 0.0 (equal under ==, yet `x * -0.0` differs) and matches NaN to NaN
+    (unequal to itself, which would retrace on every call); tuples element-wise."""
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    if isinstance(value, tuple):
+        return tuple(_exact(v) for v in value)
+    return value
 
 
 def _why_new(key: tuple, seen: list[tuple]) -> str:
