@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import tinyflow as tf
 from tinyflow import eager as E
+from tinyflow.allocator import Block
 from tinyflow.eager import CachingAllocator, EagerError, GraphBreak, Tensor
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -565,6 +566,21 @@ def test_the_validator_finds_a_free_block_outside_its_pool_and_bins():
     a.free(x)
     a.bins.clear()               # lost: free, binned, yet in no bin
     with pytest.raises(tf.TinyFlowError, match="in a bin: False, in its pool: False"):
+        a.validate()
+    # Listed twice (two mallocs would get the same block), under another size, or a
+    # block of no segment: each is found (found in review).
+    a.bins[512] = [x, x]
+    with pytest.raises(tf.TinyFlowError, match="listed twice in a bin"):
+        a.validate()
+    a.bins = {1024: [x]}
+    with pytest.raises(tf.TinyFlowError, match="of 512 B is listed in a bin as 1024 B"):
+        a.validate()
+    a.bins = {512: [x]}
+    a.validate()
+    ghost = Block(0, 0, 4096, a.free_small, 99)
+    ghost.binned = True
+    a.bins[4096] = [ghost]
+    with pytest.raises(tf.TinyFlowError, match="in no segment"):
         a.validate()
 
 
