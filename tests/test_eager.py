@@ -483,6 +483,60 @@ def test_traced_in_place_writes_to_arguments_and_inner_values_match_eager():
         E.function(step)(start.copy(), grad)
 
 
+def test_a_traced_in_place_write_into_a_grad_from_outside_is_kept():
+    # Regression (review): eager backward, then a traced "scale the gradient and
+    # step": the traced write into w.grad was dropped, and reads inside the trace
+    # saw the old gradient.
+    def run(traced):
+        w = E.tensor(np.ones(3, np.float32), requires_grad=True)
+        opt = E.SGD([w], 0.1)
+
+        def scale_and_step():
+            with E.no_grad():
+                w.grad.mul_(0.5)
+            opt.step()
+            return w.grad * 1.0
+
+        step = E.function(scale_and_step) if traced else scale_and_step
+        (w * E.tensor(np.array([1.0, 2.0, 3.0], np.float32))).sum().backward()
+        seen = step()
+        return w.numpy(), w.grad.numpy(), seen.numpy()
+
+    for want, got in zip(run(False), run(True)):
+        np.testing.assert_array_equal(want, got)
+
+
+def test_traced_writes_through_aliases_match_eager_and_retrace_when_aliasing_changes():
+    # Regression (review): one Tensor passed as two arguments, or passed and also
+    # used from outside: a traced write through one name was not seen through the
+    # other. Now it is, and a call whose aliasing differs traces again.
+    def through(a, b):
+        with E.no_grad():
+            a.add_(1.0)
+        return b * 1.0
+
+    traced = E.function(through)
+    x, y = E.tensor(np.zeros(3, np.float32)), E.tensor(np.zeros(3, np.float32))
+    np.testing.assert_array_equal(traced(x, x).numpy(), np.ones(3))      # eager: 1
+    np.testing.assert_array_equal(traced(x, y).numpy(), np.zeros(3))     # distinct
+    np.testing.assert_array_equal(traced(y, y).numpy(), np.ones(3))
+    assert len(traced.traces) == 2 and "the same as argument 0" in traced.explain()
+
+    outside = E.tensor(np.zeros(3, np.float32))
+
+    def reaches_out(a):
+        with E.no_grad():
+            a.add_(1.0)
+        return outside * 1.0
+
+    traced = E.function(reaches_out)
+    np.testing.assert_array_equal(traced(outside).numpy(), np.ones(3))
+    other = E.tensor(np.zeros(3, np.float32))
+    np.testing.assert_array_equal(traced(other).numpy(), np.ones(3))     # outside: 1
+    assert other.numpy().tolist() == [1, 1, 1] and outside.numpy().tolist() == [1, 1, 1]
+    assert "no longer a Tensor the function also uses from outside" in traced.explain()
+
+
 def test_traced_function_sees_new_parameter_values():
     """Captured Tensors are fed on every call, not baked in as constants."""
     w = E.tensor(np.array([2.0]))

@@ -898,6 +898,14 @@ class _Trace:
         self.grad_guards: dict[int, tuple[Tensor, bool]] = {}   # (t, t.grad is None)
         self.leaves: dict[int, Tensor] = {}                     # requires_grad leaves seen
         self.breaks: list[str] = []
+        # Aliases the trace must follow: a Tensor passed as an argument and also used
+        # from outside is its argument's stand-in; a `.grad` read has one stand-in,
+        # and a write into it is a write of the `.grad`.
+        self.arguments: dict[int, Tensor] = {}      # id(argument) -> its stand-in
+        self.outside: dict[int, Tensor] = {}        # Tensors used from outside
+        self.unified: dict[int, Tensor] = {}        # arguments also used from outside
+        self.grad_reads: dict[int, Tensor] = {}     # id(t) -> stand-in of t.grad
+        self.grad_owner: dict[int, Tensor] = {}     # id(stand-in) -> t
 
     # -- values of the trace -----------------------------------------------------------
     def node_of(self, value: Any) -> Any:
@@ -907,8 +915,12 @@ class _Trace:
             return self.writes[id(value)][1]
         if value.node is not None:
             return value.node
+        if id(value) in self.arguments:      # an argument, used from outside too
+            self.unified[id(value)] = value
+            return self.node_of(self.arguments[id(value)])
         if value.requires_grad and value.is_leaf:
             self.leaves[id(value)] = value
+        self.outside[id(value)] = value
         return self._capture(("tensor", id(value)), value.shape, value.dtype,
                              lambda t=value: t.data, "a Tensor from outside")
 
@@ -920,9 +932,13 @@ class _Trace:
         self.grad_guards.setdefault(id(t), (t, t._grad is None))
         if t._grad is None:
             return None
-        node = self._capture(("grad", id(t)), t.shape, t._grad.dtype,
-                             lambda t=t: t._grad.data, "the .grad of a Tensor")
-        return _wrap(None, None, node=node)
+        stand_in = self.grad_reads.get(id(t))
+        if stand_in is None:
+            node = self._capture(("grad", id(t)), t.shape, t._grad.dtype,
+                                 lambda t=t: t._grad.data, "the .grad of a Tensor")
+            stand_in = self.grad_reads[id(t)] = _wrap(None, None, node=node)
+            self.grad_owner[id(stand_in)] = t
+        return stand_in
 
     def _capture(self, key: tuple, shape: tuple, dtype: Any, read: Callable,
                  what: str) -> Node:
@@ -948,7 +964,15 @@ class _Trace:
             node = ops.cast(node, t.dtype)
         if node.shape != t.shape:
             node = shape_ops.broadcast_to(node, t.shape)
+        if t.node is None and id(t) in self.arguments:   # an argument: its stand-in
+            self.unified[id(t)] = t
+            t = self.arguments[id(t)]
+        if t.node is None:
+            self.outside[id(t)] = t
         self.writes[id(t)] = (t, node)
+        owner = self.grad_owner.get(id(t))
+        if owner is not None:                  # in place into `owner.grad`
+            self.grad_writes[id(owner)] = (owner, t)
 
     def backward(self, root: Tensor, gradient: Any) -> None:
         if not root.requires_grad:
@@ -977,13 +1001,18 @@ class _Concrete:
     writes: list[tuple[Tensor | int, int]]     # (Tensor or argument index, fetch index)
     grad_guards: list[tuple[Tensor, bool]]
     nodes: int
+    identities: list[tuple[int, Tensor, bool]]  # (argument, Tensor from outside, same?)
 
-    def guards_hold(self) -> str | None:
+    def guards_hold(self, args: tuple) -> str | None:
         """None when this trace fits the world as it is now, else why not."""
         for t, was_none in self.grad_guards:
             if (t._grad is None) != was_none:
                 return f"the .grad of a {t.shape} Tensor was " \
                        f"{'None' if was_none else 'set'} when traced"
+        for index, t, same in self.identities:
+            if (args[index] is t) != same:
+                return (f"argument {index} is {'no longer' if same else 'now'} a Tensor "
+                        "the function also uses from outside")
         return None
 
 
@@ -1004,10 +1033,10 @@ class Function:
         self.breaks: list[str] = []
 
     def __call__(self, *args: Any) -> Any:
-        key = tuple(_signature(a) for a in args)
+        key = _call_signature(args)
         reason = "first call"
         for concrete in self.cache.get(key, []):
-            reason = concrete.guards_hold()
+            reason = concrete.guards_hold(args)
             if reason is None:
                 return self._run(concrete, args)
         if key not in self.cache and self.cache:
@@ -1022,12 +1051,15 @@ class Function:
         trace = _Trace()
         symbolic, arg_slots = [], []
         for index, arg in enumerate(args):
-            if isinstance(arg, (Tensor, np.ndarray)):
+            if id(arg) in trace.arguments:     # the same Tensor again: one stand-in
+                symbolic.append(trace.arguments[id(arg)])
+            elif isinstance(arg, (Tensor, np.ndarray)):
                 placeholder = api.placeholder(arg.dtype, arg.shape, name=f"arg{index}")
                 value = _wrap(None, None, node=placeholder)
                 value.requires_grad = bool(getattr(arg, "requires_grad", False))
                 arg_slots.append((index, placeholder))
                 symbolic.append(value)
+                trace.arguments[id(arg)] = value
             else:
                 symbolic.append(arg)
         before, _mode.tracer = _mode.tracer, trace
@@ -1059,7 +1091,8 @@ class Function:
         program = compile_graph(fetches, feeds, **self.compile_options) if fetches else None
         nodes = 0 if program is None else len(program.graph.nodes)
         return _Concrete(program, arg_slots, list(trace.captures.values()), outputs,
-                         grad_writes, writes, list(trace.grad_guards.values()), nodes)
+                         grad_writes, writes, list(trace.grad_guards.values()), nodes,
+                         _identities(args, trace))
 
     def _run(self, concrete: _Concrete, args: tuple) -> Any:
         values: list = []
@@ -1091,6 +1124,31 @@ def function(fn: Callable | None = None, **compile_options: Any) -> Any:
     if fn is None:
         return lambda f: Function(f, **compile_options)
     return Function(fn, **compile_options)
+
+
+def _call_signature(args: tuple) -> tuple:
+    """The cache key of a call: each argument's signature, or, for a Tensor passed
+    again, which argument it is the same as (writes through one name must show
+    through the other, so such a call is traced on its own)."""
+    first: dict[int, int] = {}
+    key = []
+    for index, arg in enumerate(args):
+        if isinstance(arg, (Tensor, np.ndarray)):
+            seen = first.setdefault(id(arg), index)
+            if seen != index:
+                key.append(("tensor", f"the same as argument {seen}"))
+                continue
+        key.append(_signature(arg))
+    return tuple(key)
+
+
+def _identities(args: tuple, trace: _Trace) -> list[tuple[int, Tensor, bool]]:
+    """For each Tensor argument and each Tensor the function used from outside
+    (read, written, or an argument it also reached from outside): whether they were
+    the same Tensor when traced. The guard checks it again on every call."""
+    used = list(trace.outside.values()) + list(trace.unified.values())
+    return [(index, t, arg is t) for index, arg in enumerate(args)
+            if isinstance(arg, Tensor) for t in used]
 
 
 def _signature(arg: Any) -> tuple:
