@@ -230,21 +230,26 @@ class CachingAllocator:
         return blocks
 
     def validate(self) -> None:
-        """Prove the bookkeeping: blocks tile each segment, no two live blocks share
-        a byte, every free block is in exactly one place (its pool, or the fast bin
-        of its size), free neighbours outside the bins are merged, and the counters
-        equal what the blocks say."""
+        """Prove the bookkeeping: blocks tile each segment (linked both ways), no two
+        live blocks share a byte, every free block is in exactly one place (its
+        pool, sorted and up to date, or the fast bin of its size), free neighbours
+        outside the bins are merged, and the counters equal what the blocks say."""
+        self._check_pools()
         allocated, seen = 0, set()
         waiting = self._listed([(size, b) for size, blocks in self.bins.items() for b in blocks],
                                "bin")
         pooled = self._listed([(entry[0], entry[3]) for entry in self.free_small +
                                self.free_large], "pool")
         for seg in self.segments:
-            block, end = self._first_block(seg.id), 0
+            block, end, previous = self._first_block(seg.id), 0, None
             while block is not None:
                 if block.offset != end:
                     raise TinyFlowError(f"segment {seg.id}: block #{block.id} starts at "
                                         f"{block.offset}, the previous one ends at {end}")
+                if block.segment != seg.id or block.prev is not previous:
+                    raise TinyFlowError(f"segment {seg.id}: block #{block.id} names segment "
+                                        f"{block.segment} or has a broken back link")
+                previous = block
                 self._check_free_block(block, waiting, pooled)
                 seen.add(id(block))
                 end = block.offset + block.size
@@ -257,6 +262,21 @@ class CachingAllocator:
             raise TinyFlowError("a bin or a pool lists a block that is in no segment")
         if allocated != self.allocated:
             raise TinyFlowError(f"allocated counter {self.allocated} != {allocated} in blocks")
+        reserved = sum(seg.buffer.size for seg in self.segments)
+        if reserved != self.reserved:
+            raise TinyFlowError(f"reserved counter {self.reserved} != {reserved} in segments")
+
+    def _check_pools(self) -> None:
+        """Each pool sorted, each entry (size, segment, offset, block) the block's
+        own and in the block's own pool (best fit and merging rely on both)."""
+        for pool in (self.free_small, self.free_large):
+            if any(a[:3] > b[:3] for a, b in zip(pool, pool[1:])):
+                raise TinyFlowError("a pool of free blocks is out of order")
+            for size, segment, offset, block in pool:
+                if (size, segment, offset) != (block.size, block.segment, block.offset) \
+                        or block.pool is not pool:
+                    raise TinyFlowError(f"block #{block.id}'s pool entry is stale: "
+                                        f"{(size, segment, offset)}")
 
     @staticmethod
     def _listed(entries: list[tuple[int, Block]], where: str) -> set[int]:
