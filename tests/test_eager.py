@@ -437,11 +437,12 @@ def test_a_python_float_argument_retraces_on_its_sign_and_not_on_each_nan():
 
     traced = E.function(scale)
     x = E.tensor(np.array([1.0, -2.0], np.float32))
-    for factor in [0.0, -0.0, float("nan"), float("nan"), 0.0, (0.5, -0.0)[1]]:
+    for factor in [0.0, -0.0, float("nan"), float("nan"), 0.0, (0.5, -0.0)[1],
+                   -float("nan")]:
         got, want = traced(x, factor).numpy(), scale(x, factor).numpy()
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
         np.testing.assert_array_equal(got, want)
-    assert len(traced.traces) == 3      # 0.0, -0.0 and NaN, each once
+    assert len(traced.traces) == 4      # 0.0, -0.0, NaN and -NaN, each once
     assert "argument 1 is ('float', '-0.0')" in traced.explain()
 
 
@@ -535,6 +536,114 @@ def test_traced_writes_through_aliases_match_eager_and_retrace_when_aliasing_cha
     np.testing.assert_array_equal(traced(other).numpy(), np.ones(3))     # outside: 1
     assert other.numpy().tolist() == [1, 1, 1] and outside.numpy().tolist() == [1, 1, 1]
     assert "no longer a Tensor the function also uses from outside" in traced.explain()
+
+
+def _eager_and_traced(run):
+    """run(traced) -> a tuple of arrays; both ways must give the same bits."""
+    for want, got in zip(run(False), run(True)):
+        np.testing.assert_array_equal(np.asarray(want), np.asarray(got))
+
+
+def test_traced_gradients_and_grad_edits_follow_eager_semantics():
+    # Regressions found in a second review. (1) An in-place write into a .grad read
+    # before the .grad was replaced went into the new .grad. (2) A leaf passed as an
+    # argument (alone, or also used from outside) got no gradient from a backward
+    # inside the trace. (3) Eager backward gave two leaves one .grad Tensor (a + b):
+    # scaling a.grad in place scaled b.grad too; PyTorch gives each its own.
+    def stale(traced):
+        w = E.tensor(np.array([1., -2., 3.], np.float32), requires_grad=True)
+        x = E.tensor(np.array([0.5, 1.5, -2.], np.float32))
+        opt = E.SGD([w], 0.1)
+        (w * x).sum().backward()
+
+        def step(a):
+            old = w.grad
+            opt.zero_grad()
+            (w * a).sum().backward()
+            with E.no_grad():
+                old.mul_(0.0)           # the old gradient, no longer w.grad
+            opt.step()
+
+        (E.function(step) if traced else step)(x)
+        return w.numpy(), w.grad.numpy()
+
+    def argument_leaf(traced):
+        w = E.tensor(np.array([1., 2.], np.float32), requires_grad=True)
+        opt = E.SGD([w], 0.1)
+
+        def step(p, x):
+            opt.zero_grad()
+            (p * x).sum().backward()
+            opt.step()
+            return p.grad * 1.0
+
+        f = E.function(step) if traced else step
+        x = E.tensor(np.array([3., -3.], np.float32))
+        return f(w, x).numpy(), f(w, x).numpy(), w.numpy()
+
+    def shared(traced):
+        a = E.tensor(np.ones(3, np.float32), requires_grad=True)
+        b = E.tensor(np.ones(3, np.float32), requires_grad=True)
+        (a + b).sum().backward()
+
+        def halve():
+            with E.no_grad():
+                for p in (a, b):
+                    p.grad.mul_(0.5)
+
+        (E.function(halve) if traced else halve)()
+        return a.grad.numpy(), b.grad.numpy()
+
+    for run in (stale, argument_leaf, shared):
+        _eager_and_traced(run)
+    assert shared(False)[0].tolist() == [0.5, 0.5, 0.5]
+
+
+def test_a_grad_reached_under_two_names_in_a_trace_is_a_clear_error():
+    w = E.tensor(np.ones(3, np.float32), requires_grad=True)
+    (w * 2.0).sum().backward()
+
+    def step(g):
+        with E.no_grad():
+            g.mul_(0.5)
+        return w.grad * 1.0
+
+    with pytest.raises(EagerError, match="reaches the .grad of a Tensor both"):
+        E.function(step)(w.grad)
+
+
+def test_a_tensor_made_inside_a_traced_function_starts_afresh_each_call():
+    # Regression (second review): it was taken for a Tensor from outside, so what one
+    # call added into it was there at the next.
+    def accumulate(a):
+        acc = E.tensor(np.zeros(3, np.float32))
+        with E.no_grad():
+            acc.add_(a)
+        return acc * 1.0
+
+    traced = E.function(accumulate)
+    x = E.tensor(np.ones(3, np.float32))
+    assert [traced(x).numpy().tolist() for _ in range(3)] == [[1.0, 1.0, 1.0]] * 3
+
+
+def test_scaled_updates_by_lists_and_under_warnings_as_errors(monkeypatch):
+    # Regressions (second review): a list value was repeated as a Python list; with
+    # RuntimeWarnings as errors an overflow in a later slice left the Tensor half
+    # updated.
+    p = E.tensor(np.zeros(3, np.float32))
+    with E.no_grad():
+        p.sub_([1.0, 2.0, 3.0], alpha=0.5)
+    np.testing.assert_array_equal(p.numpy(), [-0.5, -1.0, -1.5])
+    monkeypatch.setattr(E, "SCALED_SLICE_BYTES", 16)
+    big = np.ones(64, np.float32)
+    big[-1] = 3e38
+    q = E.tensor(np.zeros(64, np.float32))
+    import warnings
+    with warnings.catch_warnings(), E.no_grad():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(EagerError, match="overflow"):
+            q.sub_(E.tensor(big), alpha=10.0)
+    assert not q.numpy().any()      # untouched, as the unfused expression leaves it
 
 
 def test_traced_function_sees_new_parameter_values():

@@ -45,6 +45,7 @@ import contextlib
 import functools
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +144,15 @@ class Tensor:
     __array_priority__ = 1000    # numpy defers `array + tensor` to our operators
 
     def __init__(self, value: Any, requires_grad: bool = False, dtype: Any = None) -> None:
+        if _mode.tracer is not None and not requires_grad:
+            # Made while a function is traced: a value of the graph, made again on
+            # every call as eager code makes it (not a Tensor from outside, which
+            # would keep what one call wrote into it for the next).
+            self.data, self._block, self._alloc = None, None, None
+            self.node = _mode.tracer.copy_of(value, dtype)
+            self.requires_grad, self._grad = False, None
+            self._op = self._inputs = self._attrs = None
+            return
         array = np.asarray(value.numpy() if isinstance(value, Tensor) else value,
                            dtype=dtype)
         self.data, self._block, self._alloc = _new_array(array.shape, array.dtype)
@@ -179,15 +189,17 @@ class Tensor:
     @property
     def grad(self) -> Tensor | None:
         tracer = _mode.tracer
-        if tracer is not None and self.node is None:
-            return tracer.grad_of(self)
+        real = None if tracer is None else tracer.real_tensor(self)
+        if real is not None:   # while tracing: the Tensor's .grad as the trace sees it
+            return tracer.grad_of(real)
         return self._grad
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
         tracer = _mode.tracer
-        if tracer is not None and (self.node is None and self.data is not None):
-            tracer.grad_writes[id(self)] = (self, value)
+        real = None if tracer is None else tracer.real_tensor(self)
+        if real is not None:
+            tracer.grad_writes[id(real)] = (real, value)
         else:
             self._grad = value
 
@@ -323,13 +335,17 @@ class Tensor:
         elementwise in this Tensor's shape and dtype, the two ufuncs run slice by
         slice through a small scratch block (`_scaled_update`): the product never
         makes a round trip through memory. As in `_update_`, elementwise ufuncs give
-        the same bits whatever the slicing. Anything else (numpy set to raise on
-        floating-point errors too, which could stop the update halfway) takes the
-        unfused path."""
+        the same bits whatever the slicing, NaNs aside: which NaN an op on two NaNs
+        returns (its sign) is the hardware's choice, and numpy's vector loops and
+        its scalar loop for a slice's last few elements choose differently. Anything
+        else (and floating-point errors set to raise, which could stop the update
+        halfway) takes the unfused path."""
         fused = _fusable_update(self, op, value, alpha)
         if fused is None:
-            product = apply("mul", (alpha, value), {}) if isinstance(
-                value, Tensor) or isinstance(alpha, Tensor) else alpha * value
+            if isinstance(value, Tensor) or isinstance(alpha, Tensor):
+                product = apply("mul", (alpha, value), {})
+            else:   # numbers and arrays (a list is an array, not repeated)
+                product = alpha * np.asarray(value)
             return self._update_(op, product)
         operands, scale, update = fused
         recorder, began = _recording(_allocator) if debug.active else _NOT_RECORDING
@@ -646,9 +662,9 @@ def _fusable_update(target: Tensor, op: str, value: Any, alpha: Any) -> tuple | 
     ufunc, the update's ufunc) when `target.<op>_(value, alpha=alpha)` can run
     fused, else None (see Tensor._scaled_update_)."""
     if (_mode.grad_enabled or _mode.tracer is not None or target.node is not None
-            or isinstance(alpha, Tensor) or not isinstance(value, Tensor)
+            or alpha.__class__ not in _NUMBER_TYPES or not isinstance(value, Tensor)
             or value.node is not None or not target.data.flags.c_contiguous
-            or "raise" in np.geterr().values()):
+            or _errors_may_raise()):
         return None
     _, arrays = _with_literals("mul", (alpha, value))
     layout, _, scale, _ = _kernel("mul", arrays, {})
@@ -661,6 +677,17 @@ def _fusable_update(target: Tensor, op: str, value: Any, alpha: Any) -> tuple | 
     if update is None or update_layout != here or any(a is None for a in operands):
         return None
     return operands, scale, update
+
+
+def _errors_may_raise() -> bool:
+    """Whether a floating-point error (overflow, invalid) could raise in a ufunc
+    now: numpy set to "raise" or "call", or RuntimeWarnings turned into errors
+    (python -W error). A slice-by-slice update that raised halfway would leave the
+    Tensor half updated, so then the update is not sliced."""
+    if any(mode in ("raise", "call") for mode in np.geterr().values()):
+        return True
+    return any(action == "error" and issubclass(RuntimeWarning, category)
+               for action, _, category, _, _ in warnings.filters)
 
 
 def _flat_operand(array: np.ndarray, shape: tuple) -> np.ndarray | None:
@@ -842,7 +869,7 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
     recording = contextlib.nullcontext() if create_graph else no_grad()
     _mode.in_backward = True
     try:
-        _walk_tape(order, pending, recording)
+        _walk_tape(order, pending, recording, given={id(gradient)})
     finally:
         _mode.in_backward = False
     if not retain_graph:
@@ -852,9 +879,14 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
 
 
 def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
-               recording: Any) -> None:
+               recording: Any, given: set[int]) -> None:
     """The reverse sweep: sum each Tensor's gradient contributions, then hand them
-    to its op's rule (or, at a leaf, accumulate them into `.grad`)."""
+    to its op's rule (or, at a leaf, accumulate them into `.grad`).
+
+    A leaf's first `.grad` is a Tensor of its own, as in PyTorch: a rule may hand
+    one Tensor to two inputs (add passes g to both), and the caller's `gradient`
+    may reach a leaf as it is; `given` holds their ids, and such a Tensor is
+    copied, so that `a.grad.mul_(0.5)` cannot change `b.grad` or the caller's."""
     with recording:
         for t in reversed(order):
             contributions = pending.pop(id(t), None)
@@ -864,7 +896,11 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
             for extra in contributions[1:]:
                 total = total + extra
             if t.is_leaf:
-                t._grad = total if t._grad is None else t._grad + total
+                if t._grad is None:
+                    t._grad = total * 1 if id(total) in given else total
+                    given.add(id(t._grad))
+                else:
+                    t._grad = t._grad + total
                 continue
             if t._inputs is None:
                 raise EagerError("backward through a graph a second time: its saved "
@@ -900,12 +936,15 @@ class _Trace:
         self.breaks: list[str] = []
         # Aliases the trace must follow: a Tensor passed as an argument and also used
         # from outside is its argument's stand-in; a `.grad` read has one stand-in,
-        # and a write into it is a write of the `.grad`.
+        # and a write into it goes into the Tensor that was that .grad when the call
+        # started (see _write_target); a .grad reached under another name as well is
+        # an error (_grad_alias_error).
         self.arguments: dict[int, Tensor] = {}      # id(argument) -> its stand-in
         self.outside: dict[int, Tensor] = {}        # Tensors used from outside
         self.unified: dict[int, Tensor] = {}        # arguments also used from outside
         self.grad_reads: dict[int, Tensor] = {}     # id(t) -> stand-in of t.grad
         self.grad_owner: dict[int, Tensor] = {}     # id(stand-in) -> t
+        self.real: dict[int, Tensor] = {}           # id(argument stand-in) -> argument
 
     # -- values of the trace -----------------------------------------------------------
     def node_of(self, value: Any) -> Any:
@@ -915,14 +954,36 @@ class _Trace:
             return self.writes[id(value)][1]
         if value.node is not None:
             return value.node
+        if value.requires_grad and value.is_leaf:
+            self.leaves[id(value)] = value
+        if any(owner._grad is value for owner in self.grad_owner.values()):
+            raise _grad_alias_error(value)
         if id(value) in self.arguments:      # an argument, used from outside too
             self.unified[id(value)] = value
             return self.node_of(self.arguments[id(value)])
-        if value.requires_grad and value.is_leaf:
-            self.leaves[id(value)] = value
         self.outside[id(value)] = value
         return self._capture(("tensor", id(value)), value.shape, value.dtype,
                              lambda t=value: t.data, "a Tensor from outside")
+
+    def copy_of(self, value: Any, dtype: Any) -> Node:
+        """The node of `Tensor(value, dtype=dtype)` made inside the trace: a Tensor's
+        value (as the trace sees it) or a constant, cast to `dtype` when given."""
+        node = self.node_of(value) if isinstance(value, Tensor) else ops.constant(
+            np.asarray(value, dtype=dtype))
+        if dtype is not None and node.dtype != np.dtype(dtype):
+            node = ops.cast(node, np.dtype(dtype))
+        return node
+
+    def grads_read(self) -> list[Tensor]:
+        """The Tensors whose .grad the trace read."""
+        return list(self.grad_owner.values())
+
+    def real_tensor(self, t: Tensor) -> Tensor | None:
+        """The eager Tensor that `t` is or stands for (an argument's stand-in), or
+        None for a value made inside the trace."""
+        if t.node is None:
+            return t
+        return self.real.get(id(t))
 
     def grad_of(self, t: Tensor) -> Tensor | None:
         """`t.grad` as seen inside the trace: the pending gradient, or t's current
@@ -934,6 +995,8 @@ class _Trace:
             return None
         stand_in = self.grad_reads.get(id(t))
         if stand_in is None:
+            if id(t._grad) in self.arguments or id(t._grad) in self.outside:
+                raise _grad_alias_error(t._grad)
             node = self._capture(("grad", id(t)), t.shape, t._grad.dtype,
                                  lambda t=t: t._grad.data, "the .grad of a Tensor")
             stand_in = self.grad_reads[id(t)] = _wrap(None, None, node=node)
@@ -970,9 +1033,6 @@ class _Trace:
         if t.node is None:
             self.outside[id(t)] = t
         self.writes[id(t)] = (t, node)
-        owner = self.grad_owner.get(id(t))
-        if owner is not None:                  # in place into `owner.grad`
-            self.grad_writes[id(owner)] = (owner, t)
 
     def backward(self, root: Tensor, gradient: Any) -> None:
         if not root.requires_grad:
@@ -998,10 +1058,12 @@ class _Concrete:
     captures: list[_Capture]
     outputs: Any                               # the result's structure, fetch indices
     grad_writes: list[tuple[Tensor, int | None]]
-    writes: list[tuple[Tensor | int, int]]     # (Tensor or argument index, fetch index)
+    writes: list[tuple[Any, int]]     # (Tensor, argument index or ("grad", owner); fetch)
     grad_guards: list[tuple[Tensor, bool]]
     nodes: int
     identities: list[tuple[int, Tensor, bool]]  # (argument, Tensor from outside, same?)
+    grads_read: list[Tensor]                    # Tensors whose .grad the trace read
+    outside: list[Tensor]                       # Tensors it used from outside
 
     def guards_hold(self, args: tuple) -> str | None:
         """None when this trace fits the world as it is now, else why not."""
@@ -1013,6 +1075,11 @@ class _Concrete:
             if (args[index] is t) != same:
                 return (f"argument {index} is {'no longer' if same else 'now'} a Tensor "
                         "the function also uses from outside")
+        if self.grads_read:   # no .grad it reads may be reachable under another name
+            grads = {id(t._grad) for t in self.grads_read}
+            if any(id(x) in grads for x in [*args, *self.outside]):
+                return "a .grad the function reads is now also an argument or a Tensor " \
+                       "it uses from outside"
         return None
 
 
@@ -1060,6 +1127,9 @@ class Function:
                 arg_slots.append((index, placeholder))
                 symbolic.append(value)
                 trace.arguments[id(arg)] = value
+                trace.real[id(value)] = arg
+                if isinstance(arg, Tensor) and arg.requires_grad and arg.is_leaf:
+                    trace.leaves[id(arg)] = arg   # backward in the trace reaches it
             else:
                 symbolic.append(arg)
         before, _mode.tracer = _mode.tracer, trace
@@ -1081,7 +1151,7 @@ class Function:
         argument_of = {id(value): index for index, value in enumerate(symbolic)
                        if isinstance(value, Tensor)}
         for t, node in trace.writes.values():
-            target = _write_target(t, argument_of, args)
+            target = _write_target(t, argument_of, args, trace.grad_owner)
             if target is not None:
                 writes.append((target, len(fetches)))
                 fetches.append(node)
@@ -1092,7 +1162,8 @@ class Function:
         nodes = 0 if program is None else len(program.graph.nodes)
         return _Concrete(program, arg_slots, list(trace.captures.values()), outputs,
                          grad_writes, writes, list(trace.grad_guards.values()), nodes,
-                         _identities(args, trace))
+                         _identities(args, trace), trace.grads_read(),
+                         list(trace.outside.values()))
 
     def _run(self, concrete: _Concrete, args: tuple) -> Any:
         values: list = []
@@ -1100,11 +1171,16 @@ class Function:
             feeds = {p: _as_array(args[i]) for i, p in concrete.arg_slots}
             feeds.update({c.placeholder: c.read() for c in concrete.captures})
             values = concrete.program.run(feeds, {})
+        # In-place writes first: one into a .grad goes into the Tensor that was the
+        # .grad when the call started, before the function's new .grads replace it.
+        for target, slot in concrete.writes:
+            if isinstance(target, tuple):
+                t = target[1]._grad
+            else:
+                t = args[target] if isinstance(target, int) else target
+            t.data[...] = values[slot]
         for t, slot in concrete.grad_writes:
             t._grad = None if slot is None else Tensor(values[slot])
-        for target, slot in concrete.writes:
-            t = args[target] if isinstance(target, int) else target
-            t.data[...] = values[slot]
         return _rebuild(concrete.outputs, values)
 
     def explain(self) -> str:
@@ -1124,6 +1200,14 @@ def function(fn: Callable | None = None, **compile_options: Any) -> Any:
     if fn is None:
         return lambda f: Function(f, **compile_options)
     return Function(fn, **compile_options)
+
+
+def _grad_alias_error(t: Tensor) -> EagerError:
+    return EagerError(
+        f"at {user_source_line()} a traced function reaches the .grad of a Tensor both "
+        "as `.grad` and under another name (an argument, or a Tensor from outside): "
+        "the trace cannot follow in-place writes through both; read it one way, or "
+        "call the function eagerly")
 
 
 def _call_signature(args: tuple) -> tuple:
@@ -1167,9 +1251,13 @@ def _signature(arg: Any) -> tuple:
 def _exact(value: Any) -> Any:
     """A Python value as the guard compares it: a float by its repr, which tells
     -0.0 from 0.0 (equal under ==, yet `x * -0.0` differs) and matches NaN to NaN
-    (unequal to itself, which would retrace on every call); tuples element-wise."""
+    of the same sign (NaN is unequal to itself, which would retrace on every call);
+    tuples element-wise."""
     if isinstance(value, (float, np.floating)):
-        return repr(float(value))
+        value = float(value)
+        if value != value:   # NaN: its sign too (repr says "nan" for both)
+            return "-nan" if math.copysign(1.0, value) < 0 else "nan"
+        return repr(value)
     if isinstance(value, tuple):
         return tuple(_exact(v) for v in value)
     return value
@@ -1190,13 +1278,18 @@ def _as_array(value: Any) -> np.ndarray:
     return value.data if isinstance(value, Tensor) else np.asarray(value)
 
 
-def _write_target(t: Tensor, argument_of: dict[int, int], args: tuple) -> Tensor | int | None:
+def _write_target(t: Tensor, argument_of: dict[int, int], args: tuple,
+                  grad_owner: dict[int, Tensor]) -> Any:
     """Where a traced in-place write to `t` goes after each run: into `t` itself (a
     Tensor from outside), into the argument it stands for (its index: the caller's
-    Tensor, as torch.compile writes back into mutated inputs), or nowhere (a value
-    made inside the function: later reads in the trace already see the write)."""
+    Tensor, as torch.compile writes back into mutated inputs), into the `.grad`
+    that `t` was read as (("grad", owner): the Tensor that is owner.grad when the
+    call starts, even if the function then replaced owner.grad), or nowhere (a
+    value made inside the function: later reads in the trace already see it)."""
     if t.node is None:
         return t
+    if id(t) in grad_owner:
+        return ("grad", grad_owner[id(t)])
     index = argument_of.get(id(t))
     if index is None:
         return None

@@ -105,7 +105,8 @@ def _rule_sub_zero(node: Node) -> Node | None:
 
 
 def _positive_zero(node: Node) -> bool:
-    """A constant whose every element is +0.0."""
+    """A float constant with no negative sign bit (after `_is(node, 0.0)`: every
+    element +0.0)."""
     if node.op != "constant":
         return False
     array = node.attrs["value"].array
