@@ -189,17 +189,17 @@ class Tensor:
     @property
     def grad(self) -> Tensor | None:
         tracer = _mode.tracer
-        real = None if tracer is None else tracer.real_tensor(self)
-        if real is not None:   # while tracing: the Tensor's .grad as the trace sees it
-            return tracer.grad_of(real)
+        key = None if tracer is None else tracer.grad_key(self)
+        if key is not None:   # while tracing: the Tensor's .grad as the trace sees it
+            return tracer.grad_of(key)
         return self._grad
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
         tracer = _mode.tracer
-        real = None if tracer is None else tracer.real_tensor(self)
-        if real is not None:
-            tracer.grad_writes[id(real)] = (real, value)
+        key = None if tracer is None else tracer.grad_key(self)
+        if key is not None:
+            tracer.grad_writes[id(key)] = (key, value)
         else:
             self._grad = value
 
@@ -265,8 +265,9 @@ class Tensor:
 
     def detach(self) -> Tensor:
         """The same value with no history (a new Tensor sharing nothing)."""
-        self._need_value("detach()")
-        return Tensor(self.data)
+        if _mode.tracer is None:
+            self._need_value("detach()")
+        return Tensor(self)    # (while tracing: see _Trace.copy_of)
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
         self.requires_grad = flag
@@ -332,7 +333,8 @@ class Tensor:
         """self = self <op> alpha * value, in place: `_update_(op, alpha * value)`.
 
         Under no_grad, when alpha is a number, value a Tensor, and alpha * value is
-        elementwise in this Tensor's shape and dtype, the two ufuncs run slice by
+        elementwise in this Tensor's shape and dtype, and larger than one slice
+        (smaller products stay in the cache anyway), the two ufuncs run slice by
         slice through a small scratch block (`_scaled_update`): the product never
         makes a round trip through memory. As in `_update_`, elementwise ufuncs give
         the same bits whatever the slicing, NaNs aside: which NaN an op on two NaNs
@@ -662,6 +664,7 @@ def _fusable_update(target: Tensor, op: str, value: Any, alpha: Any) -> tuple | 
     ufunc, the update's ufunc) when `target.<op>_(value, alpha=alpha)` can run
     fused, else None (see Tensor._scaled_update_)."""
     if (_mode.grad_enabled or _mode.tracer is not None or target.node is not None
+            or target.data.nbytes <= SCALED_SLICE_BYTES   # fits in L2 anyway: no gain
             or alpha.__class__ not in _NUMBER_TYPES or not isinstance(value, Tensor)
             or value.node is not None or not target.data.flags.c_contiguous
             or _errors_may_raise()):
@@ -920,7 +923,7 @@ class _Capture:
     """A value from outside the traced function, fed on every call."""
 
     placeholder: Node
-    read: Callable[[], np.ndarray]   # its value now (a parameter's, a .grad's)
+    read: Callable[[tuple], np.ndarray]   # its value in a call with these arguments
     what: str
 
 
@@ -944,7 +947,10 @@ class _Trace:
         self.unified: dict[int, Tensor] = {}        # arguments also used from outside
         self.grad_reads: dict[int, Tensor] = {}     # id(t) -> stand-in of t.grad
         self.grad_owner: dict[int, Tensor] = {}     # id(stand-in) -> t
-        self.real: dict[int, Tensor] = {}           # id(argument stand-in) -> argument
+        # An argument's stand-in keys its .grad; the .grad read, written and guarded
+        # is args[index].grad at each call (the trace-time argument gives shapes).
+        self.argument_index: dict[int, int] = {}    # id(argument stand-in) -> index
+        self.real: dict[int, Tensor] = {}           # id(stand-in) -> trace-time argument
 
     # -- values of the trace -----------------------------------------------------------
     def node_of(self, value: Any) -> Any:
@@ -954,51 +960,84 @@ class _Trace:
             return self.writes[id(value)][1]
         if value.node is not None:
             return value.node
-        if value.requires_grad and value.is_leaf:
-            self.leaves[id(value)] = value
-        if any(owner._grad is value for owner in self.grad_owner.values()):
-            raise _grad_alias_error(value)
         if id(value) in self.arguments:      # an argument, used from outside too
             self.unified[id(value)] = value
             return self.node_of(self.arguments[id(value)])
+        if any(self._trace_time(owner)._grad is value for owner in self.grad_owner.values()):
+            raise _grad_alias_error(value)
+        if value.requires_grad and value.is_leaf:
+            self.leaves[id(value)] = value
         self.outside[id(value)] = value
         return self._capture(("tensor", id(value)), value.shape, value.dtype,
-                             lambda t=value: t.data, "a Tensor from outside")
+                             lambda args, t=value: t.data, "a Tensor from outside")
 
     def copy_of(self, value: Any, dtype: Any) -> Node:
-        """The node of `Tensor(value, dtype=dtype)` made inside the trace: a Tensor's
-        value (as the trace sees it) or a constant, cast to `dtype` when given."""
-        node = self.node_of(value) if isinstance(value, Tensor) else ops.constant(
-            np.asarray(value, dtype=dtype))
+        """The node of `Tensor(value, dtype=dtype)` made inside the trace, which has
+        no history: a constant; a Tensor from outside read afresh at each call on a
+        placeholder of its own (so no gradient flows back into it); or a value that
+        needs no gradient as the trace sees it. Copying one that does is an error:
+        TinyFlow has no op that stops a gradient."""
+        if isinstance(value, Tensor) and value.node is None:
+            value = self.arguments.get(id(value), value)
+        if not isinstance(value, Tensor):
+            node = ops.constant(np.asarray(value, dtype=dtype))
+        elif value.node is None and id(value) not in self.writes:
+            self.outside[id(value)] = value
+            node = self._capture(("copy", id(value)), value.shape, value.dtype,
+                                 lambda args, t=value: t.data, "a copy of a Tensor")
+        elif id(value) in self.argument_index and id(value) not in self.writes:
+            index = self.argument_index[id(value)]   # an argument: a placeholder of its own
+            node = self._capture(("copy", index), value.shape, value.dtype,
+                                 lambda args, i=index: _as_array(args[i]), "a copy of an argument")
+        elif not value.requires_grad:
+            node = self.node_of(value)
+        else:
+            raise EagerError(f"at {user_source_line()} a traced function copies a Tensor "
+                             "that requires grad (Tensor(x), x.detach()) after computing "
+                             "or writing it: a trace cannot stop its gradient; copy it "
+                             "outside the function")
         if dtype is not None and node.dtype != np.dtype(dtype):
             node = ops.cast(node, np.dtype(dtype))
         return node
 
-    def grads_read(self) -> list[Tensor]:
-        """The Tensors whose .grad the trace read."""
-        return list(self.grad_owner.values())
+    def grads_read(self) -> list[Tensor | int]:
+        """The Tensors (or argument indices) whose .grad the trace read."""
+        return [self.resolve(t) for t in self.grad_owner.values()]
 
-    def real_tensor(self, t: Tensor) -> Tensor | None:
-        """The eager Tensor that `t` is or stands for (an argument's stand-in), or
-        None for a value made inside the trace."""
+    def grad_key(self, t: Tensor) -> Tensor | None:
+        """The Tensor that `t.grad` is keyed by in the trace: `t` (from outside), its
+        argument's stand-in (an argument, also when reached from outside), or None
+        for a value made inside the trace (its plain `_grad`)."""
         if t.node is None:
-            return t
-        return self.real.get(id(t))
+            return self.arguments.get(id(t), t)
+        return t if id(t) in self.argument_index else None
+
+    def _trace_time(self, key: Tensor) -> Tensor:
+        """The eager Tensor behind a grad key, as it is at trace time."""
+        return self.real.get(id(key), key)
+
+    def resolve(self, key: Tensor) -> Tensor | int:
+        """A grad key as a run finds it: an argument's index, or the Tensor."""
+        return self.argument_index.get(id(key), key)
 
     def grad_of(self, t: Tensor) -> Tensor | None:
-        """`t.grad` as seen inside the trace: the pending gradient, or t's current
-        `.grad` fed at each call (the guard remembers whether it was None)."""
+        """`t.grad` as seen inside the trace (t is a grad key, see `grad_key`): the
+        pending gradient, or the current `.grad` fed at each call (the guard
+        remembers whether it was None)."""
         if id(t) in self.grad_writes:
             return self.grad_writes[id(t)][1]
-        self.grad_guards.setdefault(id(t), (t, t._grad is None))
-        if t._grad is None:
+        real, where = self._trace_time(t), self.resolve(t)
+        self.grad_guards.setdefault(id(t), (where, real._grad is None))
+        if real._grad is None:
             return None
         stand_in = self.grad_reads.get(id(t))
         if stand_in is None:
-            if id(t._grad) in self.arguments or id(t._grad) in self.outside:
-                raise _grad_alias_error(t._grad)
-            node = self._capture(("grad", id(t)), t.shape, t._grad.dtype,
-                                 lambda t=t: t._grad.data, "the .grad of a Tensor")
+            if id(real._grad) in self.arguments or id(real._grad) in self.outside:
+                raise _grad_alias_error(real._grad)
+            read = ((lambda args, i=where: args[i]._grad.data) if isinstance(where, int)
+                    else (lambda args, t=t: t._grad.data))
+            node = self._capture(("grad", id(t)), real.shape, real._grad.dtype, read,
+                                 "the .grad of a Tensor")
             stand_in = self.grad_reads[id(t)] = _wrap(None, None, node=node)
             self.grad_owner[id(stand_in)] = t
         return stand_in
@@ -1057,17 +1096,18 @@ class _Concrete:
     arg_slots: list[tuple[int, Node]]          # (argument index, placeholder)
     captures: list[_Capture]
     outputs: Any                               # the result's structure, fetch indices
-    grad_writes: list[tuple[Tensor, int | None]]
+    grad_writes: list[tuple[Tensor | int, int | None]]   # (Tensor or argument, fetch)
     writes: list[tuple[Any, int]]     # (Tensor, argument index or ("grad", owner); fetch)
-    grad_guards: list[tuple[Tensor, bool]]
+    grad_guards: list[tuple[Tensor | int, bool]]   # (Tensor or argument, .grad was None)
     nodes: int
     identities: list[tuple[int, Tensor, bool]]  # (argument, Tensor from outside, same?)
-    grads_read: list[Tensor]                    # Tensors whose .grad the trace read
+    grads_read: list[Tensor | int]              # Tensors (arguments) whose .grad it read
     outside: list[Tensor]                       # Tensors it used from outside
 
     def guards_hold(self, args: tuple) -> str | None:
         """None when this trace fits the world as it is now, else why not."""
-        for t, was_none in self.grad_guards:
+        for where, was_none in self.grad_guards:
+            t = args[where] if isinstance(where, int) else where
             if (t._grad is None) != was_none:
                 return f"the .grad of a {t.shape} Tensor was " \
                        f"{'None' if was_none else 'set'} when traced"
@@ -1076,7 +1116,7 @@ class _Concrete:
                 return (f"argument {index} is {'no longer' if same else 'now'} a Tensor "
                         "the function also uses from outside")
         if self.grads_read:   # no .grad it reads may be reachable under another name
-            grads = {id(t._grad) for t in self.grads_read}
+            grads = {id((args[t] if isinstance(t, int) else t)._grad) for t in self.grads_read}
             if any(id(x) in grads for x in [*args, *self.outside]):
                 return "a .grad the function reads is now also an argument or a Tensor " \
                        "it uses from outside"
@@ -1127,9 +1167,10 @@ class Function:
                 arg_slots.append((index, placeholder))
                 symbolic.append(value)
                 trace.arguments[id(arg)] = value
+                trace.argument_index[id(value)] = index
                 trace.real[id(value)] = arg
                 if isinstance(arg, Tensor) and arg.requires_grad and arg.is_leaf:
-                    trace.leaves[id(arg)] = arg   # backward in the trace reaches it
+                    trace.leaves[id(value)] = value   # backward in the trace reaches it
             else:
                 symbolic.append(arg)
         before, _mode.tracer = _mode.tracer, trace
@@ -1144,14 +1185,14 @@ class Function:
         outputs = _collect(result, fetches, trace.node_of)
         grad_writes = []
         for t, g in trace.grad_writes.values():
-            grad_writes.append((t, None if g is None else len(fetches)))
+            grad_writes.append((trace.resolve(t), None if g is None else len(fetches)))
             if g is not None:
                 fetches.append(trace.node_of(g))
         writes = []
         argument_of = {id(value): index for index, value in enumerate(symbolic)
                        if isinstance(value, Tensor)}
         for t, node in trace.writes.values():
-            target = _write_target(t, argument_of, args, trace.grad_owner)
+            target = _write_target(t, argument_of, args, trace)
             if target is not None:
                 writes.append((target, len(fetches)))
                 fetches.append(node)
@@ -1169,18 +1210,19 @@ class Function:
         values: list = []
         if concrete.program is not None:
             feeds = {p: _as_array(args[i]) for i, p in concrete.arg_slots}
-            feeds.update({c.placeholder: c.read() for c in concrete.captures})
+            feeds.update({c.placeholder: c.read(args) for c in concrete.captures})
             values = concrete.program.run(feeds, {})
+
+        def tensor(where: Tensor | int) -> Tensor:   # an argument's index, or a Tensor
+            return args[where] if isinstance(where, int) else where
+
         # In-place writes first: one into a .grad goes into the Tensor that was the
         # .grad when the call started, before the function's new .grads replace it.
         for target, slot in concrete.writes:
-            if isinstance(target, tuple):
-                t = target[1]._grad
-            else:
-                t = args[target] if isinstance(target, int) else target
+            t = tensor(target[1])._grad if isinstance(target, tuple) else tensor(target)
             t.data[...] = values[slot]
-        for t, slot in concrete.grad_writes:
-            t._grad = None if slot is None else Tensor(values[slot])
+        for where, slot in concrete.grad_writes:
+            tensor(where)._grad = None if slot is None else Tensor(values[slot])
         return _rebuild(concrete.outputs, values)
 
     def explain(self) -> str:
@@ -1279,7 +1321,7 @@ def _as_array(value: Any) -> np.ndarray:
 
 
 def _write_target(t: Tensor, argument_of: dict[int, int], args: tuple,
-                  grad_owner: dict[int, Tensor]) -> Any:
+                  trace: _Trace) -> Any:
     """Where a traced in-place write to `t` goes after each run: into `t` itself (a
     Tensor from outside), into the argument it stands for (its index: the caller's
     Tensor, as torch.compile writes back into mutated inputs), into the `.grad`
@@ -1288,8 +1330,8 @@ def _write_target(t: Tensor, argument_of: dict[int, int], args: tuple,
     value made inside the function: later reads in the trace already see it)."""
     if t.node is None:
         return t
-    if id(t) in grad_owner:
-        return ("grad", grad_owner[id(t)])
+    if id(t) in trace.grad_owner:
+        return ("grad", trace.resolve(trace.grad_owner[id(t)]))
     index = argument_of.get(id(t))
     if index is None:
         return None
