@@ -650,6 +650,61 @@ def test_an_arguments_grad_is_the_grad_of_each_calls_argument():
             E.tensor(np.array([1.0, 2.0], np.float32))).numpy()])
 
 
+def test_traced_backward_stops_where_eager_records_no_history():
+    # Regressions (fourth review): a backward in a trace reached through values made
+    # under no_grad, written with assign_, or copied (Tensor(x), x.detach()): eager
+    # records no history for them. They now stand behind tf.stop_gradient.
+    def made_without_grad(traced):
+        w = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+
+        def step(x):
+            with E.no_grad():
+                y = w * 2.0
+            frozen = E.tensor(np.zeros(3, np.float32))
+            frozen.assign_(w * 3.0)
+            loss = (y * w).sum() + (frozen * w).sum() + (w.detach() * w).sum()
+            loss.backward()
+            grad = w.grad * 1.0
+            w.grad = None
+            with E.no_grad():
+                w.sub_(x)
+            return grad, w.detach() * 1.0
+
+        f = E.function(step) if traced else step
+        x = E.tensor(np.ones(3, np.float32))
+        return [a.numpy() for call in range(2) for a in f(x)]
+
+    _eager_and_traced(made_without_grad)
+
+
+def test_a_tensor_reached_from_outside_and_passed_later_is_guarded():
+    # Regression (fourth review): w used from outside (w.grad, Tensor(w), w.detach())
+    # while also the first call's argument stayed bound to "argument 0" afterwards.
+    for body in (lambda w: lambda a: a * 1.0 + w.grad,
+                 lambda w: lambda a: a * 1.0 + E.Tensor(w),
+                 lambda w: lambda a: a * 1.0 + w.detach()):
+        def run(traced, body=body):
+            w = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+            v = E.tensor(np.array([10.0, 20.0, 30.0], np.float32), requires_grad=True)
+            w.grad, v.grad = E.tensor(np.ones(3, np.float32)), E.tensor(np.full(3, 5.0, np.float32))
+            f = E.function(body(w)) if traced else body(w)
+            return f(w).numpy(), f(v).numpy()
+
+        _eager_and_traced(run)
+
+
+def test_arguments_traces_cannot_follow_are_clear_errors():
+    w = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+
+    def backward_through(a):
+        (a * 3.0).sum().backward()
+
+    with pytest.raises(EagerError, match="a Tensor with a history outside it"):
+        E.function(backward_through)(w * 2.0)
+    w.grad = E.tensor(np.float32(2.0))          # a 0-d .grad: its own shape
+    assert E.function(lambda a: a * 1.0 + w.grad)(E.tensor(np.float32(1.0))).shape == ()
+
+
 def test_a_grad_reached_under_two_names_in_a_trace_is_a_clear_error():
     w = E.tensor(np.ones(3, np.float32), requires_grad=True)
     (w * 2.0).sum().backward()

@@ -459,7 +459,7 @@ def _one_op_cases():
     for a few): each op on its own, inputs broadcasting where it takes two."""
     rng = np.random.default_rng(6)
     unary = ["neg", "exp", "log", "sqrt", "tanh", "sigmoid", "gelu", "relu", "abs",
-             "sign", "zeros_like", "ones_like"]
+             "sign", "zeros_like", "ones_like", "stop_gradient"]
     binary = ["add", "sub", "mul", "div", "maximum", "minimum", "pow", "less",
               "less_equal", "greater", "greater_equal", "equal", "not_equal"]
     for dtype in (F32, F64, F16):

@@ -358,6 +358,8 @@ GRAD_CHECKED_ELSEWHERE = {
     # Collectives across ranks: the gradient of one rank's graph is another collective.
     "tp_copy": "test_tensor_parallel_f_and_g_gradients_are_the_backward_collectives",
     "tp_allreduce": "test_tensor_parallel_f_and_g_gradients_are_the_backward_collectives",
+    # Its gradient is zero by definition, not the identity's finite differences.
+    "stop_gradient": "test_stop_gradient_passes_the_value_and_no_gradient",
 }
 
 
@@ -914,6 +916,7 @@ FORWARD_CASES = [
     FwdCase("where", "broadcast", lambda c, a, b: tf.where(c, a, b),
             [A23 > 0, A23, B3], np.where),
     FwdCase("zeros_like", "", tf.zeros_like, [A23], np.zeros_like),
+    FwdCase("stop_gradient", "", tf.stop_gradient, [A23], lambda a: a),
     FwdCase("ones_like", "", tf.ones_like, [A23], np.ones_like),
     FwdCase("count_ratio", "", ops.count_ratio, [B3, A23], lambda y, x: np.float32(0.5)),
     FwdCase("matmul", "2-D", tf.matmul, [A23, A23.T.copy()], np.matmul, rtol=1e-5),
@@ -1333,3 +1336,13 @@ def test_reshape_copying_an_unknown_dim_still_resolves_minus_one():
     assert tf.reshape(y, (0, -1)).shape == (None, None)
     w = tf.matmul(tf.reshape(x, (0, -1)), tf.ones((4, 5)))
     assert w.shape == (None, 5)
+
+
+def test_stop_gradient_passes_the_value_and_no_gradient():
+    x = tf.placeholder(np.float32, (3,), name="x")
+    y = tf.stop_gradient(x * 2.0) * x + x
+    (gx,) = tf.gradients(tf.reduce_sum(y), [x])
+    xv = np.array([1.0, -2.0, 3.0], np.float32)
+    value, grad = tf.Session().run([y, gx], {x: xv})
+    np.testing.assert_array_equal(value, xv * 2.0 * xv + xv)
+    np.testing.assert_array_equal(grad, xv * 2.0 + 1.0)   # only the path outside it

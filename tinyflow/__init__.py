@@ -49,7 +49,7 @@ from tinyflow.shape_ops import pad
 from tinyflow.sublinear import checkpoint
 from tinyflow.ops import (abs, cast, constant, exp, greater, greater_equal, less, less_equal,
                           log, matmul, maximum, minimum, not_equal, ones_like, pow, sigmoid,
-                          sqrt, tanh, where, zeros_like)
+                          sqrt, stop_gradient, tanh, where, zeros_like)
 from tinyflow.shape_ops import (broadcast_to, concat, expand_dims, gather, reshape, squeeze,
                                 transpose)
 
@@ -70,7 +70,8 @@ __all__ = [
     "TinyFlowError", "abs", "broadcast_to", "cast", "concat", "constant", "exp",
     "expand_dims", "gather", "greater", "greater_equal", "less", "less_equal", "log",
     "matmul", "maximum", "minimum", "not_equal", "ones_like", "pow", "reshape",
-    "sigmoid", "sqrt", "squeeze", "tanh", "transpose", "where", "zeros_like",
+    "sigmoid", "sqrt", "squeeze", "stop_gradient", "tanh", "transpose", "where",
+    "zeros_like",
 ]
 
 debug.start_from_environment()

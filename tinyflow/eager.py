@@ -951,6 +951,10 @@ class _Trace:
         # is args[index].grad at each call (the trace-time argument gives shapes).
         self.argument_index: dict[int, int] = {}    # id(argument stand-in) -> index
         self.real: dict[int, Tensor] = {}           # id(stand-in) -> trace-time argument
+        # Nodes with no history in eager terms (made under no_grad, or written in
+        # place), and the stop_gradient put in front of each (see input_of).
+        self.no_history: dict[int, Node] = {}
+        self.stopped: dict[int, Node] = {}
 
     # -- values of the trace -----------------------------------------------------------
     def node_of(self, value: Any) -> Any:
@@ -973,32 +977,30 @@ class _Trace:
 
     def copy_of(self, value: Any, dtype: Any) -> Node:
         """The node of `Tensor(value, dtype=dtype)` made inside the trace, which has
-        no history: a constant; a Tensor from outside read afresh at each call on a
-        placeholder of its own (so no gradient flows back into it); or a value that
-        needs no gradient as the trace sees it. Copying one that does is an error:
-        TinyFlow has no op that stops a gradient."""
-        if isinstance(value, Tensor) and value.node is None:
-            value = self.arguments.get(id(value), value)
-        if not isinstance(value, Tensor):
-            node = ops.constant(np.asarray(value, dtype=dtype))
-        elif value.node is None and id(value) not in self.writes:
-            self.outside[id(value)] = value
-            node = self._capture(("copy", id(value)), value.shape, value.dtype,
-                                 lambda args, t=value: t.data, "a copy of a Tensor")
-        elif id(value) in self.argument_index and id(value) not in self.writes:
-            index = self.argument_index[id(value)]   # an argument: a placeholder of its own
-            node = self._capture(("copy", index), value.shape, value.dtype,
-                                 lambda args, i=index: _as_array(args[i]), "a copy of an argument")
-        elif not value.requires_grad:
-            node = self.node_of(value)
+        no history: a constant, or the Tensor's value as the trace sees it behind a
+        stop_gradient (cast to `dtype` when given)."""
+        if isinstance(value, Tensor):
+            node = ops.stop_gradient(self.node_of(value))
         else:
-            raise EagerError(f"at {user_source_line()} a traced function copies a Tensor "
-                             "that requires grad (Tensor(x), x.detach()) after computing "
-                             "or writing it: a trace cannot stop its gradient; copy it "
-                             "outside the function")
+            node = ops.constant(np.asarray(value, dtype=dtype))
         if dtype is not None and node.dtype != np.dtype(dtype):
             node = ops.cast(node, np.dtype(dtype))
         return node
+
+    def input_of(self, value: Any) -> Any:
+        """`value` as an input of an op recorded with grad enabled. A value made
+        under no_grad, or written in place into a Tensor that is not a leaf needing
+        grad, has no history in eager mode, so here it stands behind a stop_gradient:
+        a backward in the trace does not reach through it, as eager backward does not.
+        (A leaf that needs grad is a gradient target whatever was written into it.)"""
+        node = self.node_of(value)
+        if (not isinstance(value, Tensor) or id(node) not in self.no_history
+                or (value.requires_grad and value.is_leaf)):
+            return node
+        stopped = self.stopped.get(id(node))
+        if stopped is None:
+            stopped = self.stopped[id(node)] = ops.stop_gradient(node)
+        return stopped
 
     def grads_read(self) -> list[Tensor | int]:
         """The Tensors (or argument indices) whose .grad the trace read."""
@@ -1009,8 +1011,12 @@ class _Trace:
         argument's stand-in (an argument, also when reached from outside), or None
         for a value made inside the trace (its plain `_grad`)."""
         if t.node is None:
-            return self.arguments.get(id(t), t)
-        return t if id(t) in self.argument_index else None
+            if id(t) not in self.arguments:
+                return t
+            self.unified[id(t)] = t          # an argument, reached from outside
+            t = self.arguments[id(t)]
+        real = self.real.get(id(t))
+        return t if isinstance(real, Tensor) else None
 
     def _trace_time(self, key: Tensor) -> Tensor:
         """The eager Tensor behind a grad key, as it is at trace time."""
@@ -1027,7 +1033,9 @@ class _Trace:
         if id(t) in self.grad_writes:
             return self.grad_writes[id(t)][1]
         real, where = self._trace_time(t), self.resolve(t)
-        self.grad_guards.setdefault(id(t), (where, real._grad is None))
+        if not isinstance(where, int):
+            self.outside[id(t)] = t          # reached from outside through its .grad
+        self.grad_guards.setdefault(id(t), (where, _grad_layout(real)))
         if real._grad is None:
             return None
         stand_in = self.grad_reads.get(id(t))
@@ -1036,7 +1044,7 @@ class _Trace:
                 raise _grad_alias_error(real._grad)
             read = ((lambda args, i=where: args[i]._grad.data) if isinstance(where, int)
                     else (lambda args, t=t: t._grad.data))
-            node = self._capture(("grad", id(t)), real.shape, real._grad.dtype, read,
+            node = self._capture(("grad", id(t)), real._grad.shape, real._grad.dtype, read,
                                  "the .grad of a Tensor")
             stand_in = self.grad_reads[id(t)] = _wrap(None, None, node=node)
             self.grad_owner[id(stand_in)] = t
@@ -1052,8 +1060,13 @@ class _Trace:
 
     # -- what Tensor methods do while tracing ------------------------------------------
     def apply(self, op: str, inputs: Sequence[Any], attrs: dict, name: str | None) -> Tensor:
-        nodes = [self.node_of(i) for i in inputs]
+        if _mode.grad_enabled:
+            nodes = [self.input_of(i) for i in inputs]
+        else:
+            nodes = [self.node_of(i) for i in inputs]
         node = ops.make(op, *nodes, name=name, **attrs)
+        if not _mode.grad_enabled:
+            self.no_history[id(node)] = node
         out = _wrap(None, None, node=node)
         out.requires_grad = (_mode.grad_enabled and REGISTRY[op].differentiable and any(
             isinstance(i, Tensor) and i.requires_grad for i in inputs))
@@ -1072,10 +1085,18 @@ class _Trace:
         if t.node is None:
             self.outside[id(t)] = t
         self.writes[id(t)] = (t, node)
+        self.no_history[id(node)] = node
 
     def backward(self, root: Tensor, gradient: Any) -> None:
         if not root.requires_grad:
             raise EagerError("backward() on a Tensor that does not require grad")
+        for stand_in_id, real in self.real.items():
+            if isinstance(real, Tensor) and real.requires_grad and not real.is_leaf:
+                raise EagerError(
+                    f"backward() at {user_source_line()} in a traced function given "
+                    f"argument {self.argument_index[stand_in_id]}, a Tensor with a history "
+                    "outside it: the trace cannot reach back through that history; pass "
+                    "a leaf (x.detach().requires_grad_()) or call the function eagerly")
         targets = list(self.leaves.values())
         seeds = None if gradient is None else [self.node_of(gradient)]
         from tinyflow.autodiff import gradients
@@ -1098,7 +1119,7 @@ class _Concrete:
     outputs: Any                               # the result's structure, fetch indices
     grad_writes: list[tuple[Tensor | int, int | None]]   # (Tensor or argument, fetch)
     writes: list[tuple[Any, int]]     # (Tensor, argument index or ("grad", owner); fetch)
-    grad_guards: list[tuple[Tensor | int, bool]]   # (Tensor or argument, .grad was None)
+    grad_guards: list[tuple[Tensor | int, Any]]   # (Tensor or argument, its .grad's layout)
     nodes: int
     identities: list[tuple[int, Tensor, bool]]  # (argument, Tensor from outside, same?)
     grads_read: list[Tensor | int]              # Tensors (arguments) whose .grad it read
@@ -1106,11 +1127,11 @@ class _Concrete:
 
     def guards_hold(self, args: tuple) -> str | None:
         """None when this trace fits the world as it is now, else why not."""
-        for where, was_none in self.grad_guards:
+        for where, layout in self.grad_guards:
             t = args[where] if isinstance(where, int) else where
-            if (t._grad is None) != was_none:
+            if _grad_layout(t) != layout:
                 return f"the .grad of a {t.shape} Tensor was " \
-                       f"{'None' if was_none else 'set'} when traced"
+                       f"{'None' if layout is None else layout} when traced"
         for index, t, same in self.identities:
             if (args[index] is t) != same:
                 return (f"argument {index} is {'no longer' if same else 'now'} a Tensor "
@@ -1244,6 +1265,11 @@ def function(fn: Callable | None = None, **compile_options: Any) -> Any:
     return Function(fn, **compile_options)
 
 
+def _grad_layout(t: Tensor) -> tuple | None:
+    """What the guard remembers of t.grad: None, or its shape and dtype."""
+    return None if t._grad is None else (t._grad.shape, t._grad.dtype)
+
+
 def _grad_alias_error(t: Tensor) -> EagerError:
     return EagerError(
         f"at {user_source_line()} a traced function reaches the .grad of a Tensor both "
@@ -1279,7 +1305,7 @@ def _identities(args: tuple, trace: _Trace) -> list[tuple[int, Tensor, bool]]:
 
 def _signature(arg: Any) -> tuple:
     if isinstance(arg, Tensor):
-        return ("tensor", arg.shape, arg.dtype.str, arg.requires_grad)
+        return ("tensor", arg.shape, arg.dtype.str, arg.requires_grad, arg.is_leaf)
     if isinstance(arg, np.ndarray):
         return ("array", arg.shape, arg.dtype.str, False)
     try:

@@ -255,6 +255,7 @@ TEMPLATES: dict[str, Template] = {
     "cast": Template("own", lambda e, a: f"({c_type(e.dtype)}){a}"),
     "zeros_like": Template("none", lambda e, a: e.lit(0)),
     "ones_like": Template("none", lambda e, a: e.lit(1)),
+    "stop_gradient": Template("own", lambda e, a: a),
 }
 
 

@@ -736,6 +736,20 @@ register(OpDef("ones_like", _ones_like_compute, infer_same, zero_gradient,
                elementwise=True, doc="ones of x's shape and dtype"))
 
 
+def _identity_compute(xp, x, out=None):
+    if out is None:
+        return x.copy()
+    out[...] = x
+    return out
+
+
+# tf.stop_gradient: x's value, with no gradient flowing back through it. A trace of
+# eager code (eager.py) puts it where eager mode records nothing on its tape: values
+# made under no_grad, written in place, or copied (Tensor(x), x.detach()).
+register(OpDef("stop_gradient", _identity_compute, infer_same, zero_gradient,
+               elementwise=True, doc="x, with no gradient flowing back through it"))
+
+
 # ----------------------------------------------------------------------------------
 # Matrix multiply
 # ----------------------------------------------------------------------------------
@@ -939,6 +953,7 @@ def equal(a: Operand, b: Operand) -> Node: return make("equal", a, b)
 def not_equal(a: Operand, b: Operand) -> Node: return make("not_equal", a, b)
 def zeros_like(x: Operand) -> Node: return make("zeros_like", x)
 def ones_like(x: Operand) -> Node: return make("ones_like", x)
+def stop_gradient(x: Operand) -> Node: return make("stop_gradient", x)
 def where(cond: Operand, a: Operand, b: Operand) -> Node: return make("where", cond, a, b)
 
 
