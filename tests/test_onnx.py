@@ -543,3 +543,13 @@ def test_malformed_node_is_an_onnx_error_naming_it():
                               [_init("w", np.ones((4, 2)), np.float32)])
     with pytest.raises(onnx_io.OnnxError, match="MatMul node 'bad_matmul'.*inner dimensions"):
         onnx_io.load(helper.make_model(graph))
+
+
+def test_stop_gradient_exports_as_identity(tmp_path):
+    x = tf.placeholder(np.float32, (2, 3), name="x")
+    y = tf.stop_gradient(x * 2.0) + 1.0
+    path = tmp_path / "stop.onnx"
+    onnx_io.export(y, {x: (2, 3)}, path, passes=[])
+    assert "Identity" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    got = ort.InferenceSession(str(path)).run(None, {"x": np.ones((2, 3), np.float32)})[0]
+    np.testing.assert_array_equal(got, np.full((2, 3), 3.0, np.float32))

@@ -842,6 +842,8 @@ EXPORTERS: dict[str, Callable[[_Writer, Node, list[str], str], str]] = {
     "expand_dims": _ex_expand_dims, "squeeze": _ex_squeeze, "concat": _ex_concat,
     "getitem": _ex_getitem, "gather": _ex_gather, "cast": _ex_cast,
     "constant": _ex_constant, "softmax_cross_entropy": _ex_xent,
+    # (inference has no gradients to stop: the value is all there is)
+    "stop_gradient": lambda w, n, ins, out: w.emit("Identity", ins, out, n),
 }
 
 
