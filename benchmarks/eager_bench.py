@@ -7,7 +7,7 @@
     dispatching one op in Python (TinyFlow: registry lookup, shape rule, allocator,
     kernel into `out`) against PyTorch's C++ dispatcher.
 ``traced_vs_eager_small_ops``
-    The same chain decorated with ``eager.function``: one compiled Program (fused
+    The same chain decorated with ``tf.function``: one compiled Program (fused
     into a few kernels) per call, divided by the eager chain. What tracing buys.
 ``eager_mlp_step_vs_torch``
     One SGD training step of the 784-1024-1024-10 MLP, batch 512 (core_bench's
@@ -33,6 +33,7 @@ import numpy as np
 
 import tinyflow as tf
 from tinyflow import eager as E
+from tinyflow import tracing
 
 from core_bench import (FULL_MLP, QUICK_MLP, LEARNING_RATE, TorchStep, bench_threads,
                         check_same_step, limit_threads, make_problem, paired_ratio,
@@ -64,7 +65,7 @@ def _torch_chain(torch: Any, length: int, x: Any) -> Any:
 def chain_figures(length: int, rounds: int) -> list[dict]:
     x = E.tensor(np.full((1,), 0.25, np.float32))
     eager_run = lambda: _eager_chain(length, x)  # noqa: E731
-    traced = E.function(lambda v: _eager_chain(length, v))
+    traced = tf.function(lambda v: _eager_chain(length, v))
     traced_run = lambda: traced(x)  # noqa: E731
     steps = {"eager": eager_run, "traced": traced_run}
     want = eager_run().numpy()
@@ -95,7 +96,7 @@ def chain_figures(length: int, rounds: int) -> list[dict]:
                              f"{torch_us:.2f} us/op (no autograd on either)"})
     rows.append({"name": "traced_vs_eager_small_ops", "goal": "<= 0.33", "unit": "x",
                  "value": paired_ratio(times["traced"], times["eager"]),
-                 "note": f"the same chain through eager.function: "
+                 "note": f"the same chain through tf.function: "
                          f"{1e6 * statistics.median(times['traced']) / length:.2f} us/op "
                          f"traced vs {eager_us:.2f} eager"})
     return rows
@@ -199,7 +200,7 @@ def allocator_figures(quick: bool) -> list[dict]:
         model, batch = build(quick)
         params = getattr(model, "eager_parameters", None) or [
             t for t in _closure_params(model)]
-        report = E.memory_comparison(_sgd_step(model, E.SGD(params, lr=0.01)), *batch)
+        report = tracing.memory_comparison(_sgd_step(model, E.SGD(params, lr=0.01)), *batch)
         mib = lambda b: b / 2**20  # noqa: E731
         rows.append({"name": f"allocator_reserved_over_arena_{name}", "goal": "<= 10",
                      "unit": "x", "value": report["caching_reserved"] / report["static_arena"],

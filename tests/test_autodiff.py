@@ -160,7 +160,7 @@ def test_no_gradient_flows_through_a_boolean_mask():
 
     with np.errstate(invalid="ignore"):
         eager = step().numpy()
-        traced = E.function(step)().numpy()
+        traced = tf.function(step)().numpy()
     np.testing.assert_array_equal(got, [1.0, 1.0, 1.0, 1.0, 1.0])
     np.testing.assert_array_equal(eager.view(np.uint64), got.view(np.uint64))
     np.testing.assert_array_equal(traced.view(np.uint64), got.view(np.uint64))

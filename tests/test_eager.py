@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import tinyflow as tf
 from tinyflow import eager as E
+from tinyflow import tracing
 from tinyflow.allocator import Block
 from tinyflow.eager import CachingAllocator, EagerError, GraphBreak, Tensor
 
@@ -220,7 +221,7 @@ def test_a_scaled_update_takes_only_a_slice_of_scratch_and_works_traced(tmp_path
     assert node["op"] == "sub" and node["attrs"] == {"in_place": True, "alpha": 0.1}
     assert [t["kind"] for t in record["memory_plan"]["tensors"]] == ["scratch"]
 
-    @E.function
+    @tracing.function
     def step(w, grad):
         with E.no_grad():
             w.sub_(grad, alpha=0.1)
@@ -295,7 +296,7 @@ def test_a_symbolic_tensor_used_outside_its_trace_is_a_clear_error():
     # attribute 'shape'").
     kept = []
 
-    @E.function
+    @tracing.function
     def double(x):
         y = x * 2.0
         kept.append(y)
@@ -405,7 +406,7 @@ def test_traced_step_equals_eager_step_bitwise(kind):
             loss.backward()
             opt.step()
             return loss
-        step = E.function(step) if traced else step
+        step = tracing.function(step) if traced else step
         rng = np.random.default_rng(0)
         losses = [step(*_data(kind, rng)).numpy() for _ in range(3)]
         return losses, [p.numpy() for p in params], [p.grad.numpy() for p in params], step
@@ -424,7 +425,7 @@ def test_traced_step_equals_eager_step_bitwise(kind):
 def test_retrace_on_new_shapes_is_counted_and_explained():
     w = E.tensor(np.ones((3, 2)), requires_grad=True)
 
-    @E.function
+    @tracing.function
     def forward(x):
         return tf.reduce_sum(x @ w)
 
@@ -444,7 +445,7 @@ def test_a_python_float_argument_retraces_on_its_sign_and_not_on_each_nan():
     def scale(x, factor):
         return x * factor
 
-    traced = E.function(scale)
+    traced = tracing.function(scale)
     x = E.tensor(np.array([1.0, -2.0], np.float32))
     for factor in [0.0, -0.0, float("nan"), float("nan"), 0.0, (0.5, -0.0)[1],
                    -float("nan")]:
@@ -456,7 +457,7 @@ def test_a_python_float_argument_retraces_on_its_sign_and_not_on_each_nan():
 
 
 def test_graph_break_names_the_line():
-    @E.function
+    @tracing.function
     def relu_if_positive(x):
         if x.sum() > 0:  # Python control flow on a tensor value
             return x
@@ -482,7 +483,7 @@ def test_traced_in_place_writes_to_arguments_and_inner_values_match_eager():
     grad = E.tensor(np.full((4, 3), 0.25, np.float32))
     eager_w, traced_w = E.tensor(start), E.tensor(start)
     want = step(eager_w, grad)
-    traced = E.function(step)
+    traced = tracing.function(step)
     got = traced(traced_w, grad)
     for a, b in [(want[0], got[0]), (want[1], got[1]), (eager_w, traced_w)]:
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -490,7 +491,7 @@ def test_traced_in_place_writes_to_arguments_and_inner_values_match_eager():
     step(eager_w, grad)
     np.testing.assert_array_equal(eager_w.numpy(), traced_w.numpy())
     with pytest.raises(EagerError, match="argument 0, a numpy array"):
-        E.function(step)(start.copy(), grad)
+        tracing.function(step)(start.copy(), grad)
 
 
 def test_a_traced_in_place_write_into_a_grad_from_outside_is_kept():
@@ -507,7 +508,7 @@ def test_a_traced_in_place_write_into_a_grad_from_outside_is_kept():
             opt.step()
             return w.grad * 1.0
 
-        step = E.function(scale_and_step) if traced else scale_and_step
+        step = tracing.function(scale_and_step) if traced else scale_and_step
         (w * E.tensor(np.array([1.0, 2.0, 3.0], np.float32))).sum().backward()
         seen = step()
         return w.numpy(), w.grad.numpy(), seen.numpy()
@@ -525,7 +526,7 @@ def test_traced_writes_through_aliases_match_eager_and_retrace_when_aliasing_cha
             a.add_(1.0)
         return b * 1.0
 
-    traced = E.function(through)
+    traced = tracing.function(through)
     x, y = E.tensor(np.zeros(3, np.float32)), E.tensor(np.zeros(3, np.float32))
     np.testing.assert_array_equal(traced(x, x).numpy(), np.ones(3))      # eager: 1
     np.testing.assert_array_equal(traced(x, y).numpy(), np.zeros(3))     # distinct
@@ -539,7 +540,7 @@ def test_traced_writes_through_aliases_match_eager_and_retrace_when_aliasing_cha
             a.add_(1.0)
         return outside * 1.0
 
-    traced = E.function(reaches_out)
+    traced = tracing.function(reaches_out)
     np.testing.assert_array_equal(traced(outside).numpy(), np.ones(3))
     other = E.tensor(np.zeros(3, np.float32))
     np.testing.assert_array_equal(traced(other).numpy(), np.ones(3))     # outside: 1
@@ -573,7 +574,7 @@ def test_traced_gradients_and_grad_edits_follow_eager_semantics():
                 old.mul_(0.0)           # the old gradient, no longer w.grad
             opt.step()
 
-        (E.function(step) if traced else step)(x)
+        (tracing.function(step) if traced else step)(x)
         return w.numpy(), w.grad.numpy()
 
     def argument_leaf(traced):
@@ -586,7 +587,7 @@ def test_traced_gradients_and_grad_edits_follow_eager_semantics():
             opt.step()
             return p.grad * 1.0
 
-        f = E.function(step) if traced else step
+        f = tracing.function(step) if traced else step
         x = E.tensor(np.array([3., -3.], np.float32))
         return f(w, x).numpy(), f(w, x).numpy(), w.numpy()
 
@@ -600,7 +601,7 @@ def test_traced_gradients_and_grad_edits_follow_eager_semantics():
                 for p in (a, b):
                     p.grad.mul_(0.5)
 
-        (E.function(halve) if traced else halve)()
+        (tracing.function(halve) if traced else halve)()
         return a.grad.numpy(), b.grad.numpy()
 
     for run in (stale, argument_leaf, shared):
@@ -616,7 +617,7 @@ def test_an_arguments_grad_is_the_grad_of_each_calls_argument():
         with E.no_grad():
             p.sub_(p.grad * 0.1)
 
-    traced = E.function(update)
+    traced = tracing.function(update)
     b1, b2 = (E.tensor(np.zeros(3, np.float32), requires_grad=True) for _ in range(2))
     b1.grad, b2.grad = E.tensor(np.ones(3, np.float32)), E.tensor(np.full(3, 5.0, np.float32))
     traced(b1)
@@ -630,7 +631,7 @@ def test_an_arguments_grad_is_the_grad_of_each_calls_argument():
         (x * w).sum().backward()
         return x.grad * 1.0
 
-    traced = E.function(input_gradient)
+    traced = tracing.function(input_gradient)
     for _ in range(3):
         x = E.tensor(np.ones(3, np.float32), requires_grad=True)
         np.testing.assert_array_equal(traced(x).numpy(), w.numpy())
@@ -645,7 +646,7 @@ def test_an_arguments_grad_is_the_grad_of_each_calls_argument():
         return grad
 
     _eager_and_traced(lambda traced: [
-        (E.function(copy_then_backward) if traced else copy_then_backward)(
+        (tracing.function(copy_then_backward) if traced else copy_then_backward)(
             E.tensor(np.array([1.0, 2.0], np.float32), requires_grad=True),
             E.tensor(np.array([1.0, 2.0], np.float32))).numpy()])
 
@@ -670,7 +671,7 @@ def test_traced_backward_stops_where_eager_records_no_history():
                 w.sub_(x)
             return grad, w.detach() * 1.0
 
-        f = E.function(step) if traced else step
+        f = tracing.function(step) if traced else step
         x = E.tensor(np.ones(3, np.float32))
         return [a.numpy() for call in range(2) for a in f(x)]
 
@@ -687,7 +688,7 @@ def test_a_tensor_reached_from_outside_and_passed_later_is_guarded():
             w = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
             v = E.tensor(np.array([10.0, 20.0, 30.0], np.float32), requires_grad=True)
             w.grad, v.grad = E.tensor(np.ones(3, np.float32)), E.tensor(np.full(3, 5.0, np.float32))
-            f = E.function(body(w)) if traced else body(w)
+            f = tracing.function(body(w)) if traced else body(w)
             return f(w).numpy(), f(v).numpy()
 
         _eager_and_traced(run)
@@ -700,9 +701,9 @@ def test_arguments_traces_cannot_follow_are_clear_errors():
         (a * 3.0).sum().backward()
 
     with pytest.raises(EagerError, match="a Tensor with a history outside it"):
-        E.function(backward_through)(w * 2.0)
+        tracing.function(backward_through)(w * 2.0)
     w.grad = E.tensor(np.float32(2.0))          # a 0-d .grad: its own shape
-    assert E.function(lambda a: a * 1.0 + w.grad)(E.tensor(np.float32(1.0))).shape == ()
+    assert tracing.function(lambda a: a * 1.0 + w.grad)(E.tensor(np.float32(1.0))).shape == ()
 
 
 def test_a_grad_reached_under_two_names_in_a_trace_is_a_clear_error():
@@ -715,7 +716,7 @@ def test_a_grad_reached_under_two_names_in_a_trace_is_a_clear_error():
         return w.grad * 1.0
 
     with pytest.raises(EagerError, match="reaches the .grad of a Tensor both"):
-        E.function(step)(w.grad)
+        tracing.function(step)(w.grad)
 
 
 def test_a_tensor_made_inside_a_traced_function_starts_afresh_each_call():
@@ -727,7 +728,7 @@ def test_a_tensor_made_inside_a_traced_function_starts_afresh_each_call():
             acc.add_(a)
         return acc * 1.0
 
-    traced = E.function(accumulate)
+    traced = tracing.function(accumulate)
     x = E.tensor(np.ones(3, np.float32))
     assert [traced(x).numpy().tolist() for _ in range(3)] == [[1.0, 1.0, 1.0]] * 3
 
@@ -755,7 +756,7 @@ def test_scaled_updates_by_lists_and_under_warnings_as_errors(monkeypatch):
 def test_traced_function_sees_new_parameter_values():
     """Captured Tensors are fed on every call, not baked in as constants."""
     w = E.tensor(np.array([2.0]))
-    double = E.function(lambda x: x * w)
+    double = tracing.function(lambda x: x * w)
     assert double(E.tensor(np.array([3.0]))).item() == 6.0
     with E.no_grad():
         w.assign_(np.array([5.0]))

@@ -40,7 +40,7 @@ from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float
                           reduce_mean, reduce_sum, set_random_seed, trainable_variables,
                           zeros)
 from tinyflow.executor import Program, Session, compile
-from tinyflow.eager import function  # tf.function: trace eager code into a graph
+from tinyflow.tracing import function  # tf.function: trace eager code into a graph
 from tinyflow.passes import explain as explain  # tf.explain(program): what the passes did
 from tinyflow.errors import ArgumentError
 from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError

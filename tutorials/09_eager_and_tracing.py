@@ -11,7 +11,7 @@
 #
 # 1. run ops eagerly on `Tensor`s and differentiate them with a tape;
 # 2. see why `y.backward()` twice needs `retain_graph=True`, and that it accumulates;
-# 3. train the same MLP eagerly and then *traced* into a graph (`eager.function`),
+# 3. train the same MLP eagerly and then *traced* into a graph (`tf.function`),
 #    get bitwise-equal numbers, and see what tracing buys;
 # 4. meet a *graph break*: Python control flow on a value the graph has not computed;
 # 5. put three memory strategies side by side for one training step: the static
@@ -19,8 +19,8 @@
 #
 # **Read along:** `tinyflow/eager.py`: the module docstring, `apply` (one op, at
 # once), `backward` and `_input_grads` (the gradient rules of lesson 2, interpreted
-# on values), `Function` (tracing and its guard); `tinyflow/allocator.py`:
-# `CachingAllocator` (`malloc`, `free`, `_split`, `_merge`).
+# on values); `tinyflow/tracing.py`: `Function` (tracing and its guard);
+# `tinyflow/allocator.py`: `CachingAllocator` (`malloc`, `free`, `_split`, `_merge`).
 
 # %%
 import time
@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 import tinyflow as tf
-from tinyflow import eager
+from tinyflow import eager, tracing
 
 # %% [markdown]
 # ## 1. Ops that run at once
@@ -92,7 +92,7 @@ assert a.grad.item() == 27.0
 #
 # `eager.to_eager` gives a `tf.nn` model eager parameters (the values its
 # initializers give), so the same layer code runs eagerly. The optimizers follow
-# PyTorch: `zero_grad`, `backward`, `step`. Then `eager.function` traces the very
+# PyTorch: `zero_grad`, `backward`, `step`. Then `tf.function` traces the very
 # same step function into a graph: it runs once on *symbolic* Tensors that build
 # Nodes, including the backward pass (`tf.gradients`) and the optimizer's in-place
 # updates (which become outputs written back after each run), and compiles it
@@ -134,7 +134,7 @@ def make_step():
 
 
 eager_losses, eager_seconds = train(make_step())
-traced_step = eager.function(make_step())
+traced_step = tf.function(make_step())
 traced_losses, traced_seconds = train(traced_step)
 print(f"eager : loss {eager_losses[0]:.4f} -> {eager_losses[-1]:.4f} in {eager_seconds:.3f} s")
 print(f"traced: loss {traced_losses[0]:.4f} -> {traced_losses[-1]:.4f} in {traced_seconds:.3f} s")
@@ -164,7 +164,7 @@ assert len(traced_step.traces) == 2
 
 
 # %%
-@eager.function
+@tf.function
 def clipped(x):
     if x.sum() > 1.0:
         return x / x.sum()
@@ -177,7 +177,7 @@ except eager.GraphBreak as err:
     print(err)
 
 
-@eager.function
+@tf.function
 def clipped_in_graph(x):
     total = tf.reduce_sum(x)
     return tf.where(total > 1.0, x / total, x)
@@ -211,7 +211,7 @@ def sgd_step(x, y):
     return loss
 
 
-report = eager.memory_comparison(sgd_step, eager.tensor(images[:256], dtype=np.float64),
+report = tracing.memory_comparison(sgd_step, eager.tensor(images[:256], dtype=np.float64),
                                  eager.tensor(labels[:256]))
 kib = lambda n: f"{n / 1024:8.1f} KiB"  # noqa: E731
 print("static plan arena      ", kib(report["static_arena"]),
@@ -262,7 +262,7 @@ print("why is the first block here?", plan["tensors"][0]["reason"])
 # the caching allocator's reservation stays put while the plan shrinks.)
 
 # %%
-small = eager.memory_comparison(sgd_step, eager.tensor(images[:16], dtype=np.float64),
+small = tracing.memory_comparison(sgd_step, eager.tensor(images[:16], dtype=np.float64),
                                 eager.tensor(labels[:16]))
 print("batch 16: static", kib(small["static_arena"]), " caching reserved",
       kib(small["caching_reserved"]))

@@ -25,7 +25,7 @@ import numpy as np
 
 import tinyflow as tf
 from tinyflow.cli import positive_int, writable_file
-from tinyflow import eager
+from tinyflow import eager, tracing
 from tinyflow.data import load_digits, minibatches
 
 
@@ -79,7 +79,7 @@ def static_plan_bytes(hidden: int, x: np.ndarray, y: np.ndarray) -> int:
     try:
         model = eager.to_eager(tf.nn.MLP([64, hidden, hidden, 10]))
         step = make_train_step(model, eager.Adam(eager.parameters(model)))
-        comparison = eager.memory_comparison(step, eager.tensor(x), eager.tensor(y))
+        comparison = tracing.memory_comparison(step, eager.tensor(x), eager.tensor(y))
     finally:
         eager.set_allocator(previous)
     return comparison["static_arena"]

@@ -1,0 +1,561 @@
+"""Tracing: a Python function of eager Tensors recorded into a Graph, compiled with
+the ordinary passes, planner and executor, and replayed (tf.function, torch.compile).
+
+`function` runs the Python function once on *symbolic* Tensors (eager.py's Tensor
+with a graph Node instead of an array), whose ops build Nodes instead of computing,
+compiles the Graph, and replays it for later calls whose inputs have the same shapes
+and dtypes (the guard). Parameters the function reads (Tensors from outside) become
+inputs fed on every call; in-place updates (``assign_``, optimizers) and ``.grad``
+writes become outputs written back after the run (functionalization, as
+torch.compile does). Asking a symbolic Tensor for its value (``if loss > 0``,
+``.item()``) is a *graph break*: an error naming the line. Where eager mode records
+no history (values made under ``no_grad``, written in place, copied), the trace puts
+a ``stop_gradient``, so a backward inside the function stops where eager's does.
+
+`memory_comparison` runs one step both ways and puts the static plan beside the
+caching allocator and plain malloc (lesson 9).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tinyflow import api, ops, shape_ops
+from tinyflow.allocator import CachingAllocator
+from tinyflow.eager import (EagerError, GraphBreak, Tensor, _mode, _wrap, set_allocator)
+from tinyflow.graph import Node, user_source_line
+from tinyflow.ops import REGISTRY
+
+
+# ----------------------------------------------------------------------------------
+# Tracing: record a Python function of Tensors into a Graph, compile it, replay it
+# ----------------------------------------------------------------------------------
+
+@dataclass
+class _Capture:
+    """A value from outside the traced function, fed on every call."""
+
+    placeholder: Node
+    read: Callable[[tuple], np.ndarray]   # its value in a call with these arguments
+    what: str
+
+
+class _Trace:
+    """What one trace collects while the function runs on symbolic Tensors."""
+
+    def __init__(self) -> None:
+        self.captures: dict[tuple, _Capture] = {}
+        self.writes: dict[int, tuple[Tensor, Node]] = {}        # in-place writes
+        self.grad_writes: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self.grad_guards: dict[int, tuple[Tensor, bool]] = {}   # (t, t.grad is None)
+        self.leaves: dict[int, Tensor] = {}                     # requires_grad leaves seen
+        self.breaks: list[str] = []
+        # Aliases the trace must follow: a Tensor passed as an argument and also used
+        # from outside is its argument's stand-in; a `.grad` read has one stand-in,
+        # and a write into it goes into the Tensor that was that .grad when the call
+        # started (see _write_target); a .grad reached under another name as well is
+        # an error (_grad_alias_error).
+        self.arguments: dict[int, Tensor] = {}      # id(argument) -> its stand-in
+        self.outside: dict[int, Tensor] = {}        # Tensors used from outside
+        self.unified: dict[int, Tensor] = {}        # arguments also used from outside
+        self.grad_reads: dict[int, Tensor] = {}     # id(t) -> stand-in of t.grad
+        self.grad_owner: dict[int, Tensor] = {}     # id(stand-in) -> t
+        # An argument's stand-in keys its .grad; the .grad read, written and guarded
+        # is args[index].grad at each call (the trace-time argument gives shapes).
+        self.argument_index: dict[int, int] = {}    # id(argument stand-in) -> index
+        self.real: dict[int, Tensor] = {}           # id(stand-in) -> trace-time argument
+        # Nodes with no history in eager terms (made under no_grad, or written in
+        # place), and the stop_gradient put in front of each (see input_of).
+        self.no_history: dict[int, Node] = {}
+        self.stopped: dict[int, Node] = {}
+
+    # -- values of the trace -----------------------------------------------------------
+    def node_of(self, value: Any) -> Any:
+        if not isinstance(value, Tensor):
+            return value                     # a literal: `make` types it as usual
+        if id(value) in self.writes:         # read after an in-place write
+            return self.writes[id(value)][1]
+        if value.node is not None:
+            return value.node
+        if id(value) in self.arguments:      # an argument, used from outside too
+            self.unified[id(value)] = value
+            return self.node_of(self.arguments[id(value)])
+        if any(self._trace_time(owner)._grad is value for owner in self.grad_owner.values()):
+            raise _grad_alias_error(value)
+        if value.requires_grad and value.is_leaf:
+            self.leaves[id(value)] = value
+        self.outside[id(value)] = value
+        return self._capture(("tensor", id(value)), value.shape, value.dtype,
+                             lambda args, t=value: t.data, "a Tensor from outside")
+
+    def copy_of(self, value: Any, dtype: Any) -> Node:
+        """The node of `Tensor(value, dtype=dtype)` made inside the trace, which has
+        no history: a constant, or the Tensor's value as the trace sees it behind a
+        stop_gradient (cast to `dtype` when given)."""
+        if isinstance(value, Tensor):
+            node = ops.stop_gradient(self.node_of(value))
+        else:
+            node = ops.constant(np.asarray(value, dtype=dtype))
+        if dtype is not None and node.dtype != np.dtype(dtype):
+            node = ops.cast(node, np.dtype(dtype))
+        return node
+
+    def input_of(self, value: Any) -> Any:
+        """`value` as an input of an op recorded with grad enabled. A value made
+        under no_grad, or written in place into a Tensor that is not a leaf needing
+        grad, has no history in eager mode, so here it stands behind a stop_gradient:
+        a backward in the trace does not reach through it, as eager backward does not.
+        (A leaf that needs grad is a gradient target whatever was written into it.)"""
+        node = self.node_of(value)
+        if (not isinstance(value, Tensor) or id(node) not in self.no_history
+                or (value.requires_grad and value.is_leaf)):
+            return node
+        stopped = self.stopped.get(id(node))
+        if stopped is None:
+            stopped = self.stopped[id(node)] = ops.stop_gradient(node)
+        return stopped
+
+    def grads_read(self) -> list[Tensor | int]:
+        """The Tensors (or argument indices) whose .grad the trace read."""
+        return [self.resolve(t) for t in self.grad_owner.values()]
+
+    def grad_key(self, t: Tensor) -> Tensor | None:
+        """The Tensor that `t.grad` is keyed by in the trace: `t` (from outside), its
+        argument's stand-in (an argument, also when reached from outside), or None
+        for a value made inside the trace (its plain `_grad`)."""
+        if t.node is None:
+            if id(t) not in self.arguments:
+                return t
+            self.unified[id(t)] = t          # an argument, reached from outside
+            t = self.arguments[id(t)]
+        real = self.real.get(id(t))
+        return t if isinstance(real, Tensor) else None
+
+    def _trace_time(self, key: Tensor) -> Tensor:
+        """The eager Tensor behind a grad key, as it is at trace time."""
+        return self.real.get(id(key), key)
+
+    def resolve(self, key: Tensor) -> Tensor | int:
+        """A grad key as a run finds it: an argument's index, or the Tensor."""
+        return self.argument_index.get(id(key), key)
+
+    def grad_of(self, t: Tensor) -> Tensor | None:
+        """`t.grad` as seen inside the trace (t is a grad key, see `grad_key`): the
+        pending gradient, or the current `.grad` fed at each call (the guard
+        remembers whether it was None)."""
+        if id(t) in self.grad_writes:
+            return self.grad_writes[id(t)][1]
+        real, where = self._trace_time(t), self.resolve(t)
+        if not isinstance(where, int):
+            self.outside[id(t)] = t          # reached from outside through its .grad
+        self.grad_guards.setdefault(id(t), (where, _grad_layout(real)))
+        if real._grad is None:
+            return None
+        stand_in = self.grad_reads.get(id(t))
+        if stand_in is None:
+            if id(real._grad) in self.arguments or id(real._grad) in self.outside:
+                raise _grad_alias_error(real._grad)
+            read = ((lambda args, i=where: args[i]._grad.data) if isinstance(where, int)
+                    else (lambda args, t=t: t._grad.data))
+            node = self._capture(("grad", id(t)), real._grad.shape, real._grad.dtype, read,
+                                 "the .grad of a Tensor")
+            stand_in = self.grad_reads[id(t)] = _wrap(None, None, node=node)
+            self.grad_owner[id(stand_in)] = t
+        return stand_in
+
+    def _capture(self, key: tuple, shape: tuple, dtype: Any, read: Callable,
+                 what: str) -> Node:
+        capture = self.captures.get(key)
+        if capture is None:
+            placeholder = api.placeholder(dtype, shape, name=f"captured_{len(self.captures)}")
+            capture = self.captures[key] = _Capture(placeholder, read, what)
+        return capture.placeholder
+
+    # -- what Tensor methods do while tracing ------------------------------------------
+    def apply(self, op: str, inputs: Sequence[Any], attrs: dict, name: str | None) -> Tensor:
+        if _mode.grad_enabled:
+            nodes = [self.input_of(i) for i in inputs]
+        else:
+            nodes = [self.node_of(i) for i in inputs]
+        node = ops.make(op, *nodes, name=name, **attrs)
+        if not _mode.grad_enabled:
+            self.no_history[id(node)] = node
+        out = _wrap(None, None, node=node)
+        out.requires_grad = (_mode.grad_enabled and REGISTRY[op].differentiable and any(
+            isinstance(i, Tensor) and i.requires_grad for i in inputs))
+        return out
+
+    def write(self, t: Tensor, value: Any) -> None:
+        node = self.node_of(value) if isinstance(value, Tensor) else ops.constant(
+            np.asarray(value, t.dtype))
+        if node.dtype != t.dtype:
+            node = ops.cast(node, t.dtype)
+        if node.shape != t.shape:
+            node = shape_ops.broadcast_to(node, t.shape)
+        if t.node is None and id(t) in self.arguments:   # an argument: its stand-in
+            self.unified[id(t)] = t
+            t = self.arguments[id(t)]
+        if t.node is None:
+            self.outside[id(t)] = t
+        self.writes[id(t)] = (t, node)
+        self.no_history[id(node)] = node
+
+    def backward(self, root: Tensor, gradient: Any) -> None:
+        if not root.requires_grad:
+            raise EagerError("backward() on a Tensor that does not require grad")
+        for stand_in_id, real in self.real.items():
+            if isinstance(real, Tensor) and real.requires_grad and not real.is_leaf:
+                raise EagerError(
+                    f"backward() at {user_source_line()} in a traced function given "
+                    f"argument {self.argument_index[stand_in_id]}, a Tensor with a history "
+                    "outside it: the trace cannot reach back through that history; pass "
+                    "a leaf (x.detach().requires_grad_()) or call the function eagerly")
+        targets = list(self.leaves.values())
+        seeds = None if gradient is None else [self.node_of(gradient)]
+        from tinyflow.autodiff import gradients
+        grads = gradients(root.node, [self.node_of(t) for t in targets], seeds)
+        for t, g in zip(targets, grads):
+            if g is None:
+                continue
+            new = _wrap(None, None, node=g)
+            previous = self.grad_of(t)
+            self.grad_writes[id(t)] = (t, new if previous is None else previous + new)
+
+
+@dataclass
+class _Concrete:
+    """One trace, compiled: the program and how to feed it and read it back."""
+
+    program: Any
+    arg_slots: list[tuple[int, Node]]          # (argument index, placeholder)
+    captures: list[_Capture]
+    outputs: Any                               # the result's structure, fetch indices
+    grad_writes: list[tuple[Tensor | int, int | None]]   # (Tensor or argument, fetch)
+    writes: list[tuple[Any, int]]     # (Tensor, argument index or ("grad", owner); fetch)
+    grad_guards: list[tuple[Tensor | int, Any]]   # (Tensor or argument, its .grad's layout)
+    nodes: int
+    identities: list[tuple[int, Tensor, bool]]  # (argument, Tensor from outside, same?)
+    grads_read: list[Tensor | int]              # Tensors (arguments) whose .grad it read
+    outside: list[Tensor]                       # Tensors it used from outside
+
+    def guards_hold(self, args: tuple) -> str | None:
+        """None when this trace fits the world as it is now, else why not."""
+        for where, layout in self.grad_guards:
+            t = args[where] if isinstance(where, int) else where
+            if _grad_layout(t) != layout:
+                return f"the .grad of a {t.shape} Tensor was " \
+                       f"{'None' if layout is None else layout} when traced"
+        for index, t, same in self.identities:
+            if (args[index] is t) != same:
+                return (f"argument {index} is {'no longer' if same else 'now'} a Tensor "
+                        "the function also uses from outside")
+        if self.grads_read:   # no .grad it reads may be reachable under another name
+            grads = {id((args[t] if isinstance(t, int) else t)._grad) for t in self.grads_read}
+            if any(id(x) in grads for x in [*args, *self.outside]):
+                return "a .grad the function reads is now also an argument or a Tensor " \
+                       "it uses from outside"
+        return None
+
+
+class Function:
+    """A Python function of Tensors, traced into a compiled graph per input signature.
+
+    Calling it with Tensors (or arrays) whose shapes and dtypes were seen before runs
+    the compiled program; new ones trace again (counted in `traces`, with the reason).
+    `explain()` says what was traced and why. Options go to `tinyflow.compile`.
+    """
+
+    def __init__(self, fn: Callable, **compile_options: Any) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.compile_options = compile_options
+        self.cache: dict[tuple, list[_Concrete]] = {}
+        self.traces: list[dict] = []
+        self.breaks: list[str] = []
+
+    def __call__(self, *args: Any) -> Any:
+        key = _call_signature(args)
+        reason = "first call"
+        for concrete in self.cache.get(key, []):
+            reason = concrete.guards_hold(args)
+            if reason is None:
+                return self._run(concrete, args)
+        if key not in self.cache and self.cache:
+            reason = _why_new(key, list(self.cache))
+        concrete = self._trace(args, key)
+        self.traces.append({"signature": key, "reason": reason, "nodes": concrete.nodes})
+        self.cache.setdefault(key, []).append(concrete)
+        return self._run(concrete, args)
+
+    def _trace(self, args: tuple, key: tuple) -> _Concrete:
+        from tinyflow.executor import compile as compile_graph
+        trace = _Trace()
+        symbolic, arg_slots = [], []
+        for index, arg in enumerate(args):
+            if id(arg) in trace.arguments:     # the same Tensor again: one stand-in
+                symbolic.append(trace.arguments[id(arg)])
+            elif isinstance(arg, (Tensor, np.ndarray)):
+                placeholder = api.placeholder(arg.dtype, arg.shape, name=f"arg{index}")
+                value = _wrap(None, None, node=placeholder)
+                value.requires_grad = bool(getattr(arg, "requires_grad", False))
+                arg_slots.append((index, placeholder))
+                symbolic.append(value)
+                trace.arguments[id(arg)] = value
+                trace.argument_index[id(value)] = index
+                trace.real[id(value)] = arg
+                if isinstance(arg, Tensor) and arg.requires_grad and arg.is_leaf:
+                    trace.leaves[id(value)] = value   # backward in the trace reaches it
+            else:
+                symbolic.append(arg)
+        before, _mode.tracer = _mode.tracer, trace
+        try:
+            result = self.fn(*symbolic)
+        except GraphBreak as err:
+            self.breaks.append(str(err))
+            raise
+        finally:
+            _mode.tracer = before
+        fetches: list[Node] = []
+        outputs = _collect(result, fetches, trace.node_of)
+        grad_writes = []
+        for t, g in trace.grad_writes.values():
+            grad_writes.append((trace.resolve(t), None if g is None else len(fetches)))
+            if g is not None:
+                fetches.append(trace.node_of(g))
+        writes = []
+        argument_of = {id(value): index for index, value in enumerate(symbolic)
+                       if isinstance(value, Tensor)}
+        for t, node in trace.writes.values():
+            target = _write_target(t, argument_of, args, trace)
+            if target is not None:
+                writes.append((target, len(fetches)))
+                fetches.append(node)
+        feeds = {p: (p.shape, p.dtype) for _, p in arg_slots}
+        feeds.update({c.placeholder: (c.placeholder.shape, c.placeholder.dtype)
+                      for c in trace.captures.values()})
+        program = compile_graph(fetches, feeds, **self.compile_options) if fetches else None
+        nodes = 0 if program is None else len(program.graph.nodes)
+        return _Concrete(program, arg_slots, list(trace.captures.values()), outputs,
+                         grad_writes, writes, list(trace.grad_guards.values()), nodes,
+                         _identities(args, trace), trace.grads_read(),
+                         list(trace.outside.values()))
+
+    def _run(self, concrete: _Concrete, args: tuple) -> Any:
+        values: list = []
+        if concrete.program is not None:
+            feeds = {p: _as_array(args[i]) for i, p in concrete.arg_slots}
+            feeds.update({c.placeholder: c.read(args) for c in concrete.captures})
+            values = concrete.program.run(feeds, {})
+
+        def tensor(where: Tensor | int) -> Tensor:   # an argument's index, or a Tensor
+            return args[where] if isinstance(where, int) else where
+
+        # In-place writes first: one into a .grad goes into the Tensor that was the
+        # .grad when the call started, before the function's new .grads replace it.
+        for target, slot in concrete.writes:
+            t = tensor(target[1])._grad if isinstance(target, tuple) else tensor(target)
+            t.data[...] = values[slot]
+        for where, slot in concrete.grad_writes:
+            tensor(where)._grad = None if slot is None else Tensor(values[slot])
+        return _rebuild(concrete.outputs, values)
+
+    def explain(self) -> str:
+        """What was traced, how often and why; graph breaks with their lines."""
+        lines = [f"{self.__name__}: {len(self.traces)} trace(s)"]
+        for i, entry in enumerate(self.traces):
+            shapes = ", ".join(str(s) for s in entry["signature"])
+            lines.append(f"  trace {i}: {entry['reason']}; inputs ({shapes}); "
+                         f"{entry['nodes']} nodes after the passes")
+        for message in self.breaks:
+            lines.append(f"  {message}")
+        return "\n".join(lines)
+
+
+def function(fn: Callable | None = None, **compile_options: Any) -> Any:
+    """Decorator: trace `fn` into a graph and run it compiled (tf.function)."""
+    if fn is None:
+        return lambda f: Function(f, **compile_options)
+    return Function(fn, **compile_options)
+
+
+def _grad_layout(t: Tensor) -> tuple | None:
+    """What the guard remembers of t.grad: None, or its shape and dtype."""
+    return None if t._grad is None else (t._grad.shape, t._grad.dtype)
+
+
+def _grad_alias_error(t: Tensor) -> EagerError:
+    return EagerError(
+        f"at {user_source_line()} a traced function reaches the .grad of a Tensor both "
+        "as `.grad` and under another name (an argument, or a Tensor from outside): "
+        "the trace cannot follow in-place writes through both; read it one way, or "
+        "call the function eagerly")
+
+
+def _call_signature(args: tuple) -> tuple:
+    """The cache key of a call: each argument's signature, or, for a Tensor passed
+    again, which argument it is the same as (writes through one name must show
+    through the other, so such a call is traced on its own)."""
+    first: dict[int, int] = {}
+    key = []
+    for index, arg in enumerate(args):
+        if isinstance(arg, (Tensor, np.ndarray)):
+            seen = first.setdefault(id(arg), index)
+            if seen != index:
+                key.append(("tensor", f"the same as argument {seen}"))
+                continue
+        key.append(_signature(arg))
+    return tuple(key)
+
+
+def _identities(args: tuple, trace: _Trace) -> list[tuple[int, Tensor, bool]]:
+    """For each Tensor argument and each Tensor the function used from outside
+    (read, written, or an argument it also reached from outside): whether they were
+    the same Tensor when traced. The guard checks it again on every call."""
+    used = list(trace.outside.values()) + list(trace.unified.values())
+    return [(index, t, arg is t) for index, arg in enumerate(args)
+            if isinstance(arg, Tensor) for t in used]
+
+
+def _signature(arg: Any) -> tuple:
+    if isinstance(arg, Tensor):
+        return ("tensor", arg.shape, arg.dtype.str, arg.requires_grad, arg.is_leaf)
+    if isinstance(arg, np.ndarray):
+        return ("array", arg.shape, arg.dtype.str, False)
+    try:
+        hash(arg)
+    except TypeError:
+        raise EagerError(f"a traced function takes Tensors, arrays and hashable Python "
+                         f"values; got {type(arg).__name__}") from None
+    return ("python", type(arg).__name__, _exact(arg))
+
+
+def _exact(value: Any) -> Any:
+    """A Python value as the guard compares it: a float by its repr, which tells
+    -0.0 from 0.0 (equal under ==, yet `x * -0.0` differs) and matches NaN to NaN
+    of the same sign (NaN is unequal to itself, which would retrace on every call);
+    tuples element-wise."""
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if value != value:   # NaN: its sign too (repr says "nan" for both)
+            return "-nan" if math.copysign(1.0, value) < 0 else "nan"
+        return repr(value)
+    if isinstance(value, tuple):
+        return tuple(_exact(v) for v in value)
+    return value
+
+
+def _why_new(key: tuple, seen: list[tuple]) -> str:
+    """Name the first argument that differs from the closest signature seen."""
+    closest = seen[-1]
+    if len(key) != len(closest):
+        return f"called with {len(key)} arguments, traced with {len(closest)}"
+    for index, (now, then) in enumerate(zip(key, closest)):
+        if now != then:
+            return f"argument {index} is {now[1:]}; traced for {then[1:]}"
+    return "new signature"
+
+
+def _as_array(value: Any) -> np.ndarray:
+    return value.data if isinstance(value, Tensor) else np.asarray(value)
+
+
+def _write_target(t: Tensor, argument_of: dict[int, int], args: tuple,
+                  trace: _Trace) -> Any:
+    """Where a traced in-place write to `t` goes after each run: into `t` itself (a
+    Tensor from outside), into the argument it stands for (its index: the caller's
+    Tensor, as torch.compile writes back into mutated inputs), into the `.grad`
+    that `t` was read as (("grad", owner): the Tensor that is owner.grad when the
+    call starts, even if the function then replaced owner.grad), or nowhere (a
+    value made inside the function: later reads in the trace already see it)."""
+    if t.node is None:
+        return t
+    if id(t) in trace.grad_owner:
+        return ("grad", trace.resolve(trace.grad_owner[id(t)]))
+    index = argument_of.get(id(t))
+    if index is None:
+        return None
+    if not isinstance(args[index], Tensor):
+        raise EagerError(f"the traced function writes in place into argument {index}, "
+                         "a numpy array; pass an eager Tensor (eager.tensor) to have "
+                         "it updated")
+    return index
+
+
+def _collect(result: Any, fetches: list[Node], node_of: Callable[[Tensor], Node]) -> Any:
+    """The result's structure, symbolic Tensors replaced by their fetch index (the
+    node `node_of` gives: the latest in-place write, if any)."""
+    if isinstance(result, Tensor):
+        if result.node is None:
+            return ("value", result)
+        fetches.append(node_of(result))
+        return ("fetch", len(fetches) - 1)
+    if isinstance(result, (list, tuple)):
+        return (type(result).__name__, [_collect(r, fetches, node_of) for r in result])
+    if isinstance(result, dict):
+        return ("dict", {k: _collect(v, fetches, node_of) for k, v in result.items()})
+    return ("value", result)
+
+
+def _rebuild(structure: Any, values: list) -> Any:
+    kind, inner = structure
+    if kind == "fetch":
+        return Tensor(values[inner])
+    if kind == "value":
+        return inner
+    if kind == "dict":
+        return {k: _rebuild(v, values) for k, v in inner.items()}
+    items = [_rebuild(v, values) for v in inner]
+    return tuple(items) if kind == "tuple" else items
+
+
+# ----------------------------------------------------------------------------------
+# Three ways to give the same ops memory, side by side
+# ----------------------------------------------------------------------------------
+
+def memory_comparison(step: Callable[..., Any], *args: Any) -> dict:
+    """Run `step(*args)` once eagerly through a fresh caching allocator and once
+    traced, and compare the memory each way needs for the same op sequence:
+
+    static   the traced program's arena (memory.py's plan) and its lower bound
+    caching  the allocator's peak reserved (segments) and peak allocated (blocks)
+    malloc   plain malloc/free of exactly what each Tensor asks: its peak is the
+             most bytes alive at once during the eager run
+
+    `events` is the allocator's log, with `allocated` and `reserved` after every
+    event, for a plot; `fragmentation` is 1 - allocated/reserved when the most
+    bytes were allocated.
+    Parameters and inputs made before the call are not counted by any of the three.
+    """
+    fresh = CachingAllocator(record=True)
+    old = set_allocator(fresh)
+    try:
+        step(*args)
+        live_requested, peak_requested = 0, 0
+        requested = {}
+        for event in fresh.events:
+            if event["event"] == "alloc":
+                requested[event["block"]] = event["requested"]
+                live_requested += event["requested"]
+                peak_requested = max(peak_requested, live_requested)
+            elif event["event"] == "free" and event["block"] in requested:
+                live_requested -= requested.pop(event["block"])
+    finally:
+        set_allocator(old)
+    traced = Function(step)
+    traced(*args)
+    plan = traced.cache[next(iter(traced.cache))][0].program.memory_plan
+    at_peak = max(fresh.events, key=lambda e: e["allocated"], default=None)
+    return {"static_arena": plan.arena_bytes if plan else 0,
+            "static_lower_bound": plan.lower_bound_bytes if plan else 0,
+            "caching_reserved": fresh.peak_reserved,
+            "caching_allocated": fresh.peak_allocated,
+            "malloc_peak": peak_requested,
+            "fragmentation": 0.0 if at_peak is None or not at_peak["reserved"]
+            else 1.0 - at_peak["allocated"] / at_peak["reserved"],
+            "events": fresh.events}
