@@ -700,10 +700,60 @@ def test_arguments_traces_cannot_follow_are_clear_errors():
     def backward_through(a):
         (a * 3.0).sum().backward()
 
-    with pytest.raises(EagerError, match="a Tensor with a history outside it"):
+    with pytest.raises(EagerError, match="Tensor with a history outside it"):
         tracing.function(backward_through)(w * 2.0)
     w.grad = E.tensor(np.float32(2.0))          # a 0-d .grad: its own shape
     assert tracing.function(lambda a: a * 1.0 + w.grad)(E.tensor(np.float32(1.0))).shape == ()
+
+
+def test_traced_leaves_and_histories_match_eager():
+    # Regressions (fifth review): requires_grad_() inside a trace got no .grad; an op
+    # result in a trace said it was a leaf; assign_ into a leaf then backward sent the
+    # gradient into what was assigned; a .grad read back in the trace had a history
+    # (as if create_graph were set). Each now matches eager bitwise.
+    def leaves(traced):
+        w = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+        p = E.tensor(np.array([4.0, 5.0, 6.0], np.float32), requires_grad=True)
+        q = E.tensor(np.array([1.0, 1.0, 2.0], np.float32), requires_grad=True)
+
+        def step(x):
+            inner = (w * 2.0).detach().requires_grad_()
+            (inner * inner).sum().backward()
+            with E.no_grad():
+                p.assign_(q * 2.0)
+            (p * x).sum().backward()
+            g = w.grad if w.grad is not None else x * 0.0
+            (w * w).sum().backward()
+            again = w.grad * 1.0
+            w.grad = None
+            (g * w).sum().backward()
+            return inner.grad * 1.0, (w * 2.0).is_leaf, again
+
+        f = tracing.function(step) if traced else step
+        out = f(E.tensor(np.array([1.0, -1.0, 2.0], np.float32)))
+        return (out[0].numpy(), out[1], out[2].numpy(), w.grad.numpy(), p.grad.numpy(),
+                q.grad is None)
+
+    _eager_and_traced(leaves)
+
+
+def test_histories_a_trace_cannot_follow_are_clear_errors():
+    w = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+    h = w * 2.0                                   # a history outside the function
+
+    with pytest.raises(EagerError, match="Tensor with a history outside it"):
+        tracing.function(lambda: (h * 3.0).sum().backward())()
+
+    def write_into_result(x):
+        y = w * x
+        with E.no_grad():
+            y.assign_(w * 5.0)                  # eager keeps y's old history
+        return y
+
+    with pytest.raises(EagerError, match="writes in place into a Tensor with a history"):
+        tracing.function(write_into_result)(E.tensor(np.ones(3, np.float32)))
+    with pytest.raises(EagerError, match="create_graph=True"):
+        tracing.function(lambda: (w * w).sum().backward(create_graph=True))()
 
 
 def test_a_grad_reached_under_two_names_in_a_trace_is_a_clear_error():

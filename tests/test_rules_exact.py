@@ -59,6 +59,7 @@ CASES: dict[str, Callable] = {
     "add(x, neg(y)) -> sub(x, y)": lambda x, y: x + ops.neg(y),
     "sub(x, neg(y)) -> add(x, y)": lambda x, y: x - ops.neg(y),
     "neg(neg(x)) -> x": lambda x, y: ops.neg(ops.neg(x)),
+    "stop_gradient(x) -> x": lambda x, y: ops.stop_gradient(x) * 1,
     "maximum(x, x) -> x": lambda x, y: tf.maximum(x, x),
     "minimum(x, x) -> x": lambda x, y: tf.minimum(x, x),
     "where(c, x, x) -> x": lambda x, y: tf.where(tf.greater(x, y), x, x),

@@ -253,7 +253,7 @@ class Tensor:
         `create_graph` the gradients are themselves differentiable.
         """
         if self.node is not None:
-            _mode.tracer.backward(self, gradient)
+            _mode.tracer.backward(self, gradient, create_graph)
             return
         backward(self, gradient, retain_graph or create_graph, create_graph)
 
@@ -265,6 +265,8 @@ class Tensor:
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
         self.requires_grad = flag
+        if flag and self.node is not None and _mode.tracer is not None:
+            _mode.tracer.new_leaf(self)   # made inside a traced function
         return self
 
     def zero_(self) -> Tensor:

@@ -305,6 +305,8 @@ RULES: list[Rule] = [
     Rule("add(x, neg(y)) -> sub(x, y)", "add", _rule_add_neg),
     Rule("sub(x, neg(y)) -> add(x, y)", "sub", _rule_sub_neg),
     Rule("neg(neg(x)) -> x", "neg", _rule_inverse("neg")),
+    # (gradients are built before the passes run: after that it is a copy)
+    Rule("stop_gradient(x) -> x", "stop_gradient", lambda node: _keep(node, node.inputs[0])),
     Rule("maximum(x, x) -> x", "maximum", _rule_same_operands),
     Rule("minimum(x, x) -> x", "minimum", _rule_same_operands),
     Rule("where(c, x, x) -> x", "where", _rule_same_operands),

@@ -74,6 +74,7 @@ class _Trace:
         # place), and the stop_gradient put in front of each (see input_of).
         self.no_history: dict[int, Node] = {}
         self.stopped: dict[int, Node] = {}
+        self.inner_leaves: dict[int, Tensor] = {}   # requires_grad_() inside the trace
 
     # -- values of the trace -----------------------------------------------------------
     def node_of(self, value: Any) -> Any:
@@ -125,6 +126,15 @@ class _Trace:
         """The Tensors (or argument indices) whose .grad the trace read."""
         return [self.resolve(t) for t in self.grad_owner.values()]
 
+    def new_leaf(self, t: Tensor) -> None:
+        """`t.requires_grad_()` on a value made inside the trace: a leaf of its own,
+        cut from its history (a backward inside the function reaches it)."""
+        node = self.node_of(t)
+        self.writes[id(t)] = (t, ops.stop_gradient(node))
+        t._op = None
+        self.leaves[id(t)] = t
+        self.inner_leaves[id(t)] = t
+
     def grad_key(self, t: Tensor) -> Tensor | None:
         """The Tensor that `t.grad` is keyed by in the trace: `t` (from outside), its
         argument's stand-in (an argument, also when reached from outside), or None
@@ -134,6 +144,8 @@ class _Trace:
                 return t
             self.unified[id(t)] = t          # an argument, reached from outside
             t = self.arguments[id(t)]
+        if id(t) in self.inner_leaves:
+            return t
         real = self.real.get(id(t))
         return t if isinstance(real, Tensor) else None
 
@@ -151,6 +163,8 @@ class _Trace:
         remembers whether it was None)."""
         if id(t) in self.grad_writes:
             return self.grad_writes[id(t)][1]
+        if id(t) in self.inner_leaves:     # made in this call: no .grad yet
+            return None
         real, where = self._trace_time(t), self.resolve(t)
         if not isinstance(where, int):
             self.outside[id(t)] = t          # reached from outside through its .grad
@@ -189,6 +203,8 @@ class _Trace:
         out = _wrap(None, None, node=node)
         out.requires_grad = (_mode.grad_enabled and REGISTRY[op].differentiable and any(
             isinstance(i, Tensor) and i.requires_grad for i in inputs))
+        if out.requires_grad:
+            out._op = op   # not a leaf: it has a history, as on eager's tape
         return out
 
     def write(self, t: Tensor, value: Any) -> None:
@@ -203,18 +219,33 @@ class _Trace:
             t = self.arguments[id(t)]
         if t.node is None:
             self.outside[id(t)] = t
+        if t.requires_grad and not t.is_leaf:
+            raise EagerError(
+                f"at {user_source_line()} a traced function writes in place into a "
+                "Tensor with a history (an op's result that requires grad): eager mode "
+                "keeps its old history for backward, a trace cannot; write into "
+                "x.detach() or a new Tensor")
+        if t.requires_grad and t.is_leaf:
+            # A leaf keeps being a leaf: the written value, cut from its history, is
+            # what its forward reads and what its gradient is taken with respect to.
+            node = ops.stop_gradient(node)
+            self.leaves[id(t)] = t
         self.writes[id(t)] = (t, node)
         self.no_history[id(node)] = node
 
-    def backward(self, root: Tensor, gradient: Any) -> None:
+    def backward(self, root: Tensor, gradient: Any, create_graph: bool = False) -> None:
         if not root.requires_grad:
             raise EagerError("backward() on a Tensor that does not require grad")
-        for stand_in_id, real in self.real.items():
-            if isinstance(real, Tensor) and real.requires_grad and not real.is_leaf:
+        if create_graph:
+            raise EagerError(f"backward(create_graph=True) at {user_source_line()} inside "
+                             "a traced function: not supported; call it eagerly")
+        used = [t for t in self.real.values() if isinstance(t, Tensor)]
+        for t in used + list(self.outside.values()):
+            if t.requires_grad and not t.is_leaf:
                 raise EagerError(
-                    f"backward() at {user_source_line()} in a traced function given "
-                    f"argument {self.argument_index[stand_in_id]}, a Tensor with a history "
-                    "outside it: the trace cannot reach back through that history; pass "
+                    f"backward() at {user_source_line()} in a traced function that uses a "
+                    f"{t.shape} Tensor with a history outside it (an argument, or a Tensor "
+                    "from outside): the trace cannot reach back through that history; pass "
                     "a leaf (x.detach().requires_grad_()) or call the function eagerly")
         targets = list(self.leaves.values())
         seeds = None if gradient is None else [self.node_of(gradient)]
@@ -223,7 +254,8 @@ class _Trace:
         for t, g in zip(targets, grads):
             if g is None:
                 continue
-            new = _wrap(None, None, node=g)
+            # (a .grad has no history, as eager's without create_graph)
+            new = _wrap(None, None, node=ops.stop_gradient(g))
             previous = self.grad_of(t)
             self.grad_writes[id(t)] = (t, new if previous is None else previous + new)
 
@@ -325,6 +357,8 @@ class Function:
         outputs = _collect(result, fetches, trace.node_of)
         grad_writes = []
         for t, g in trace.grad_writes.values():
+            if id(t) in trace.inner_leaves:    # made in the call: nothing to write back
+                continue
             grad_writes.append((trace.resolve(t), None if g is None else len(fetches)))
             if g is not None:
                 fetches.append(trace.node_of(g))
