@@ -700,7 +700,7 @@ def test_arguments_traces_cannot_follow_are_clear_errors():
     def backward_through(a):
         (a * 3.0).sum().backward()
 
-    with pytest.raises(EagerError, match="Tensor with a history outside it"):
+    with pytest.raises(EagerError, match="argument 0, a Tensor with a history"):
         tracing.function(backward_through)(w * 2.0)
     w.grad = E.tensor(np.float32(2.0))          # a 0-d .grad: its own shape
     assert tracing.function(lambda a: a * 1.0 + w.grad)(E.tensor(np.float32(1.0))).shape == ()
@@ -737,23 +737,64 @@ def test_traced_leaves_and_histories_match_eager():
     _eager_and_traced(leaves)
 
 
-def test_histories_a_trace_cannot_follow_are_clear_errors():
+def test_histories_a_trace_cannot_follow_are_clear_errors_when_a_backward_reaches_them():
+    # Backward through a Tensor with a history outside the function, or through an
+    # in-place write into an op's result that requires grad (eager keeps its old
+    # history), cannot be traced: a clear error, raised only when a backward in the
+    # trace reaches them (the sixth review found earlier versions raising on any use,
+    # and on forward-only writes).
     w = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
     h = w * 2.0                                   # a history outside the function
 
-    with pytest.raises(EagerError, match="Tensor with a history outside it"):
+    with pytest.raises(EagerError, match="reaches a .3,. Tensor from outside with a history"):
         tracing.function(lambda: (h * 3.0).sum().backward())()
+
+    def fit(x):                                   # uses h only detached: fine
+        loss = ((w * x - h.detach()) ** 2).sum()
+        loss.backward()
+        return loss
+
+    _eager_and_traced(lambda traced: [(tracing.function(fit) if traced else fit)(
+        E.tensor(np.ones(3, np.float32))).numpy()])
+
+    def predict(x):                               # forward only: an in-place add is fine
+        out = x * w
+        out.add_(1.0)
+        return out
+
+    _eager_and_traced(lambda traced: [(tracing.function(predict) if traced else predict)(
+        E.tensor(np.ones(3, np.float32))).numpy()])
 
     def write_into_result(x):
         y = w * x
         with E.no_grad():
-            y.assign_(w * 5.0)                  # eager keeps y's old history
-        return y
+            y.assign_(w * 5.0)
+        y.sum().backward()
 
-    with pytest.raises(EagerError, match="writes in place into a Tensor with a history"):
+    with pytest.raises(EagerError, match="reaches an in-place write into an op's result"):
         tracing.function(write_into_result)(E.tensor(np.ones(3, np.float32)))
     with pytest.raises(EagerError, match="create_graph=True"):
         tracing.function(lambda: (w * w).sum().backward(create_graph=True))()
+
+
+def test_requires_grad_on_a_traced_argument_or_result_matches_eager():
+    # Regressions (sixth review): requires_grad_() on a result that already required
+    # grad cut its history; on an argument it lost the argument's .grad.
+    def run(traced, grad_before):
+        w = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+        x = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=grad_before)
+
+        def step(a):
+            y = (w * a).requires_grad_()
+            a.requires_grad_()
+            (y * y).sum().backward()
+            return y * 1.0
+
+        (tracing.function(step) if traced else step)(x)
+        return w.grad.numpy(), x.grad.numpy(), x.requires_grad
+
+    for grad_before in (True, False):
+        _eager_and_traced(lambda traced, before=grad_before: run(traced, before))
 
 
 def test_a_grad_reached_under_two_names_in_a_trace_is_a_clear_error():

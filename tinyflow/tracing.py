@@ -75,6 +75,8 @@ class _Trace:
         self.no_history: dict[int, Node] = {}
         self.stopped: dict[int, Node] = {}
         self.inner_leaves: dict[int, Tensor] = {}   # requires_grad_() inside the trace
+        self.marked: list[int] = []                 # arguments given requires_grad_()
+        self.unfollowable: dict[int, str] = {}      # id(node) -> why (see _unfollowable)
 
     # -- values of the trace -----------------------------------------------------------
     def node_of(self, value: Any) -> Any:
@@ -115,8 +117,8 @@ class _Trace:
         (A leaf that needs grad is a gradient target whatever was written into it.)"""
         node = self.node_of(value)
         if (not isinstance(value, Tensor) or id(node) not in self.no_history
-                or (value.requires_grad and value.is_leaf)):
-            return node
+                or (value.requires_grad and value.is_leaf) or id(node) in self.unfollowable):
+            return node   # (an unfollowable node stays in reach: backward reports it)
         stopped = self.stopped.get(id(node))
         if stopped is None:
             stopped = self.stopped[id(node)] = ops.stop_gradient(node)
@@ -127,13 +129,35 @@ class _Trace:
         return [self.resolve(t) for t in self.grad_owner.values()]
 
     def new_leaf(self, t: Tensor) -> None:
-        """`t.requires_grad_()` on a value made inside the trace: a leaf of its own,
-        cut from its history (a backward inside the function reaches it)."""
+        """`t.requires_grad_()` on a symbolic Tensor that did not require grad: an
+        argument becomes a backward target (its .grad written back, the caller's
+        Tensor marked); a value made inside the trace becomes a leaf of its own, cut
+        from its history (a backward inside the function reaches it)."""
+        if id(t) in self.argument_index:
+            self.leaves[id(t)] = t
+            self.marked.append(self.argument_index[id(t)])
+            return
         node = self.node_of(t)
         self.writes[id(t)] = (t, ops.stop_gradient(node))
         t._op = None
         self.leaves[id(t)] = t
         self.inner_leaves[id(t)] = t
+
+    def _unfollowable(self) -> dict[int, str]:
+        """Nodes a backward must not reach, by id, with why: the placeholders of
+        Tensors with a history outside the function, and in-place writes into an
+        op's result that requires grad."""
+        found = dict(self.unfollowable)
+        for key, capture in self.captures.items():
+            t = self.outside.get(key[1]) if key[0] == "tensor" else None
+            if t is not None and t.requires_grad and not t.is_leaf:
+                found[id(capture.placeholder)] = f"a {t.shape} Tensor from outside with a history"
+        for stand_in_id, real in self.real.items():
+            if isinstance(real, Tensor) and real.requires_grad and not real.is_leaf:
+                index = self.argument_index[stand_in_id]
+                found[id(self.arguments[id(real)].node)] = \
+                    f"argument {index}, a Tensor with a history"
+        return found
 
     def grad_key(self, t: Tensor) -> Tensor | None:
         """The Tensor that `t.grad` is keyed by in the trace: `t` (from outside), its
@@ -220,11 +244,12 @@ class _Trace:
         if t.node is None:
             self.outside[id(t)] = t
         if t.requires_grad and not t.is_leaf:
-            raise EagerError(
-                f"at {user_source_line()} a traced function writes in place into a "
-                "Tensor with a history (an op's result that requires grad): eager mode "
-                "keeps its old history for backward, a trace cannot; write into "
-                "x.detach() or a new Tensor")
+            # Eager keeps its old history for backward, with the new value: a trace
+            # cannot, so a backward that reaches this write is an error (see backward).
+            self.writes[id(t)] = (t, node)
+            self.unfollowable[id(node)] = ("an in-place write into an op's result that "
+                                           "requires grad (eager keeps its old history)")
+            return
         if t.requires_grad and t.is_leaf:
             # A leaf keeps being a leaf: the written value, cut from its history, is
             # what its forward reads and what its gradient is taken with respect to.
@@ -239,14 +264,11 @@ class _Trace:
         if create_graph:
             raise EagerError(f"backward(create_graph=True) at {user_source_line()} inside "
                              "a traced function: not supported; call it eagerly")
-        used = [t for t in self.real.values() if isinstance(t, Tensor)]
-        for t in used + list(self.outside.values()):
-            if t.requires_grad and not t.is_leaf:
-                raise EagerError(
-                    f"backward() at {user_source_line()} in a traced function that uses a "
-                    f"{t.shape} Tensor with a history outside it (an argument, or a Tensor "
-                    "from outside): the trace cannot reach back through that history; pass "
-                    "a leaf (x.detach().requires_grad_()) or call the function eagerly")
+        why = _first_unfollowable(root.node, self._unfollowable())
+        if why is not None:
+            raise EagerError(f"backward() at {user_source_line()} in a traced function "
+                             f"reaches {why}: the trace cannot follow it; pass a leaf "
+                             "(x.detach().requires_grad_()) or call the function eagerly")
         targets = list(self.leaves.values())
         seeds = None if gradient is None else [self.node_of(gradient)]
         from tinyflow.autodiff import gradients
@@ -273,6 +295,7 @@ class _Concrete:
     grad_guards: list[tuple[Tensor | int, Any]]   # (Tensor or argument, its .grad's layout)
     nodes: int
     identities: list[tuple[int, Tensor, bool]]  # (argument, Tensor from outside, same?)
+    marked: list[int]                            # arguments given requires_grad_()
     grads_read: list[Tensor | int]              # Tensors (arguments) whose .grad it read
     outside: list[Tensor]                       # Tensors it used from outside
 
@@ -377,7 +400,7 @@ class Function:
         nodes = 0 if program is None else len(program.graph.nodes)
         return _Concrete(program, arg_slots, list(trace.captures.values()), outputs,
                          grad_writes, writes, list(trace.grad_guards.values()), nodes,
-                         _identities(args, trace), trace.grads_read(),
+                         _identities(args, trace), trace.marked, trace.grads_read(),
                          list(trace.outside.values()))
 
     def _run(self, concrete: _Concrete, args: tuple) -> Any:
@@ -397,6 +420,8 @@ class Function:
             t.data[...] = values[slot]
         for where, slot in concrete.grad_writes:
             tensor(where)._grad = None if slot is None else Tensor(values[slot])
+        for index in concrete.marked:
+            args[index].requires_grad = True
         return _rebuild(concrete.outputs, values)
 
     def explain(self) -> str:
@@ -416,6 +441,26 @@ def function(fn: Callable | None = None, **compile_options: Any) -> Any:
     if fn is None:
         return lambda f: Function(f, **compile_options)
     return Function(fn, **compile_options)
+
+
+def _first_unfollowable(root: Node, unfollowable: dict[int, str]) -> str | None:
+    """Why a backward from `root` cannot be traced, or None: the first unfollowable
+    node (by id) that a walk up the inputs from `root` reaches, not counting what
+    lies behind an op whose gradient rule gives its inputs none (stop_gradient,
+    zeros_like: no gradient goes there)."""
+    if not unfollowable:
+        return None
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node) in unfollowable:
+            return unfollowable[id(node)]
+        if REGISTRY[node.op].gradient is not ops.zero_gradient:
+            stack.extend(node.inputs)
+    return None
 
 
 def _grad_layout(t: Tensor) -> tuple | None:
