@@ -797,6 +797,29 @@ def test_requires_grad_on_a_traced_argument_or_result_matches_eager():
         _eager_and_traced(lambda traced, before=grad_before: run(traced, before))
 
 
+def test_requires_grad_false_and_writes_of_shared_values_in_a_trace_match_eager():
+    # Regressions (seventh review): requires_grad_(False) on a symbolic Tensor was
+    # ignored (the gradient went through it); assigning z into y flagged z itself,
+    # so a backward through z alone raised.
+    def run(traced):
+        x = E.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+        w = E.tensor(np.ones(3, np.float32), requires_grad=True)
+
+        def step(a, b):
+            y, z = a * 2.0, a * 3.0
+            y.assign_(z)
+            z.sum().backward()
+            u = a * b
+            u.requires_grad_(False)
+            a.requires_grad_(False)
+            (u * b + a * b).sum().backward()
+
+        (tracing.function(step) if traced else step)(x, w)
+        return x.grad.numpy(), w.grad.numpy(), x.requires_grad
+
+    _eager_and_traced(run)
+
+
 def test_a_grad_reached_under_two_names_in_a_trace_is_a_clear_error():
     w = E.tensor(np.ones(3, np.float32), requires_grad=True)
     (w * 2.0).sum().backward()

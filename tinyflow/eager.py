@@ -264,9 +264,8 @@ class Tensor:
         return Tensor(self)    # (while tracing: see _Trace.copy_of)
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
-        if flag and not self.requires_grad and self.node is not None \
-                and _mode.tracer is not None:
-            _mode.tracer.new_leaf(self)   # symbolic: see tracing._Trace.new_leaf
+        if flag != self.requires_grad and self.node is not None and _mode.tracer is not None:
+            _mode.tracer.set_requires_grad(self, flag)   # symbolic: see tracing.py
         self.requires_grad = flag
         return self
 

@@ -75,7 +75,7 @@ class _Trace:
         self.no_history: dict[int, Node] = {}
         self.stopped: dict[int, Node] = {}
         self.inner_leaves: dict[int, Tensor] = {}   # requires_grad_() inside the trace
-        self.marked: list[int] = []                 # arguments given requires_grad_()
+        self.flags: dict[int, bool] = {}            # argument index -> requires_grad_(flag)
         self.unfollowable: dict[int, str] = {}      # id(node) -> why (see _unfollowable)
 
     # -- values of the trace -----------------------------------------------------------
@@ -128,17 +128,22 @@ class _Trace:
         """The Tensors (or argument indices) whose .grad the trace read."""
         return [self.resolve(t) for t in self.grad_owner.values()]
 
-    def new_leaf(self, t: Tensor) -> None:
-        """`t.requires_grad_()` on a symbolic Tensor that did not require grad: an
-        argument becomes a backward target (its .grad written back, the caller's
-        Tensor marked); a value made inside the trace becomes a leaf of its own, cut
-        from its history (a backward inside the function reaches it)."""
+    def set_requires_grad(self, t: Tensor, flag: bool) -> None:
+        """`t.requires_grad_(flag)` on a symbolic Tensor, changing its flag. True: an
+        argument becomes a backward target (its .grad written back); a value made
+        inside the trace becomes a leaf of its own, cut from its history. False: its
+        value is cut from its history, and it is no backward target. An argument's
+        new flag is set on the caller's Tensor after each run, as eager sets it."""
+        if id(t) in self.argument_index:
+            self.flags[self.argument_index[id(t)]] = flag
+        if not flag:
+            self.writes[id(t)] = (t, ops.stop_gradient(self.node_of(t)))
+            self.leaves.pop(id(t), None)
+            return
         if id(t) in self.argument_index:
             self.leaves[id(t)] = t
-            self.marked.append(self.argument_index[id(t)])
             return
-        node = self.node_of(t)
-        self.writes[id(t)] = (t, ops.stop_gradient(node))
+        self.writes[id(t)] = (t, ops.stop_gradient(self.node_of(t)))
         t._op = None
         self.leaves[id(t)] = t
         self.inner_leaves[id(t)] = t
@@ -246,6 +251,8 @@ class _Trace:
         if t.requires_grad and not t.is_leaf:
             # Eager keeps its old history for backward, with the new value: a trace
             # cannot, so a backward that reaches this write is an error (see backward).
+            # (A node of its own, so that other readers of the value are not flagged.)
+            node = ops.make("cast", node, dtype=t.dtype.name)   # (not elided: a new node)
             self.writes[id(t)] = (t, node)
             self.unfollowable[id(node)] = ("an in-place write into an op's result that "
                                            "requires grad (eager keeps its old history)")
@@ -295,7 +302,7 @@ class _Concrete:
     grad_guards: list[tuple[Tensor | int, Any]]   # (Tensor or argument, its .grad's layout)
     nodes: int
     identities: list[tuple[int, Tensor, bool]]  # (argument, Tensor from outside, same?)
-    marked: list[int]                            # arguments given requires_grad_()
+    flags: dict[int, bool]                       # arguments given requires_grad_(flag)
     grads_read: list[Tensor | int]              # Tensors (arguments) whose .grad it read
     outside: list[Tensor]                       # Tensors it used from outside
 
@@ -400,7 +407,7 @@ class Function:
         nodes = 0 if program is None else len(program.graph.nodes)
         return _Concrete(program, arg_slots, list(trace.captures.values()), outputs,
                          grad_writes, writes, list(trace.grad_guards.values()), nodes,
-                         _identities(args, trace), trace.marked, trace.grads_read(),
+                         _identities(args, trace), trace.flags, trace.grads_read(),
                          list(trace.outside.values()))
 
     def _run(self, concrete: _Concrete, args: tuple) -> Any:
@@ -420,8 +427,8 @@ class Function:
             t.data[...] = values[slot]
         for where, slot in concrete.grad_writes:
             tensor(where)._grad = None if slot is None else Tensor(values[slot])
-        for index in concrete.marked:
-            args[index].requires_grad = True
+        for index, flag in concrete.flags.items():
+            args[index].requires_grad = flag
         return _rebuild(concrete.outputs, values)
 
     def explain(self) -> str:
