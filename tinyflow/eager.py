@@ -261,7 +261,7 @@ class Tensor:
         """The same value with no history (a new Tensor sharing nothing)."""
         if _mode.tracer is None:
             self._need_value("detach()")
-        return Tensor(self)    # (while tracing: see _Trace.copy_of)
+        return Tensor(self)    # (while tracing: see tracing._Trace.copy_of)
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
         if flag != self.requires_grad and self.node is not None and _mode.tracer is not None:
