@@ -791,7 +791,9 @@ def test_requires_grad_on_a_traced_argument_or_result_matches_eager():
             return y * 1.0
 
         (tracing.function(step) if traced else step)(x)
-        return w.grad.numpy(), x.grad.numpy(), x.requires_grad
+        # (as in PyTorch, y's op saw `a` not requiring grad when grad_before is False:
+        # no gradient reaches it through y)
+        return w.grad.numpy(), x.grad is None or x.grad.numpy(), x.requires_grad
 
     for grad_before in (True, False):
         _eager_and_traced(lambda traced, before=grad_before: run(traced, before))
@@ -809,15 +811,36 @@ def test_requires_grad_false_and_writes_of_shared_values_in_a_trace_match_eager(
             y, z = a * 2.0, a * 3.0
             y.assign_(z)
             z.sum().backward()
-            u = a * b
-            u.requires_grad_(False)
             a.requires_grad_(False)
+            u = a * b
+            a.requires_grad_(True)          # (eighth review: u keeps no history)
             (u * b + a * b).sum().backward()
+            a.requires_grad_(False)
+            (a * b).sum().backward()
 
         (tracing.function(step) if traced else step)(x, w)
         return x.grad.numpy(), w.grad.numpy(), x.requires_grad
 
     _eager_and_traced(run)
+    # A computed value's flag cannot be turned off (PyTorch's rule), eagerly or traced.
+    x = E.tensor(np.ones(3, np.float32), requires_grad=True)
+    for f in (lambda a: (a * 2.0).requires_grad_(False),
+              tracing.function(lambda a: (a * 2.0).requires_grad_(False))):
+        with pytest.raises(EagerError, match="only a leaf's flag can be turned off"):
+            f(x)
+
+
+def test_backward_reaches_the_inputs_that_required_grad_when_the_op_ran():
+    # Regression (eighth review): eager backward asked the inputs' flags at backward
+    # time, so an input that was made to require grad after an op got gradient
+    # through it; PyTorch records the op's edges when it runs.
+    a = E.tensor(np.array([1.0, 2.0, 3.0], np.float32))
+    b = E.tensor(np.array([4.0, 5.0, 6.0], np.float32), requires_grad=True)
+    u = a * b
+    a.requires_grad_(True)
+    (u + a * b).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), b.numpy())      # through a * b only
+    np.testing.assert_array_equal(b.grad.numpy(), 2 * a.numpy())
 
 
 def test_a_grad_reached_under_two_names_in_a_trace_is_a_clear_error():

@@ -134,6 +134,7 @@ class Tensor:
     _op: str | None = None          # the op that made it, its inputs and attributes:
     _inputs: Sequence[Tensor] | None = None   # its place on the tape (None: a leaf)
     _attrs: dict | None = None
+    _needed: tuple | None = None    # which inputs required grad when the op ran
     __tinyflow_tensor__ = True   # ops.make routes ops on these to `apply`
     __array_priority__ = 1000    # numpy defers `array + tensor` to our operators
 
@@ -264,6 +265,11 @@ class Tensor:
         return Tensor(self)    # (while tracing: see tracing._Trace.copy_of)
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
+        if not flag and self.requires_grad and not self.is_leaf:
+            # PyTorch's rule: a computed value keeps its history (x.detach() cuts it)
+            raise EagerError(f"requires_grad_(False) at {user_source_line()} on a Tensor "
+                             "computed by an op that requires grad: only a leaf's flag can "
+                             "be turned off; use x.detach() for a value without history")
         if flag != self.requires_grad and self.node is not None and _mode.tracer is not None:
             _mode.tracer.set_requires_grad(self, flag)   # symbolic: see tracing.py
         self.requires_grad = flag
@@ -749,11 +755,14 @@ def _recording(alloc: CachingAllocator) -> tuple:
 
 
 def _put_on_tape(result: Tensor, op: str, inputs: Sequence[Tensor], attrs: dict) -> None:
-    """When an input requires grad, `result` remembers (op, inputs, attrs) for backward."""
+    """When an input requires grad, `result` remembers (op, inputs, attrs) for backward,
+    and which inputs required grad then: as in PyTorch, a backward sends gradient to
+    those, whatever their flags are by the time it runs."""
     for t in inputs:
         if t.requires_grad:
             result.requires_grad = True
             result._op, result._inputs, result._attrs = op, inputs, attrs
+            result._needed = tuple(i.requires_grad for i in inputs)
             return
 
 
@@ -843,7 +852,7 @@ def _rule_graph(t: Tensor, needed: tuple[bool, ...]) -> _RuleGraph:
 
 def _input_grads(t: Tensor, grad: Tensor) -> list[Tensor | None]:
     """The gradients of `t`'s inputs, by evaluating its op's rule on Tensors."""
-    needed = tuple(i.requires_grad for i in t._inputs)
+    needed = t._needed
     rule = _rule_graph(t, needed)
     values: dict[Node, Tensor] = dict(zip(rule.leaves, [*t._inputs, t, grad]))
     for node in rule.order:
@@ -906,7 +915,7 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
                                  "values were freed by the first backward; pass "
                                  "retain_graph=True to the first call")
             for inp, g in zip(t._inputs, _input_grads(t, total)):
-                if g is not None and inp.requires_grad:
+                if g is not None:   # (an input that required grad when the op ran)
                     pending.setdefault(id(inp), []).append(g)
 
 

@@ -141,6 +141,10 @@ class _Trace:
             self.leaves.pop(id(t), None)
             return
         if id(t) in self.argument_index:
+            # Its uses so far did not require grad: reads from now on are a new node,
+            # the backward target, which those earlier uses do not reach.
+            node = self.node_of(t)
+            self.writes[id(t)] = (t, ops.make("cast", node, dtype=node.dtype.name))
             self.leaves[id(t)] = t
             return
         self.writes[id(t)] = (t, ops.stop_gradient(self.node_of(t)))
@@ -267,7 +271,9 @@ class _Trace:
 
     def backward(self, root: Tensor, gradient: Any, create_graph: bool = False) -> None:
         if not root.requires_grad:
-            raise EagerError("backward() on a Tensor that does not require grad")
+            raise EagerError("backward() on a Tensor that does not require grad (no input "
+                             "of its ops had requires_grad=True, or it was made under "
+                             "no_grad)")
         if create_graph:
             raise EagerError(f"backward(create_graph=True) at {user_source_line()} inside "
                              "a traced function: not supported; call it eagerly")
