@@ -399,10 +399,8 @@ class Function:
             if g is not None:
                 fetches.append(trace.node_of(g))
         writes = []
-        argument_of = {id(value): index for index, value in enumerate(symbolic)
-                       if isinstance(value, Tensor)}
         for t, node in trace.writes.values():
-            target = _write_target(t, argument_of, args, trace)
+            target = _write_target(t, args, trace)
             if target is not None:
                 writes.append((target, len(fetches)))
                 fetches.append(node)
@@ -557,8 +555,7 @@ def _as_array(value: Any) -> np.ndarray:
     return value.data if isinstance(value, Tensor) else np.asarray(value)
 
 
-def _write_target(t: Tensor, argument_of: dict[int, int], args: tuple,
-                  trace: _Trace) -> Any:
+def _write_target(t: Tensor, args: tuple, trace: _Trace) -> Any:
     """Where a traced in-place write to `t` goes after each run: into `t` itself (a
     Tensor from outside), into the argument it stands for (its index: the caller's
     Tensor, as torch.compile writes back into mutated inputs), into the `.grad`
@@ -569,7 +566,7 @@ def _write_target(t: Tensor, argument_of: dict[int, int], args: tuple,
         return t
     if id(t) in trace.grad_owner:
         return ("grad", trace.resolve(trace.grad_owner[id(t)]))
-    index = argument_of.get(id(t))
+    index = trace.argument_index.get(id(t))
     if index is None:
         return None
     if not isinstance(args[index], Tensor):
