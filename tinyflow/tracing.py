@@ -69,7 +69,7 @@ class _Trace:
         # An argument's stand-in keys its .grad; the .grad read, written and guarded
         # is args[index].grad at each call (the trace-time argument gives shapes).
         self.argument_index: dict[int, int] = {}    # id(argument stand-in) -> index
-        self.real: dict[int, Tensor] = {}           # id(stand-in) -> trace-time argument
+        self.args: tuple = ()                       # the call being traced (Function._trace)
         # Nodes with no history in eager terms (made under no_grad, or written in
         # place), and the stop_gradient put in front of each (see input_of).
         self.no_history: dict[int, Node] = {}
@@ -161,11 +161,11 @@ class _Trace:
             t = self.outside.get(key[1]) if key[0] == "tensor" else None
             if t is not None and t.requires_grad and not t.is_leaf:
                 found[id(capture.placeholder)] = f"a {t.shape} Tensor from outside with a history"
-        for stand_in_id, real in self.real.items():
+        for stand_in in self.arguments.values():
+            index = self.argument_index[id(stand_in)]
+            real = self.args[index]
             if isinstance(real, Tensor) and real.requires_grad and not real.is_leaf:
-                index = self.argument_index[stand_in_id]
-                found[id(self.arguments[id(real)].node)] = \
-                    f"argument {index}, a Tensor with a history"
+                found[id(stand_in.node)] = f"argument {index}, a Tensor with a history"
         return found
 
     def grad_key(self, t: Tensor) -> Tensor | None:
@@ -179,12 +179,13 @@ class _Trace:
             t = self.arguments[id(t)]
         if id(t) in self.inner_leaves:
             return t
-        real = self.real.get(id(t))
-        return t if isinstance(real, Tensor) else None
+        index = self.argument_index.get(id(t))
+        return t if index is not None and isinstance(self.args[index], Tensor) else None
 
     def _trace_time(self, key: Tensor) -> Tensor:
         """The eager Tensor behind a grad key, as it is at trace time."""
-        return self.real.get(id(key), key)
+        index = self.argument_index.get(id(key))
+        return key if index is None else self.args[index]
 
     def resolve(self, key: Tensor) -> Tensor | int:
         """A grad key as a run finds it: an argument's index, or the Tensor."""
@@ -364,6 +365,7 @@ class Function:
     def _trace(self, args: tuple, key: tuple) -> _Concrete:
         from tinyflow.executor import compile as compile_graph
         trace = _Trace()
+        trace.args = args
         symbolic, arg_slots = [], []
         for index, arg in enumerate(args):
             if id(arg) in trace.arguments:     # the same Tensor again: one stand-in
@@ -376,7 +378,6 @@ class Function:
                 symbolic.append(value)
                 trace.arguments[id(arg)] = value
                 trace.argument_index[id(value)] = index
-                trace.real[id(value)] = arg
                 if isinstance(arg, Tensor) and arg.requires_grad and arg.is_leaf:
                     trace.leaves[id(value)] = value   # backward in the trace reaches it
             else:
