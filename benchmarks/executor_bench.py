@@ -111,6 +111,7 @@ def two_chains_figure(length: int, rounds: int) -> dict:
 
 
 def mlp_step(sizes: list[int], batch: int, memory: str | None):
+    tf.reset_default_graph()  # this Session initializes this model's variables only
     rng = np.random.default_rng(0)
     x = tf.placeholder(tf.float32, (batch, sizes[0]))
     labels = tf.placeholder(tf.int64, (batch,))
@@ -125,7 +126,7 @@ def mlp_step(sizes: list[int], batch: int, memory: str | None):
     loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(h, labels)
     train = tf.train.GradientDescentOptimizer(0.01).minimize(loss)
     sess = tf.Session(memory=memory)
-    sess.run(tf.global_variables_initializer())  # this model's variables only
+    sess.run(tf.global_variables_initializer())
     feeds = {x: rng.standard_normal((batch, sizes[0])).astype(np.float32),
              labels: rng.integers(0, sizes[-1], batch)}
     return lambda: sess.run([loss, train], feeds)[0]

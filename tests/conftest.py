@@ -41,11 +41,11 @@ def _fresh_random_state():
 def _isolated_variable_lists():
     """Each test sees the TF1 global lists (initializers, variables) as it found them,
     so `tf.initialize_all_variables()` in one test never runs another test's leftovers."""
-    saved = (list(api._pending_initializers), list(api._global_variables),
+    saved = (list(api._initializers), list(api._global_variables),
              list(api._trainable_variables), list(api.update_ops), dict(api.deferred_shapes),
              dict(api.deferred_fills))
     yield
-    for target, value in zip((api._pending_initializers, api._global_variables,
+    for target, value in zip((api._initializers, api._global_variables,
                               api._trainable_variables, api.update_ops), saved[:4]):
         target[:] = value
     for target, value in zip((api.deferred_shapes, api.deferred_fills), saved[4:]):

@@ -478,3 +478,47 @@ def test_each_test_starts_from_the_random_state_of_a_fresh_process():
     first = np.random.uniform()
     np.random.seed(0)
     assert first == np.random.uniform()
+
+
+# ----------------------------------------------------------------------------------
+# The initializer lists: each call of global_variables_initializer covers every
+# Variable (TF1), so a second Session can initialize with it too
+# ----------------------------------------------------------------------------------
+
+def test_second_sessions_global_initializer_sets_the_variables_made_before():
+    # It consumed the list (the original TinyFlow's behaviour): the second Session's
+    # initializer ran nothing and reading W said "used before it has a value".
+    w = tf.Variable(np.array([[1.0, 2.0]], np.float32), name="w")
+    x = tf.placeholder(tf.float32, shape=(None, 1))
+    y = tf.matmul(x, w)
+    for _ in range(2):
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            np.testing.assert_array_equal(sess.run(y, {x: np.ones((1, 1), np.float32)}),
+                                          [[1.0, 2.0]])
+
+
+def test_variables_initializer_runs_only_the_listed_variables():
+    a = tf.Variable(np.float32(1.0), name="a")
+    b = tf.Variable(np.float32(2.0), name="b")
+    sess = tf.Session()
+    sess.run(tf.variables_initializer([b]))
+    assert sess.run(b) == 2.0
+    with pytest.raises(ExecutionError, match="'a'.*before it has a value"):
+        sess.run(a)
+    unset = tf.Variable(name="unset", shape=(2,))
+    with pytest.raises(ValueError, match=r"'unset' \(created at .*\) has no initial value"):
+        tf.variables_initializer([unset])
+    with pytest.raises(TypeError, match="is not a Variable"):
+        tf.variables_initializer([a + 1.0])
+
+
+def test_reset_default_graph_forgets_earlier_variables():
+    old = tf.Variable(np.float32(1.0), name="old")
+    tf.reset_default_graph()
+    new = tf.Variable(np.float32(3.0), name="new")
+    assert tf.global_variables() == [new] and tf.trainable_variables() == [new]
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    assert sess.run(new) == 3.0
+    assert old not in sess.variables

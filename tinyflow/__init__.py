@@ -37,8 +37,8 @@ from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float
                           global_variables, global_variables_initializer, gradients, group,
                           infer_variable_shapes, initialize_all_variables, int32, int64, normal,
                           ones, placeholder, random_normal, random_uniform, reduce_max,
-                          reduce_mean, reduce_sum, set_random_seed, trainable_variables,
-                          zeros)
+                          reduce_mean, reduce_sum, reset_default_graph, set_random_seed,
+                          trainable_variables, variables_initializer, zeros)
 from tinyflow.executor import Program, Session, compile
 from tinyflow.tracing import function  # tf.function: trace eager code into a graph
 from tinyflow.passes import explain as explain  # tf.explain(program): what the passes did
@@ -63,8 +63,8 @@ __all__ = [
     "equal", "float16", "float32", "float64", "global_variables", "global_variables_initializer",
     "gradients", "group", "infer_variable_shapes", "initialize_all_variables", "int32",
     "int64", "normal", "ones", "placeholder", "random_normal", "random_uniform",
-    "reduce_max", "reduce_mean", "reduce_sum", "set_random_seed", "trainable_variables",
-    "zeros",
+    "reduce_max", "reduce_mean", "reduce_sum", "reset_default_graph", "set_random_seed",
+    "trainable_variables", "variables_initializer", "zeros",
     "Program", "Session", "compile", "checkpoint", "linear", "relu", "pad",
     "ArgumentError", "FeedError", "Graph", "Node", "ShapeError",
     "TinyFlowError", "abs", "broadcast_to", "cast", "concat", "constant", "exp",

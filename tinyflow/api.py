@@ -21,8 +21,9 @@ from tinyflow.registry import source_kind
 float16, float32, float64 = np.float16, np.float32, np.float64
 int32, int64, bool_ = np.int32, np.int64, np.bool_
 
-# Assign nodes that initialize the Variables created so far (TF1's initializer list).
-_pending_initializers: list[Node] = []
+# Assign nodes that initialize the Variables created so far, one per Variable that has
+# an initial value (what TF1's global_variables_initializer runs).
+_initializers: list[Node] = []
 # Variables created so far, in creation order (TF1's GLOBAL_VARIABLES collection).
 _global_variables: list[Node] = []
 _trainable_variables: list[Node] = []
@@ -101,7 +102,7 @@ def Variable(initial_value: Any = None, name: str | None = None, dtype: Any = No
     if trainable:
         _trainable_variables.append(var)
     if init is not None:
-        _pending_initializers.append(assign(var, init))
+        _initializers.append(assign(var, init))
     return var
 
 
@@ -121,15 +122,41 @@ def group(*inputs: Node | Sequence[Node]) -> Node:
 
 
 def global_variables_initializer() -> Node:
-    """Run the initializers of every Variable created since the last call.
+    """Run the initializers of every Variable created so far (TF1's meaning).
 
-    Like the original TinyFlow, the list is consumed: a second call initializes only
-    Variables created after the first (so one program's initializer never reaches
-    into another's half-built graph).
+    Every call covers all of them, so each new Session can run it: a second Session
+    that runs `tf.global_variables_initializer()` starts from the initial values
+    too. `tf.variables_initializer(var_list)`
+    initializes a chosen few; `tf.reset_default_graph()` forgets the Variables made
+    so far, so the next model's initializer covers only its own.
     """
-    inits = list(_pending_initializers)
-    _pending_initializers.clear()
-    return group(*inits)
+    return group(*_initializers)
+
+
+def variables_initializer(var_list: Sequence[Node]) -> Node:
+    """TF1's tf.variables_initializer: run the initializers of the Variables in
+    `var_list` only (an optimizer's slots, say, after the weights were restored)."""
+    by_variable = {a.inputs[0]: a for a in _initializers}
+    chosen = []
+    for var in var_list:
+        if not isinstance(var, Node) or source_kind(var) != "variable":
+            raise TypeError(f"tf.variables_initializer: {var!r} is not a Variable")
+        if var not in by_variable:
+            raise ValueError(f"tf.variables_initializer: variable {var.name!r} (created "
+                             f"at {var.where}) has no initial value to run; assign it")
+        chosen.append(by_variable[var])
+    return group(*chosen)
+
+
+def reset_default_graph() -> None:
+    """TF1's tf.reset_default_graph: forget every Variable, initializer and update
+    op made so far, so the next model's `global_variables_initializer()` and
+    `trainable_variables()` cover only what is built after this call. Nodes already
+    built still work; they are just no longer in the lists."""
+    for collection in (_initializers, _global_variables, _trainable_variables, update_ops):
+        collection.clear()
+    deferred_shapes.clear()
+    deferred_fills.clear()
 
 
 initialize_all_variables = global_variables_initializer
@@ -196,7 +223,7 @@ def _initialize_fills(known: dict[Node, tuple | None]) -> None:
             continue  # initialized already, or not inferable yet
         shape = tuple(rule(known[source]))
         var.shape, var.attrs["shape"] = shape, shape
-        _pending_initializers.append(assign(var, ops.make(
+        _initializers.append(assign(var, ops.make(
             "ones" if fill == 1.0 else "zeros", shape=shape, dtype=var.dtype.name)))
 
 

@@ -933,7 +933,7 @@ def to_eager(model: Any, dtype: Any = None) -> Any:
     listed, in the order found, in `model.eager_parameters` (see `parameters`).
     """
     from tinyflow.executor import Session
-    initializers = {a.inputs[0]: a.inputs[1] for a in api._pending_initializers}
+    initializers = {a.inputs[0]: a.inputs[1] for a in api._initializers}
     trainable = set(api._trainable_variables)
     replaced: dict[Node, Tensor] = {}
     session = Session()

@@ -159,7 +159,7 @@ class _Importer:
         value = self.static[name]
         if self.as_variables and value.dtype.kind == "f":
             node = api.Variable(value, name=name, dtype=value.dtype)
-            self.assigns.append(api._pending_initializers[-1])  # the one Variable() made
+            self.assigns.append(api._initializers[-1])  # the one Variable() made
             self.variables[name] = node
             self.values[node] = value
         else:

@@ -86,12 +86,11 @@ def idle_fraction(events_per_rank: Sequence[Sequence[dict]], clock: str = "logic
 
 
 def _take_initializers(variables: set[int]) -> list[Node]:
-    """Remove the pending initializers of `variables` (ids) from the global list and
-    return them: this stage runs them itself, so a later global initializer on
-    another rank's thread does not."""
-    taken = [a for a in api._pending_initializers if id(a.inputs[0]) in variables]
-    api._pending_initializers[:] = [a for a in api._pending_initializers
-                                    if id(a.inputs[0]) not in variables]
+    """Remove the initializers of `variables` (ids) from the global list and return
+    them: this stage runs them itself, so a later global initializer on another
+    rank's thread does not."""
+    taken = [a for a in api._initializers if id(a.inputs[0]) in variables]
+    api._initializers[:] = [a for a in api._initializers if id(a.inputs[0]) not in variables]
     return taken
 
 

@@ -323,12 +323,11 @@ def train(runner, comm, sess, data, args):
     return runner.weights(sess), events, seconds
 
 
-def one_rank_weights(model, init, data, args):
+def one_rank_weights(model, data, args):
     """The reference: plain momentum SGD on the whole batch, one rank."""
     train_op = optimizer(args).minimize(model["loss"], model["params"])
     sess = tf.Session()
-    sess.run(init)                                 # the model's initial weights
-    sess.run(tf.global_variables_initializer())    # the optimizer's slots
+    sess.run(tf.global_variables_initializer())  # the weights and this optimizer's slots
     for epoch in range(args.epochs):
         for xb, yb in batches(data, args, epoch):
             sess.run(train_op, {model["x"]: xb, model["y"]: yb})
@@ -346,14 +345,13 @@ def main(argv: list[str] | None = None) -> int:
         data = model["data"]
     else:
         data, model = load_digits(), build_model(args.hidden)
-    init = tf.global_variables_initializer()
+    init = tf.global_variables_initializer()  # the weights: a pipeline stage picks its own
     runners = {c.rank: make_runner(model, c, args, init) for c in comms}
-    init_rest = tf.global_variables_initializer()  # optimizer slots made by the runners
+    init_all = tf.global_variables_initializer()  # and the optimizer slots the runners made
     sessions = {}
     for c in comms:
         sessions[c.rank] = tf.Session()
-        sessions[c.rank].run(init)
-        sessions[c.rank].run(init_rest)
+        sessions[c.rank].run(init_all)
         c.trace = [] if args.trace else None
     run = lambda c: train(runners[c.rank], c, sessions[c.rank], data, args)  # noqa: E731
     results = [run(comms[0])] if launched else run_threads(comms, run)
@@ -372,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         tf.trace.save(record, args.trace)
         print(f"trace={args.trace}")
     if args.check:
-        reference = one_rank_weights(model, init, data, args)
+        reference = one_rank_weights(model, data, args)
         diff = np.max(np.abs(flat - reference) / (np.abs(reference) + 1e-12))
         print(f"max_rel_diff_vs_one_rank={diff:.3e}")
     return 0
