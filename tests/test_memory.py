@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinyflow as tf
-from tinyflow import memory, ops, passes, sublinear, trace
+from tinyflow import arena, memory, ops, passes, sublinear, trace
 from tinyflow.graph import Graph, ordering_dependencies, topological_order
 from tinyflow.memory import PlanError, PlanStep, plan_memory, validate_plan
 
@@ -664,7 +664,7 @@ def test_planned_and_checkpointed_runs_match_unplanned(case, strategy):
     assert_same_results(got, expected, case, "checkpoint='sqrt', poisoned")
 
 
-def _brute_force_conflicts(conflicts: memory.Conflicts, i: int) -> list[int]:
+def _brute_force_conflicts(conflicts: arena.Conflicts, i: int) -> list[int]:
     """Conflicts of block i by comparing it with every block (the definition)."""
     n = len(conflicts.size)
     return [j for j in range(n) if j != i and conflicts.size[j] > 0
@@ -687,10 +687,10 @@ def test_conflict_windows_find_exactly_the_brute_force_conflicts(streams, seed):
     for b in range(steps):
         readers = [r for r in range(b + 1, steps) if b in deps[r]]
         last = max(readers, default=b)
-        blocks.append(memory.Block([f"t{b}"], int(rng.integers(0, 3)) * 64, b, last, b,
-                                   {b, *readers}, to_end=bool(rng.random() < 0.02)))
+        blocks.append(arena.Block([f"t{b}"], int(rng.integers(0, 3)) * 64, b, last, b,
+                                  {b, *readers}, to_end=bool(rng.random() < 0.02)))
     hb = None if streams == 1 else schedule.happens_before
-    conflicts = memory.Conflicts(blocks, hb, stream_of if hb else None)
+    conflicts = arena.Conflicts(blocks, hb, stream_of if hb else None)
     for i in range(steps):
         assert conflicts.of(i).tolist() == _brute_force_conflicts(conflicts, i), i
 
@@ -704,17 +704,17 @@ def _brute_force_placement(order, blocks, conflicts) -> list[int]:
             offsets[i] = 0
             continue
         placed = [j for j in _brute_force_conflicts(conflicts, i) if offsets[j] is not None]
-        offsets[i] = memory._best_fit(blocks[i].size,
-                                      np.array([offsets[j] for j in placed], dtype=np.int64),
-                                      np.array([offsets[j] + blocks[j].size for j in placed],
-                                               dtype=np.int64))
+        offsets[i] = arena._best_fit(blocks[i].size,
+                                     np.array([offsets[j] for j in placed], dtype=np.int64),
+                                     np.array([offsets[j] + blocks[j].size for j in placed],
+                                              dtype=np.int64))
     return offsets
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_serial_placement_and_crowd_match_the_brute_force_definitions(seed):
     # Without streams the greedy strategies ask a segment tree of byte runs which
-    # bytes are taken (memory._Occupancy), and greedy_by_conflicts sums the bytes
+    # bytes are taken (arena._Occupancy), and greedy_by_conflicts sums the bytes
     # it conflicts with from sorted arrays: both must agree with block-by-block.
     rng = np.random.default_rng(seed)
     steps, blocks = 300, []
@@ -722,14 +722,14 @@ def test_serial_placement_and_crowd_match_the_brute_force_definitions(seed):
         first = int(rng.integers(0, steps))
         span = int(rng.integers(0, steps)) if rng.random() < 0.2 else int(rng.integers(0, 8))
         size = int(rng.choice([0, 1, 1, 2, 5, 40])) * 64
-        blocks.append(memory.Block([f"t{b}"], size, first, min(steps - 1, first + span),
-                                   first, {first}))
-    conflicts = memory.Conflicts(blocks)
+        blocks.append(arena.Block([f"t{b}"], size, first, min(steps - 1, first + span),
+                                  first, {first}))
+    conflicts = arena.Conflicts(blocks)
     assert conflicts.crowd() == [
         sum(int(conflicts.size[j]) for j in _brute_force_conflicts(conflicts, i)) + b.size
         for i, b in enumerate(blocks)]
     order = [int(i) for i in rng.permutation(len(blocks))]
-    assert memory._place_in_order(order, blocks, conflicts) == \
+    assert arena._place_in_order(order, blocks, conflicts) == \
         _brute_force_placement(order, blocks, conflicts)
 
 
@@ -743,16 +743,16 @@ def test_occupancy_keys_are_each_blocks_keys_less_the_unused_sets(seed):
     for b in range(int(rng.integers(0, 300))):
         first = int(rng.integers(0, steps))
         last = min(steps - 1, first + int(rng.integers(0, steps if b % 5 == 0 else 8)))
-        blocks.append(memory.Block([f"t{b}"], int(rng.choice([0, 1, 2])) * 64, first, last,
-                                   first, {first}))
-    taken = memory._Occupancy(steps)
+        blocks.append(arena.Block([f"t{b}"], int(rng.choice([0, 1, 2])) * 64, first, last,
+                                  first, {first}))
+    taken = arena._Occupancy(steps)
     keys = [taken.keys(b.first, b.last) if b.size else ([], []) for b in blocks]
     asked = {key for _, ask in keys for key in ask}
     keys = [([key for key in add if key in asked], ask) for add, ask in keys]
     added = {key for add, _ in keys for key in add}
     expected = [(sorted(add), sorted(key for key in ask if key in added))
                 for add, ask in keys]
-    got = memory._occupancy_keys(taken, blocks)
+    got = arena._occupancy_keys(taken, blocks)
     assert [(sorted(add), sorted(ask)) for add, ask in got] == expected
 
 
@@ -774,9 +774,9 @@ def test_one_stream_with_happens_before_plans_as_serial(seed):
     plan = memory.plan_memory(steps, keep=keep, happens_before=schedule.happens_before)
     for name in memory.STRATEGIES:     # each strategy, under the general rules
         specs = memory.liveness(steps, keep=keep, happens_before=schedule.happens_before)
-        arena = [s for s in specs.values() if s.kind in memory.ARENA_KINDS]
-        blocks = memory.make_blocks(arena, memory.ALIGNMENT, inplace=name != "naive")
-        conflicts = memory.Conflicts(blocks, schedule.happens_before, [0] * n)
+        in_arena = [s for s in specs.values() if s.kind in memory.ARENA_KINDS]
+        blocks = memory.make_blocks(in_arena, memory.ALIGNMENT, inplace=name != "naive")
+        conflicts = arena.Conflicts(blocks, schedule.happens_before, [0] * n)
         offsets = memory.STRATEGIES[name](blocks, conflicts)
         assert plan.strategies[name] == max(o + b.size for o, b in zip(offsets, blocks))
         if name == plan.strategy:
@@ -791,5 +791,5 @@ def test_range_min_is_the_minimum_of_each_slice(n):
     values = rng.integers(0, 100, n)
     lo = rng.integers(0, n, 200)
     hi = np.minimum(n - 1, lo + rng.integers(0, n, 200))
-    assert memory._range_min(values, lo, hi).tolist() == [
+    assert arena._range_min(values, lo, hi).tolist() == [
         int(values[a:b + 1].min()) for a, b in zip(lo, hi)]
