@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import tinyflow as tf
-from tinyflow.executor import (ExecutionError, NumericsError, OptionError,
-                               SessionClosedError)
+from tinyflow.executor import ExecutionError, NumericsError, OptionError
+from tinyflow.session import SessionClosedError
 from tinyflow.graph import FeedError, TinyFlowError
 from tinyflow.ops import make
 

@@ -13,12 +13,13 @@ placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimize
     autodiff.py             reverse-mode gradients as new graph nodes
     rules.py, passes.py,    graph rewrites, each one recorded; the simplification
       fusion.py, gpu.py       rule table; fused kernels (and their CUDA source)
-    memory.py               the static memory planner (arena, in place, validator)
+    memory.py, arena.py     the static memory planner (liveness, in place, validator;
+                              arena.py: where each block goes)
     sublinear.py            memory-aware order and gradient checkpointing
     streams.py              stream assignment, events, stream runners
-    executor.py             compile + run: Program, Session
-    eager.py, allocator.py  define-by-run: eager Tensors over the same registry, a
-                              tape, tracing into graphs (tf.function), a caching allocator
+    executor.py, session.py compile + run: Program; session.py: TF1's Session
+    eager.py, tracing.py,   define-by-run: eager Tensors over the same registry, a
+      allocator.py            tape, tracing into graphs (tf.function), a caching allocator
     trace.py, debug.py      the DebugRecord the debugger reads, and recording one
     transports.py,          ring allreduce over threads, processes, MPI, NCCL;
       allreduce.py,           data-parallel training with bucketed allreduce
@@ -39,7 +40,8 @@ from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float
                           ones, placeholder, random_normal, random_uniform, reduce_max,
                           reduce_mean, reduce_sum, reset_default_graph, set_random_seed,
                           trainable_variables, variables_initializer, zeros)
-from tinyflow.executor import Program, Session, compile
+from tinyflow.executor import Program, compile
+from tinyflow.session import Session
 from tinyflow.tracing import function  # tf.function: trace eager code into a graph
 from tinyflow.passes import explain as explain  # tf.explain(program): what the passes did
 from tinyflow.errors import ArgumentError

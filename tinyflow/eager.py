@@ -932,7 +932,7 @@ def to_eager(model: Any, dtype: Any = None) -> Any:
     model code runs in both modes from the same initial weights. The Tensors are
     listed, in the order found, in `model.eager_parameters` (see `parameters`).
     """
-    from tinyflow.executor import Session
+    from tinyflow.session import Session
     initializers = {a.inputs[0]: a.inputs[1] for a in api._initializers}
     trainable = set(api._trainable_variables)
     replaced: dict[Node, Tensor] = {}
@@ -983,7 +983,7 @@ def to_eager(model: Any, dtype: Any = None) -> Any:
 def save(model: Any, path: str) -> str:
     """Save a `to_eager` model's parameters as a `tf.train.Saver` checkpoint, under
     their Variables' names: the graph model can restore it, and so can `restore`."""
-    from tinyflow.executor import Session
+    from tinyflow.session import Session
     from tinyflow.saver import Saver
     session = Session()
     for var, t in model.eager_variables:

@@ -27,7 +27,7 @@ import numpy as np
 from tinyflow import api, ops
 from tinyflow.autodiff import gradients
 from tinyflow.errors import TinyFlowError
-from tinyflow.executor import Session
+from tinyflow.session import Session
 from tinyflow.graph import Node
 
 

@@ -114,7 +114,7 @@ class OnnxModel:
 
     def session(self, **options: Any) -> Any:
         """A tf.Session (with `options`) whose Variables hold the model's weights."""
-        from tinyflow.executor import Session
+        from tinyflow.session import Session
         sess = Session(**options)
         sess.run(self.initializer)
         return sess

@@ -20,7 +20,7 @@
 # `infer_node`, `shape_error`; and `Mismatch`, `infer_same`, `result_dtype`, which op
 # modules such as `shape_ops.py`, `nn_ops.py` and `image_ops.py` build on),
 # `tinyflow/errors.py` (`ShapeError`), `tinyflow/api.py` (`placeholder`, `Variable`)
-# and `Session.run` in `tinyflow/executor.py`.
+# and `Session.run` in `tinyflow/session.py`.
 #
 # Run it as a script (`python tutorials/01_tensors_and_ops.py`) or open it as a
 # notebook (`jupytext --to notebook tutorials/01_tensors_and_ops.py`).

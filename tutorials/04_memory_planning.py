@@ -15,7 +15,8 @@
 # 3. trade computation for memory with gradient checkpointing.
 #
 # **Read along:** `tinyflow/memory.py`: the module docstring (the whole story in
-# one page), `liveness`, `plan_memory`, `STRATEGIES`, `validate_plan`; then
+# one page), `liveness`, `plan_memory`, `validate_plan`; `tinyflow/arena.py`: the
+# strategies in `STRATEGIES`, each a function (blocks, conflicts) -> offsets; then
 # `tinyflow/sublinear.py`: `memory_order`, `choose_checkpoints` and `recompute`
 # (gradient checkpointing, Chen et al. 2016).
 
