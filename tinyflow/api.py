@@ -140,10 +140,11 @@ def variables_initializer(var_list: Sequence[Node]) -> Node:
     chosen = []
     for var in var_list:
         if not isinstance(var, Node) or source_kind(var) != "variable":
-            raise TypeError(f"tf.variables_initializer: {var!r} is not a Variable")
+            raise argument_error("variables_initializer", f"{var!r} is not a Variable")
         if var not in by_variable:
-            raise ValueError(f"tf.variables_initializer: variable {var.name!r} (created "
-                             f"at {var.where}) has no initial value to run; assign it")
+            raise argument_error("variables_initializer", f"variable {var.name!r} "
+                                 f"(created at {var.where}) has no initial value to run; "
+                                 "assign it")
         chosen.append(by_variable[var])
     return group(*chosen)
 
