@@ -361,7 +361,7 @@ def _random(b: _Builder) -> None:
     elif kind == "dropout_aux":
         out = x * ops.make("dropout_mask", b.aux, rate=0.5, seed=ops._next_seed(None))
     else:
-        out = x + tf.nn.dropout(b.const(SHAPE), 0.3)
+        out = x + tf.nn.dropout(b.const(SHAPE), rate=0.3)
     b.add(out, [x], kind)
 
 
@@ -479,7 +479,7 @@ def _seeded_random(b: _Builder) -> None:
     elif kind == "dropout":
         out = tf.nn.dropout(x, 0.5, seed=seed)
     else:
-        out = tf.nn.dropout(ops.matmul(x, b.w), 0.3, seed=seed)
+        out = tf.nn.dropout(ops.matmul(x, b.w), rate=0.3, seed=seed)
     b.add(out, [x], f"seeded {kind} (seed={seed})")
 
 

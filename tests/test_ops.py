@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 import tinyflow as tf
 from tinyflow import eager as E
 from tinyflow import image_ops, ops
+from tinyflow.executor import ExecutionError
 from tinyflow.gradcheck import GradientCheckError, check_gradients
 from tinyflow.graph import Node, topological_order
 from tinyflow.ops import REGISTRY, make
@@ -546,7 +547,7 @@ def test_gather_names_an_index_past_the_end():
 def test_dropout_gradient_uses_the_forward_mask():
     x = tf.placeholder(F64, (50, 40))
     w = tf.placeholder(F64, (50, 40))
-    y = tf.nn.dropout(x, 0.25, seed=3)
+    y = tf.nn.dropout(x, rate=0.25, seed=3)
     (grad,) = tf.gradients(tf.reduce_sum(y * w), [x])
     xv = np.random.default_rng(0).uniform(1.0, 2.0, (50, 40))
     wv = np.random.default_rng(1).standard_normal((50, 40))
@@ -555,7 +556,31 @@ def test_dropout_gradient_uses_the_forward_mask():
     np.testing.assert_allclose(g_value, wv * mask, rtol=1e-12)
     assert set(np.unique(np.round(mask, 12))) == {0.0, round(1 / 0.75, 12)}
     assert 0.15 < np.mean(mask == 0) < 0.35
-    assert tf.nn.dropout(x, 0.25, training=False) is x
+    assert tf.nn.dropout(x, rate=0.25, training=False) is x
+
+
+def test_dropout_second_argument_is_tf1s_keep_prob_and_may_be_fed():
+    # It was taken for the rate: tf.nn.dropout(x, 0.8) kept 20% and scaled by 5
+    # (TF1 keeps 80% and scales by 1.25), and a keep_prob placeholder was refused.
+    x = tf.ones((200, 100), F64)
+    kept = session().run(tf.nn.dropout(x, 0.8, seed=1))
+    assert set(np.unique(kept)) == {0.0, 1.25} and 0.75 < np.mean(kept > 0) < 0.85
+    keep_prob = tf.placeholder(F64, ())
+    y = tf.nn.dropout(x, keep_prob, seed=2, name="dropped")
+    assert y.name == "dropped"
+    sess = session()
+    half = sess.run(y, {keep_prob: 0.5})
+    assert set(np.unique(half)) == {0.0, 2.0} and 0.45 < np.mean(half > 0) < 0.55
+    np.testing.assert_array_equal(sess.run(y, {keep_prob: 1.0}), np.ones((200, 100)))
+    with pytest.raises(ExecutionError, match=r"keep_prob must be in \(0, 1\], got 0.0"):
+        sess.run(y, {keep_prob: 0.0})
+    rate = tf.placeholder(F64, ())
+    dropped = sess.run(tf.nn.dropout(x, rate=rate, seed=3), {rate: 0.75})
+    assert set(np.unique(dropped)) == {0.0, 4.0}
+    with pytest.raises(tf.ShapeError, match=r"keep_prob must be a scalar, got shape \(2,\)"):
+        tf.nn.dropout(x, tf.placeholder(F64, (2,)))
+    with pytest.raises(tf.ShapeError, match="keep_prob must be a float, got int32"):
+        tf.nn.dropout(x, tf.placeholder(tf.int32, ()))
 
 
 def test_tensor_parallel_f_and_g_gradients_are_the_backward_collectives():

@@ -22,7 +22,7 @@ from tinyflow import api, image_ops, nn_ops, ops, shape_ops
 from tinyflow.registry import source_kind
 from tinyflow.graph import Node
 from tinyflow.image_ops import avg_pool2d, max_pool2d
-from tinyflow.nn_ops import dropout, layer_norm, log_softmax, softmax
+from tinyflow.nn_ops import layer_norm, log_softmax, softmax
 from tinyflow.ops import gelu, relu, sigmoid, tanh
 
 __all__ = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "dropout",
@@ -223,6 +223,35 @@ def _channel_variable(x: Node, name: str, fill: float, trainable: bool) -> Node:
     return var
 
 
+def dropout(x: Node, keep_prob: Any = None, noise_shape: Any = None, seed: int | None = None,
+            name: str | None = None, rate: Any = None, training: bool = True) -> Node:
+    """TF1's tf.nn.dropout: keep each element with probability `keep_prob` (the second
+    argument, as in TF1) and scale the kept ones by 1/keep_prob; or say `rate=`
+    (= 1 - keep_prob, TF 1.13's spelling). Either may be a scalar tensor, such as
+    TF1's `keep_prob` placeholder fed 0.5 to train and 1.0 to evaluate.
+    `training=False` returns x itself (TinyFlow's switch, as tf.layers.dropout's)."""
+    if (keep_prob is None) == (rate is None):
+        raise ops.argument_error("dropout", "give exactly one of keep_prob (the second "
+                                            "argument) and rate (= 1 - keep_prob)")
+    if noise_shape is not None:
+        raise ops.argument_error("dropout", "noise_shape is not supported: every element "
+                                            "is kept or dropped on its own")
+    if not isinstance(keep_prob, Node) and not isinstance(rate, Node):
+        if rate is None:
+            keep = ops.float_attr("dropout", "keep_prob", keep_prob)
+            if not 0.0 < keep <= 1.0:
+                raise ops.argument_error("dropout", f"keep_prob must be in (0, 1], got "
+                                                    f"{keep_prob!r}")
+            rate = 1.0 - keep
+        return nn_ops.dropout(x, rate, training, seed, name)
+    nn_ops.dropout(x, 0.0)   # a tensor: x checked as for a number, then a mask that
+    if not training:         # reads keep_prob at run time
+        return x
+    keep = keep_prob if keep_prob is not None else ops.sub(1.0, rate)
+    mask = ops.make("dropout_mask", x, keep, seed=ops._next_seed(seed))
+    return ops.make("mul", x, mask, name=name)
+
+
 def bias_add(x: Node, bias: Node) -> Node:
     """x + bias along dimension 1 (channels of NCHW, features of (N, C))."""
     return ops.make("bias_add", x, bias)
@@ -387,7 +416,7 @@ class Dropout(Module):
         self.rate, self.seed = rate, seed
 
     def __call__(self, x: Node, training: bool = True) -> Node:
-        return dropout(x, self.rate, training, self.seed)
+        return nn_ops.dropout(x, self.rate, training, self.seed)
 
 
 class ReLU(Module):

@@ -261,11 +261,29 @@ def layer_norm(x: Operand, gamma: Operand, beta: Operand, eps: float = 1e-5) -> 
 # output is x * mask, so the gradient uses the very mask the forward pass drew.
 # ----------------------------------------------------------------------------------
 
-def _dropout_mask_compute(xp, x, out=None, rate=0.5, seed=0, generators=None):
+def _dropout_mask_compute(xp, x, keep_prob=None, out=None, rate=0.5, seed=0,
+                          generators=None):
+    """A mask of x's shape: 0 with probability `rate`, else 1/(1-rate). With a second
+    input, the rate is 1 - keep_prob, read at run time (TF1's keep_prob placeholder,
+    fed 0.5 to train and 1.0 to evaluate)."""
     from tinyflow.ops import generator
+    if keep_prob is not None:
+        keep_value = float(keep_prob)
+        if not 0.0 < keep_value <= 1.0:   # (NaN fails this too)
+            raise ValueError(f"keep_prob must be in (0, 1], got {keep_value}")
+        rate = 1.0 - keep_value
     keep = backend.to_device(xp, generator(seed, generators).random(x.shape) >= rate)
     mask = keep.astype(x.dtype) / (1.0 - rate)
     return mask
+
+
+def _dropout_mask_infer(shapes, dtypes, attrs):
+    if len(shapes) == 2:
+        if shapes[1] is not None and len(shapes[1]) != 0:
+            raise Mismatch(f"keep_prob must be a scalar, got shape {tuple(shapes[1])}")
+        if dtypes[1] is not None and dtypes[1].kind != "f":
+            raise Mismatch(f"keep_prob must be a float, got {dtypes[1]}")
+    return infer_same(shapes, dtypes, attrs)
 
 
 # The mask's values do not depend on x's values (only its shape): zero gradient.
@@ -275,14 +293,16 @@ def _dropout_mask_check(attrs, dtypes):
         raise Mismatch(f"dropout needs a float input, got {dtypes[0]} (TF1 too)")
 
 
-register(OpDef("dropout_mask", _dropout_mask_compute, infer_same, zero_gradient,
-               pure=False, random=True, doc="random 0 or 1/(1-rate) of x's shape",
+register(OpDef("dropout_mask", _dropout_mask_compute, _dropout_mask_infer, zero_gradient,
+               pure=False, random=True, doc="random 0 or 1/(1-rate) of x's shape; "
+               "an optional second input keep_prob sets rate = 1 - keep_prob at run time",
                check=_dropout_mask_check))
 
 
 def dropout(x: Operand, rate: float = 0.5, training: bool = True,
-            seed: int | None = None) -> Node:
-    """Zero each element with probability `rate` (training), identity otherwise."""
+            seed: int | None = None, name: str | None = None) -> Node:
+    """Zero each element with probability `rate` (training), identity otherwise.
+    (tf.nn.dropout, in nn.py, is TF1's signature over this: keep_prob first.)"""
     from tinyflow.ops import _next_seed
     # A number, checked here: a string or a node reached `0.0 <= rate` (a TypeError,
     # or "the truth value of graph node"), and NaN passed as a plain ValueError.
@@ -293,7 +313,8 @@ def dropout(x: Operand, rate: float = 0.5, training: bool = True,
                          f"first (at {user_source_line()})")
     if not training or rate == 0.0:
         return x
-    return x * make("dropout_mask", x, rate=float(rate), seed=_next_seed(seed))
+    return make("mul", x, make("dropout_mask", x, rate=float(rate), seed=_next_seed(seed)),
+                name=name)
 
 
 __all__ = ["softmax", "log_softmax",
