@@ -523,3 +523,15 @@ def test_reset_default_graph_forgets_earlier_variables():
     sess.run(tf.global_variables_initializer())
     assert sess.run(new) == 3.0
     assert old not in sess.variables
+
+
+def test_assign_of_another_shape_is_refused_not_written():
+    # A value of another rank was written as is: after tf.assign(v, 7.0) the (2,)
+    # Variable held a 0-d 7.0 and reduce_sum(v) gave 7, not 14 (TF1 refuses).
+    v = tf.Variable(np.array([1.0, 2.0], np.float32), name="v2")
+    for value in (7.0, np.ones((1, 2), np.float32), tf.zeros((3,))):
+        with pytest.raises(ShapeError, match=r"assign: .*differs from the variable's \(2,\)"
+                                             rf".*{HERE}:"):
+            tf.assign(v, value)
+    free = tf.Variable(name="free", shape=(None, 3))
+    assert tf.assign(free, tf.zeros((4, 3))).shape == (4, 3)  # a None dim matches

@@ -443,11 +443,16 @@ def _assign_compute(xp, var, value, out=None):
 
 
 def _assign_infer(shapes, dtypes, attrs):
+    # TF1's validate_shape: the value has the variable's shape (a None dimension on
+    # either side matches anything). A value of another rank used to be written
+    # as is, silently changing the variable's shape (and every later result).
     var, value = shapes
-    if len(var) == len(value) and any(
+    if len(var) != len(value) or any(
             a is not None and b is not None and a != b for a, b in zip(var, value)):
-        raise Mismatch("the value's shape differs from the variable's")
-    return tuple(value), dtypes[0] if dtypes[0] is not None else dtypes[1]
+        raise Mismatch(f"the value's shape {format_shape(value)} differs from the "
+                       f"variable's {format_shape(var)}")
+    shape = tuple(a if a is not None else b for a, b in zip(var, value))
+    return shape, dtypes[0] if dtypes[0] is not None else dtypes[1]
 
 
 def _group_compute(xp, *arrays, out=None):
