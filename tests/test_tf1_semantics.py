@@ -535,3 +535,32 @@ def test_assign_of_another_shape_is_refused_not_written():
             tf.assign(v, value)
     free = tf.Variable(name="free", shape=(None, 3))
     assert tf.assign(free, tf.zeros((4, 3))).shape == (4, 3)  # a None dim matches
+
+
+def test_where_with_a_vector_condition_picks_rows_as_in_tf1():
+    # Numpy broadcasting matched the (3,) condition against the last axis: on a 3x3
+    # matrix it picked columns, and on (3, 2) values it was a shape error.
+    square = tf.constant(np.arange(9.0).reshape(3, 3), tf.float32)
+    rows = tf.constant([True, False, True])
+    sess = tf.Session()
+    np.testing.assert_array_equal(sess.run(tf.where(rows, square, tf.zeros((3, 3)))),
+                                  [[0, 1, 2], [0, 0, 0], [6, 7, 8]])
+    np.testing.assert_array_equal(sess.run(tf.where(rows, tf.ones((3, 2)), 0.0)),
+                                  [[1, 1], [0, 0], [1, 1]])
+    with pytest.raises(ShapeError, match=r"picks whole rows \(TF1's rule\), but the values "
+                                         rf"have 3 rows.*{HERE}:"):
+        tf.where(tf.constant([True, False]), tf.ones((3, 2)), 0.0)
+    # Its gradient sends each row's gradient to the branch that row took.
+    x = tf.placeholder(tf.float32, (3, 2))
+    (gx,) = tf.gradients(tf.reduce_sum(tf.where(rows, x * 3.0, x)), [x])
+    np.testing.assert_array_equal(sess.run(gx, {x: np.ones((3, 2), np.float32)}),
+                                  [[3, 3], [1, 1], [3, 3]])
+
+
+def test_gradient_of_pow_with_respect_to_a_constant_exponent():
+    # The rule skipped a constant exponent, so asking for it gave None (TF1: x^p ln x).
+    x = tf.placeholder(tf.float32, (3,))
+    p = tf.constant([2.0, 2.0, 2.0])
+    (gp,) = tf.gradients(tf.reduce_sum(tf.pow(x, p)), [p])
+    np.testing.assert_allclose(tf.Session().run(gp, {x: [1.0, 2.0, 3.0]}),
+                               [0.0, 4 * np.log(2), 9 * np.log(3)], rtol=1e-6)

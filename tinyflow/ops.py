@@ -582,12 +582,12 @@ _binary("minimum", "minimum",
 def _pow_grad(n, g):
     x, p = n.inputs
     grad_x = unbroadcast(g * p * power(x, p - 1.0), x)
-    if p.op == "constant":  # the usual case (x ** 2): no gradient needed for p
-        return [grad_x, None]
+    # (Built for a constant p too, where tf.gradients may ask for it; when nothing
+    # asks, autodiff never reaches it, and eager mode evaluates only what is needed.)
     # d/dp x^p = x^p log x. At x = 0, x^p is 0 (p > 0) and the limit of the product
     # is 0; log(0) = -inf would make it NaN, so log is taken of 1 there (PyTorch
     # gives the same 0).
-    safe_log = log(where(equal(x, 0.0), ones_like(x), x))
+    safe_log = log(make("where", equal(x, 0.0), ones_like(x), x))
     return [grad_x, unbroadcast(g * n * safe_log, p)]
 
 
@@ -711,7 +711,10 @@ def _where_compute(xp, cond, a, b, out=None):
 def _where_grad(n, g):
     cond, a, b = n.inputs
     zero = zeros_like(g)
-    return [None, unbroadcast(where(cond, g, zero), a), unbroadcast(where(cond, zero, g), b)]
+    # The op's own numpy broadcasting (not the builder's TF1 row rule, which the
+    # forward node already went through)
+    return [None, unbroadcast(make("where", cond, g, zero), a),
+            unbroadcast(make("where", cond, zero, g), b)]
 
 
 register(OpDef("where", _where_compute,
@@ -959,7 +962,28 @@ def not_equal(a: Operand, b: Operand) -> Node: return make("not_equal", a, b)
 def zeros_like(x: Operand) -> Node: return make("zeros_like", x)
 def ones_like(x: Operand) -> Node: return make("ones_like", x)
 def stop_gradient(x: Operand) -> Node: return make("stop_gradient", x)
-def where(cond: Operand, a: Operand, b: Operand) -> Node: return make("where", cond, a, b)
+def where(cond: Operand, a: Operand, b: Operand) -> Node:
+    """tf.where(cond, a, b): a where cond holds, else b, broadcasting as numpy does;
+    and TF1's rule for a vector condition beside values of higher rank: it picks
+    whole rows, cond[i] choosing a[i] or b[i] (read as shaped (n, 1, ..., 1)).
+    Broadcasting alone would have matched it against the last axis instead."""
+    rank = max(_rank(a), _rank(b))
+    if _rank(cond) == 1 and rank > 1:
+        rows = {v.shape[0] for v in (a, b) if _rank(v) == rank and v.shape[0] is not None}
+        if cond.shape[0] is not None and rows - {cond.shape[0]}:
+            raise shape_error("where", [cond.shape, *(getattr(v, "shape", ()) for v in (a, b))],
+                              f"a condition of shape {format_shape(cond.shape)} picks whole "
+                              f"rows (TF1's rule), but the values have {rows.pop()} rows",
+                              user_source_line())
+        cond = make("reshape", cond, shape=(-1,) + (1,) * (rank - 1))
+    return make("where", cond, a, b)
+
+
+def _rank(value: Any) -> int:
+    """The rank of a node, eager Tensor or literal; -1 when not known yet."""
+    if hasattr(value, "shape"):
+        return -1 if value.shape is None else len(value.shape)
+    return np.ndim(value)
 
 
 def abs(x: Operand) -> Node:  # noqa: A001 - tf.abs
