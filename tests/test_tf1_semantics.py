@@ -564,3 +564,16 @@ def test_gradient_of_pow_with_respect_to_a_constant_exponent():
     (gp,) = tf.gradients(tf.reduce_sum(tf.pow(x, p)), [p])
     np.testing.assert_allclose(tf.Session().run(gp, {x: [1.0, 2.0, 3.0]}),
                                [0.0, 4 * np.log(2), 9 * np.log(3)], rtol=1e-6)
+
+
+def test_gather_takes_python_and_numpy_integer_indices():
+    # A list of ints was typed beside the float params, float32, and refused:
+    # "gather: indices must be integers, got float32".
+    params = tf.constant([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])
+    sess = tf.Session()
+    for indices in ([2, 0], np.array([2, 0]), (2, 0)):
+        np.testing.assert_array_equal(sess.run(tf.gather(params, indices)), [[4, 5], [0, 1]])
+    np.testing.assert_array_equal(sess.run(tf.gather(params, 1)), [2, 3])
+    np.testing.assert_array_equal(sess.run(tf.nn.embedding_lookup(params, [1])), [[2, 3]])
+    with pytest.raises(ShapeError, match="indices must be integers, got float"):
+        tf.gather(params, [1.5])

@@ -32,8 +32,10 @@ from tinyflow.ops import (
     Mismatch,
     result_dtype,
     check_dims,
+    constant,
     make,
     normalize_axes,
+    python_dtype,
     register,
     require_shape,
     sum_to_like,
@@ -499,7 +501,19 @@ def concat(values: Sequence[Operand], axis: int) -> Node:
     return make("concat", *values, axis=int_attr("concat", "axis", axis))
 
 
-def gather(params: Operand, indices: Operand) -> Node: return make("gather", params, indices)
+def gather(params: Operand, indices: Operand) -> Node:
+    """tf.gather: the rows of params that `indices` pick. Python ints and lists (and
+    numpy integer arrays) are an index tensor of their own integer dtype, as in TF1,
+    not a literal typed beside params (a float32 params made [2, 0] float32)."""
+    if isinstance(indices, (int, np.integer, list, tuple, np.ndarray)) \
+            and not isinstance(indices, (bool, np.bool_)):
+        array = np.asarray(indices)
+        if array.size == 0 and array.dtype.kind == "f":   # [] is float64 to numpy
+            array = array.astype(np.int32)
+        if array.dtype.kind in "iu":
+            dtype = array.dtype if isinstance(indices, np.ndarray) else python_dtype(array)
+            indices = constant(array, dtype)
+    return make("gather", params, indices)
 
 
 def reshape_like(x: Operand, ref: Operand) -> Node: return make("reshape_like", x, ref)
