@@ -518,7 +518,7 @@ def test_softmax_over_no_classes_is_empty(op):
 
 
 @pytest.mark.parametrize("build", [lambda x: tf.reduce_max(x, 1), tf.reduce_max,
-                                   lambda x: tf.argmax(x, 1), tf.argmax])
+                                   lambda x: tf.argmax(x, 1), ops.argmax])
 def test_max_and_argmax_over_an_empty_axis_are_named(build):
     """numpy's message was 'zero-size array to reduction operation maximum which has
     no identity' (or 'attempt to get argmax of an empty sequence')."""
@@ -966,7 +966,8 @@ FORWARD_CASES = [
             lambda x: x.max(1)),
     FwdCase("argmax", "axis 1 (first of ties)", lambda x: tf.argmax(x, 1), [TIES],
             lambda x: np.argmax(x, 1)),
-    FwdCase("argmax", "all", tf.argmax, [X4], np.argmax),
+    FwdCase("argmax", "all", ops.argmax, [X4], np.argmax),
+    FwdCase("argmax", "TF1's default axis 0", tf.argmax, [X4], lambda a: np.argmax(a, 0)),
     FwdCase("reshape", "0 and -1", lambda x: tf.reshape(x, (0, -1)), [X4],
             lambda x: x.reshape(2, 12)),
     FwdCase("reshape_like", "", ops.reshape_like, [X4, np.zeros((4, 6))],

@@ -577,3 +577,9 @@ def test_gather_takes_python_and_numpy_integer_indices():
     np.testing.assert_array_equal(sess.run(tf.nn.embedding_lookup(params, [1])), [[2, 3]])
     with pytest.raises(ShapeError, match="indices must be integers, got float"):
         tf.gather(params, [1.5])
+
+
+def test_argmax_without_an_axis_takes_tf1s_axis_0():
+    # It flattened (numpy's argmax), giving the scalar 1 where TF1 gives [1, 0, 0].
+    x = tf.constant(np.array([[1, 3, 3], [2, 2, 0]], np.float32))
+    np.testing.assert_array_equal(tf.Session().run(tf.argmax(x)), [1, 0, 0])

@@ -258,7 +258,9 @@ def reduce_max(x, axis=None, keepdims=False, reduction_indices=None, keep_dims=N
 
 
 def argmax(x, axis=None, dimension=None):
-    return ops.argmax(x, axis if axis is not None else dimension)
+    """tf.argmax: the index of the largest value along `axis` (TF1's default: 0)."""
+    axis = axis if axis is not None else dimension
+    return ops.argmax(x, 0 if axis is None else axis)
 
 
 def equal(a, b):
