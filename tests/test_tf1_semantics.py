@@ -583,3 +583,12 @@ def test_argmax_without_an_axis_takes_tf1s_axis_0():
     # It flattened (numpy's argmax), giving the scalar 1 where TF1 gives [1, 0, 0].
     x = tf.constant(np.array([[1, 3, 3], [2, 2, 0]], np.float32))
     np.testing.assert_array_equal(tf.Session().run(tf.argmax(x)), [1, 0, 0])
+
+
+def test_optimizer_get_slot_names_the_slots_it_made():
+    w = tf.Variable(np.ones(3, np.float32), name="slotted")
+    adam = tf.train.AdamOptimizer(0.1)
+    adam.minimize(tf.reduce_sum(w * w), [w])
+    assert adam.get_slot_names() == ["m", "v"]
+    assert adam.get_slot(w, "m").name == "slotted/m" and adam.get_slot(w, "nope") is None
+    assert tf.train.GradientDescentOptimizer(0.1).get_slot_names() == []

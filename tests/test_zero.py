@@ -104,6 +104,17 @@ def test_held_bytes_match_the_formula(stage):
         assert per_rank == formula
 
 
+def test_held_bytes_count_only_this_optimizers_slots():
+    # held_bytes found the slots by name, so a second model in the same process
+    # (its shard of the same name) counted the first model's Adam moments too, and
+    # benchmarks/parallel_bench.py reported 3x the formula once the global
+    # initializer covered every Variable.
+    train_zero(3, "adam", ranks=4, steps=1)
+    _, _, held = train_zero(3, "adam", ranks=4, steps=1)
+    total = sum(a * b + b for a, b in zip(SIZES[:-1], SIZES[1:]))
+    assert held[0] == zero_bytes_formula(3, total, 4, SLOTS["adam"], 8)
+
+
 def test_mismatched_zero_stages_are_a_collective_error():
     with pytest.raises(CollectiveError, match="zero"):
         train_zero(2, "momentum", ranks=2, steps=1, stages=(2, 3))

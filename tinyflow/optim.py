@@ -31,6 +31,18 @@ class Optimizer:
             learning_rate = _hyper(self, "learning_rate", learning_rate, 0.0, None)
         self.learning_rate = learning_rate
         self.weight_decay = _hyper(self, "weight_decay", weight_decay, 0.0, None)
+        # The slot Variables made so far: variable -> {slot name: slot} (TF1's get_slot)
+        self._slots: dict[Node, dict[str, Node]] = {}
+
+    def get_slot_names(self) -> list[str]:
+        """TF1's get_slot_names: the names of the slots this optimizer made so far
+        ("momentum"; Adam's "m" and "v")."""
+        return sorted({name for slots in self._slots.values() for name in slots})
+
+    def get_slot(self, var: Node, name: str) -> Node | None:
+        """TF1's get_slot: the slot Variable `name` this optimizer made for `var`
+        (the latest, if it updated var twice), or None."""
+        return self._slots.get(var, {}).get(name)
 
     def compute_gradients(self, loss: Node, var_list: Sequence[Node] | None = None
                           ) -> list[tuple[Node, Node]]:
@@ -68,7 +80,9 @@ class Optimizer:
             init = ops.zeros_like(var)
         else:
             init = ops.zeros(var.shape, var.dtype)
-        return api.Variable(init, name=f"{var.name}/{name}", trainable=False)
+        slot = api.Variable(init, name=f"{var.name}/{name}", trainable=False)
+        self._slots.setdefault(var, {})[name] = slot
+        return slot
 
 
 def _check_loss(optimizer: Optimizer, method: str, loss: object) -> None:

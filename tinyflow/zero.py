@@ -262,8 +262,11 @@ class ZeroOptimizer:
         stage-3 shard), reduced gradients (`reduced`, the zero_reduce node's value
         fetched from a run), optimizer state (slots shaped like the shard, plus the
         master shard in stages 1-2)."""
-        slots = [v for v in session.variables
-                 if v.name.startswith(self.master.name + "/")]
+        # The wrapped optimizer's slots of this shard (by name they were also
+        # another model's: a benchmark counted earlier models' slots of the same name)
+        slots = [self.optimizer.get_slot(self.master, name)
+                 for name in self.optimizer.get_slot_names()]
+        slots = [v for v in slots if v is not None and v in session.variables]
         params = (sum(session.variables[v].nbytes for v in self.variables)
                   if self.stage < 3 else session.variables[self.master].nbytes)
         state = sum(session.variables[v].nbytes for v in slots)
