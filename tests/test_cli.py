@@ -85,10 +85,17 @@ def test_debug_and_export_run_python_m_viz(viz_calls, tmp_path):
     assert cli.main(["debug", str(record)]) == 0
     assert cli.main(["export", str(record), "--dot", "g.dot", "--after", "cse"]) == 0
     assert cli.main(["export", str(record), "--perfetto", "t.json"]) == 0
+    # The README's --all-nodes and --run N (the CLI refused them: "unrecognized
+    # arguments", though python -m viz export takes them)
+    assert cli.main(["export", str(record), "--dot", "g.svg", "--all-nodes"]) == 0
+    assert cli.main(["export", str(record), "--perfetto", "t.json", "--run", "3"]) == 0
     assert viz_calls == [
         [sys.executable, "-m", "viz", str(record)],
         [sys.executable, "-m", "viz", "export", str(record), "--dot", "g.dot", "--after", "cse"],
         [sys.executable, "-m", "viz", "export", str(record), "--perfetto", "t.json"],
+        [sys.executable, "-m", "viz", "export", str(record), "--dot", "g.svg", "--all-nodes"],
+        [sys.executable, "-m", "viz", "export", str(record), "--perfetto", "t.json", "--run",
+         "3"],
     ]
 
 

@@ -311,6 +311,10 @@ def _export(args: argparse.Namespace) -> int:
         command += ["--perfetto", args.perfetto]
     if args.after is not None:
         command += ["--after", args.after]
+    if args.all_nodes:
+        command.append("--all-nodes")
+    if args.run is not None:
+        command += ["--run", str(args.run)]
     return _viz(command)
 
 
@@ -411,6 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--opset", type=int, default=20, help="ONNX opset (--onnx)")
     export.add_argument("--after", metavar="PASS", help="the graph after this pass "
                         "(default: the last)")
+    export.add_argument("--all-nodes", action="store_true", help="with --dot: draw every "
+                        "node (a graph of more than 400 is drawn as its folded overview)")
+    export.add_argument("--run", type=int, metavar="N", help="with --perfetto: only run N "
+                        "(default: every recorded run)")
     export.set_defaults(handler=_export)
 
     launch = commands.add_parser(
