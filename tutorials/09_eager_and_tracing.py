@@ -29,6 +29,11 @@ import numpy as np
 
 import tinyflow as tf
 from tinyflow import eager, tracing
+from tinyflow.backend import set_blas_threads
+
+# One BLAS thread: the lesson's small matrices gain nothing from more, and on a
+# busy machine more are much slower (README, "Threads"). 0 = numpy's default.
+set_blas_threads(1)
 
 # %% [markdown]
 # ## 1. Ops that run at once

@@ -26,8 +26,13 @@ import numpy as np
 
 import tinyflow as tf
 from tinyflow.allreduce import ThreadTransport, ring_allreduce, run_threads
+from tinyflow.backend import set_blas_threads
 from tinyflow.collectives import (all_gather, choose_algorithm, double_binary_trees,
                                   reduce_scatter, tree_allreduce)
+
+# One BLAS thread: the lesson's small matrices gain nothing from more, and on a
+# busy machine more are much slower (README, "Threads"). 0 = numpy's default.
+set_blas_threads(1)
 
 RANKS = 4
 

@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dim", type=positive_int, help="model width (D; default 96)")
     parser.add_argument("--heads", type=positive_int, help="attention heads (default 4)")
     parser.add_argument("--layers", type=positive_int, help="blocks (default 2)")
-    parser.add_argument("--lr", type=float, default=3e-3,
+    parser.add_argument("--lr", type=positive_float, default=3e-3,
                         help="peak Adam learning rate (warmup, then cosine decay)")
     parser.add_argument("--corpus-chars", type=positive_int, default=400_000,
                         help="characters of docstrings to read")

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
-from tinyflow.cli import positive_int, writable_file
+from tinyflow.cli import positive_float, positive_int, writable_file
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import load_digits, minibatches
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Train a CNN (tf.nn.conv2d / max_pool) on scikit-learn's 8x8 digits.")
     parser.add_argument("--epochs", type=positive_int, default=20)
     parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3,
+    parser.add_argument("--lr", type=positive_float, default=2e-3,
                         help="peak Adam learning rate (cosine decay to 0)")
     parser.add_argument("--weight-decay", type=float, default=0.03,
                         help="decoupled (AdamW) weight decay")

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=positive_int, default=64,
                         help="global batch size, split evenly across the ranks")
     parser.add_argument("--hidden", type=positive_int, default=128)
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=positive_float, default=0.1)
     parser.add_argument("--bucket-kb", type=positive_int, default=16,
                         help="gradient bucket size for the allreduce, in KiB")
     parser.add_argument("--timeout", type=positive_float, default=60.0,

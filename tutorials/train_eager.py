@@ -24,8 +24,9 @@ import time
 import numpy as np
 
 import tinyflow as tf
-from tinyflow.cli import positive_int, writable_file
+from tinyflow.cli import positive_float, positive_int, writable_file
 from tinyflow import eager, tracing
+from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow.data import load_digits, minibatches
 
 
@@ -33,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train the digits MLP with eager Tensors.")
     parser.add_argument("--epochs", type=positive_int, default=20)
     parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    parser.add_argument("--lr", type=positive_float, default=3e-3, help="Adam learning rate")
     parser.add_argument("--hidden", type=positive_int, default=128, help="units per hidden layer")
     parser.add_argument("--traced", action="store_true",
                         help="compile the training step with @tf.function")
@@ -43,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the minibatch order")
     parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/eager_mlp.safetensors",
                         help="where to save the trained parameters ('' to skip)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_BLAS_THREADS, metavar="N",
+                        help="BLAS threads (default %(default)s: fastest on a busy machine; "
+                             "0: one per core)")
     args = parser.parse_args(argv)
     for name in ("epochs", "batch_size", "hidden"):
         if getattr(args, name) < 1:
@@ -87,6 +91,7 @@ def static_plan_bytes(hidden: int, x: np.ndarray, y: np.ndarray) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    set_blas_threads(args.threads)
     x_train, y_train, x_test, y_test = load_digits(seed=0)
     model = eager.to_eager(tf.nn.MLP([64, args.hidden, args.hidden, 10]))
     train_step = make_train_step(model, eager.Adam(eager.parameters(model), lr=args.lr))

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
-from tinyflow.cli import positive_int, writable_file
+from tinyflow.cli import positive_float, positive_int, writable_file
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import load_digits, minibatches
@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Train an MLP on scikit-learn's 8x8 digits with TinyFlow.")
     parser.add_argument("--epochs", type=positive_int, default=30)
     parser.add_argument("--batch-size", type=positive_int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3,
+    parser.add_argument("--lr", type=positive_float, default=1e-3,
                         help="peak Adam learning rate (cosine decay to 0)")
     parser.add_argument("--hidden", type=positive_int, default=256, help="units per hidden layer")
     parser.add_argument("--label-smoothing", type=float, default=0.1,

@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=positive_int, default=10)
     parser.add_argument("--batch-size", type=positive_int, default=48)
     parser.add_argument("--hidden", type=positive_int, default=64)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=positive_float, default=0.05)
     parser.add_argument("--microbatches", type=positive_int, default=4)
     parser.add_argument("--timeout", type=positive_float, default=60.0)
     parser.add_argument("--check", action="store_true",
