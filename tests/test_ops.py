@@ -1372,3 +1372,14 @@ def test_stop_gradient_passes_the_value_and_no_gradient():
     value, grad = tf.Session().run([y, gx], {x: xv})
     np.testing.assert_array_equal(value, xv * 2.0 * xv + xv)
     np.testing.assert_array_equal(grad, xv * 2.0 + 1.0)   # only the path outside it
+
+
+def test_mean_over_nothing_is_nan_without_numpys_warnings(recwarn):
+    # numpy's "Mean of empty slice" and "invalid value encountered in divide"
+    # RuntimeWarnings reached the user on an empty batch.
+    x = tf.placeholder(np.float32, (None, 3))
+    got = session().run([tf.reduce_mean(x), tf.reduce_mean(x, 0), tf.reduce_mean(x, 1)],
+                        {x: np.zeros((0, 3), np.float32)})
+    assert np.isnan(got[0]) and got[0].dtype == np.float32
+    assert np.isnan(got[1]).all() and got[1].shape == (3,) and got[2].shape == (0,)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

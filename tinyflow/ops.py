@@ -861,9 +861,23 @@ def _check_not_empty(op: str, shape: tuple, axes: tuple) -> None:
 
 def _reduce_compute(method):
     def compute(xp, x, out=None, axis=None, keepdims=False):
+        if method == "mean" and x.size == 0:
+            return _mean_of_nothing(xp, x, axis, keepdims)
         result = getattr(x, method)(axis=axis, keepdims=keepdims)
         return xp.asarray(result)
     return compute
+
+
+def _mean_of_nothing(xp, x, axis, keepdims):
+    """The mean of an empty array: NaN where nothing was averaged (as TF1 gives),
+    without numpy's "Mean of empty slice" and "invalid value" RuntimeWarnings,
+    which reached the user from deep inside numpy on an empty batch."""
+    dtype = np.ones(1, x.dtype).mean().dtype
+    total = x.sum(axis=axis, keepdims=keepdims, dtype=dtype)
+    count = x.size if axis is None else math.prod(
+        x.shape[a] for a in ((axis,) if isinstance(axis, int) else axis))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return xp.asarray(xp.true_divide(total, count), dtype=dtype)
 
 
 def _expand_reduced(g: Node, n: Node) -> Node:
