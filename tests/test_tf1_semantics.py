@@ -592,3 +592,19 @@ def test_optimizer_get_slot_names_the_slots_it_made():
     assert adam.get_slot_names() == ["m", "v"]
     assert adam.get_slot(w, "m").name == "slotted/m" and adam.get_slot(w, "nope") is None
     assert tf.train.GradientDescentOptimizer(0.1).get_slot_names() == []
+
+
+def test_bias_add_of_a_3d_tensor_adds_along_the_last_axis():
+    # It added along dimension 1 for every rank: a (1, 3, 3) tensor got its bias
+    # along the time axis, silently (TF1: the last axis, "N...C").
+    sess = tf.Session()
+    bias = tf.constant([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(sess.run(tf.nn.bias_add(tf.zeros((1, 3, 3)), bias))[0],
+                                  [[1, 2, 3]] * 3)
+    # 4-D stays TinyFlow's NCHW (the channels), unless told NHWC
+    np.testing.assert_array_equal(
+        sess.run(tf.nn.bias_add(tf.zeros((1, 3, 2, 2)), bias))[0, :, 1, 1], [1, 2, 3])
+    np.testing.assert_array_equal(sess.run(tf.nn.bias_add(
+        tf.zeros((1, 2, 2, 3)), bias, data_format="NHWC"))[0, 1, 1], [1, 2, 3])
+    with pytest.raises(tf.ArgumentError, match="data_format must be one of"):
+        tf.nn.bias_add(tf.zeros((2, 3)), bias, data_format="CN")

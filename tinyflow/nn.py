@@ -252,9 +252,33 @@ def dropout(x: Node, keep_prob: Any = None, noise_shape: Any = None, seed: int |
     return ops.make("mul", x, mask, name=name)
 
 
-def bias_add(x: Node, bias: Node) -> Node:
-    """x + bias along dimension 1 (channels of NCHW, features of (N, C))."""
-    return ops.make("bias_add", x, bias)
+CHANNELS_LAST = ("NHWC", "N...C", "NWC", "NDHWC")
+CHANNELS_FIRST = ("NCHW", "NC...", "NCW", "NCDHW")
+
+
+def bias_add(x: Node, bias: Node, data_format: str | None = None,
+             name: str | None = None) -> Node:
+    """x + bias along the channel axis: dimension 1 of TinyFlow's NCHW images (4-D,
+    the original TinyFlow's layout), the last dimension for other ranks (TF1's
+    default, "N...C": a (batch, time, features) tensor); for (N, C) matrices the
+    two agree. `data_format` ("NHWC" / "N...C" or "NCHW" / "NC...") says which.
+    (A 3-D input took dimension 1, so a (B, T, C) tensor with T == C got its bias
+    along time, without an error.)"""
+    rank = len(x.shape) if getattr(x, "shape", None) is not None else None
+    if data_format is None:
+        channels_last = rank is not None and rank not in (2, 4)
+    elif data_format in CHANNELS_LAST + CHANNELS_FIRST:
+        channels_last = data_format in CHANNELS_LAST
+    else:
+        raise ops.argument_error("bias_add", f"data_format must be one of "
+                                             f"{CHANNELS_LAST + CHANNELS_FIRST}, got "
+                                             f"{data_format!r}")
+    if channels_last and rank != 2:
+        if getattr(bias, "shape", None) is not None and len(bias.shape) != 1:
+            raise ops.argument_error("bias_add", f"bias must be a vector, got shape "
+                                                 f"{tuple(bias.shape)}")
+        return ops.make("add", x, bias, name=name)   # broadcasts along the last axis
+    return ops.make("bias_add", x, bias, name=name)
 
 
 _layer_ids = itertools.count()
