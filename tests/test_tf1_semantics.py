@@ -608,3 +608,23 @@ def test_bias_add_of_a_3d_tensor_adds_along_the_last_axis():
         tf.zeros((1, 2, 2, 3)), bias, data_format="NHWC"))[0, 1, 1], [1, 2, 3])
     with pytest.raises(tf.ArgumentError, match="data_format must be one of"):
         tf.nn.bias_add(tf.zeros((2, 3)), bias, data_format="CN")
+
+
+def test_cross_entropy_v1_sends_no_gradient_into_labels_and_v2_does():
+    logits, labels = tf.placeholder(tf.float32, (1, 3)), tf.placeholder(tf.float32, (1, 3))
+    v1 = tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(logits=logits, labels=labels))
+    v2 = tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits_v2(logits=logits,
+                                                                   labels=labels))
+    assert tf.gradients(v1, [labels]) == [None]      # it was log_softmax's values
+    feed = {logits: [[1.0, 2.0, 3.0]], labels: [[0.0, 0.0, 1.0]]}
+    sess = tf.Session()
+    np.testing.assert_allclose(sess.run(tf.gradients(v2, [labels])[0], feed),
+                               -sess.run(tf.nn.log_softmax(logits), feed), rtol=1e-6)
+    np.testing.assert_array_equal(*sess.run([tf.gradients(v1, [logits])[0],
+                                             tf.gradients(v2, [logits])[0]], feed))
+
+
+def test_gradient_with_respect_to_an_integer_tensor_is_none():
+    # It was an int64 "gradient" (TF1: None; an int cannot move a little).
+    x = tf.placeholder(tf.int32, (2,))
+    assert tf.gradients(tf.reduce_sum(x * 3), [x]) == [None]

@@ -71,7 +71,10 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
             if g is not None and id(inp) in on_path:
                 pending.setdefault(id(inp), []).append(g)
 
-    result = [grads.get(id(x)) for x in xs]
+    # An integer or boolean x has no gradient (TF1 gives None): its values cannot move
+    # a little. (It was the ints the backward pass summed, an int64 "gradient".)
+    result = [None if x.dtype is not None and x.dtype.kind in "biu" else grads.get(id(x))
+              for x in xs]
     _mark_backward([g for g in result if g is not None], first_new_id)
     return result
 

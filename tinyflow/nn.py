@@ -29,6 +29,7 @@ __all__ = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "dropout
            "layer_norm", "conv2d", "max_pool", "avg_pool", "bias_add", "linear",
            "moments", "batch_normalization",
            "flatten_layer", "softmax_cross_entropy_with_logits",
+           "softmax_cross_entropy_with_logits_v2",
            "sparse_softmax_cross_entropy_with_logits",
            "mean_sparse_softmax_cross_entropy_with_logits", "embedding_lookup",
            "Module", "Linear", "Conv2d", "MaxPool2d", "Embedding", "LayerNorm", "Dropout",
@@ -315,7 +316,17 @@ def mean_sparse_softmax_cross_entropy_with_logits(logits: Node, labels: Node) ->
 
 def softmax_cross_entropy_with_logits(logits: Node | None = None,
                                       labels: Node | None = None) -> Node:
-    """Per-example cross entropy against a probability distribution (one-hot) labels."""
+    """Per-example cross entropy against a probability distribution (one-hot) labels.
+    As TF1's, no gradient flows into `labels` (the _v2 function lets it)."""
+    if not isinstance(labels, (np.ndarray, np.generic, list, tuple, int, float)):
+        labels = ops.stop_gradient(labels)   # a node or an eager Tensor (a literal
+    return softmax_cross_entropy_with_logits_v2(logits, labels)   # has no gradient)
+
+
+def softmax_cross_entropy_with_logits_v2(logits: Node | None = None,
+                                         labels: Node | None = None) -> Node:
+    """Per-example cross entropy against a probability distribution; gradients flow
+    into both logits and labels (TF1's _v2)."""
     return ops.neg(ops.reduce_sum(labels * log_softmax(logits), -1))
 
 
