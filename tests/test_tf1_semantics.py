@@ -628,3 +628,25 @@ def test_gradient_with_respect_to_an_integer_tensor_is_none():
     # It was an int64 "gradient" (TF1: None; an int cannot move a little).
     x = tf.placeholder(tf.int32, (2,))
     assert tf.gradients(tf.reduce_sum(x * 3), [x]) == [None]
+
+
+def test_adam_float32_step_is_as_close_to_the_exact_one_as_tf1s():
+    # 1 - beta was rounded from Python's float64 while the bias correction's
+    # 1 - beta^t was float32: at t = 1 they no longer cancelled, and the step was
+    # 7e-6 off the exact one (TF1: 1.3e-6).
+    from tinyflow import eager as E
+    start = np.array([1.0, -2.0, 0.5], np.float32)
+    scale = np.array([1.0, 3.0, 0.25], np.float32)
+    grad = 2 * start.astype(np.float64) * scale
+    exact = start - np.sqrt(1 - 0.999) / (1 - 0.9) * (0.1 * grad) / (
+        np.sqrt(0.001 * grad * grad) + 1e-8)
+    w = tf.Variable(start)
+    train = tf.train.AdamOptimizer(1.0).minimize(tf.reduce_sum(w * w * scale))
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    sess.run(train)
+    np.testing.assert_allclose(sess.run(w), exact, atol=3e-7)
+    p = E.tensor(start, requires_grad=True)
+    (p * p * E.tensor(scale)).sum().backward()
+    E.Adam([p], lr=1.0).step()
+    np.testing.assert_allclose(p.data, exact, atol=3e-7)

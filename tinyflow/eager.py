@@ -51,6 +51,7 @@ from tinyflow.allocator import ROUND, Block, CachingAllocator
 from tinyflow.registry import source_kind
 from tinyflow.graph import Node, TinyFlowError, topological_order, user_source_line
 from tinyflow.ops import REGISTRY, Mismatch, shape_error
+from tinyflow.optim import one_minus
 
 _allocator = CachingAllocator(record=False)
 
@@ -1071,8 +1072,9 @@ class Adam(Optimizer):
 
     def _update(self, index: int, p: Tensor, grad: Tensor) -> None:
         # m = beta1 * m + (1 - beta1) * g, in place (one pass per op, the same bits)
-        m = self.m[index].mul_(self.beta1).add_(grad, alpha=1.0 - self.beta1)
-        v = self.v[index].mul_(self.beta2).add_((1.0 - self.beta2) * grad * grad)
+        # (1 - beta in the parameter's dtype: see optim.one_minus)
+        m = self.m[index].mul_(self.beta1).add_(grad, alpha=one_minus(self.beta1, p.dtype))
+        v = self.v[index].mul_(self.beta2).add_(one_minus(self.beta2, p.dtype) * grad * grad)
         p.sub_(self._step_size * m / (ops.sqrt(v) + self.eps))
 
 
