@@ -1031,9 +1031,35 @@ def test_freed_blocks_are_poisoned():
     old = E.set_allocator(a)
     try:
         t = E.tensor(np.ones(4))
-        view = t.data
+        block = t._block
         del t
-        assert np.isnan(view).all()   # the bytes of a dead Tensor are NaN now
+        # the bytes of a dead Tensor are NaN now (seen through the allocator: an
+        # array of the Tensor's held here would have kept the block alive)
+        assert np.isnan(a.view(block, 32, np.float64)).all()
+    finally:
+        E.set_allocator(old)
+
+
+def test_an_array_taken_from_a_tensor_keeps_its_memory_after_the_tensor_dies():
+    # The block went back to the allocator when the Tensor died, while `.data` (or a
+    # slice of it) was still held: the next op of that size wrote into it, and
+    # `y = (a + b).data` silently became a - b.
+    a = CachingAllocator(poison=True)
+    old = E.set_allocator(a)
+    try:
+        x, y = E.tensor(np.ones(4)), E.tensor(np.full(4, 2.0))
+        whole = (x + y).data
+        part = (x * y).data[1:]
+        turned = (x - y).data.reshape(2, 2).T
+        for _ in range(3):
+            _ = x / y
+        np.testing.assert_array_equal(whole, [3.0] * 4)
+        np.testing.assert_array_equal(part, [2.0] * 3)
+        np.testing.assert_array_equal(turned, [[-1.0] * 2] * 2)
+        assert a.allocated == 6 * 512       # x, y, the last quotient and the three held
+        del whole, part, turned, _
+        assert a.allocated == 2 * 512       # freed once nothing looks at them
+        a.validate()
     finally:
         E.set_allocator(old)
 

@@ -101,6 +101,24 @@ class Segment:
     head: Block | None = None        # the block at offset 0 (merging keeps it first)
 
 
+class BlockMemory:
+    """A block's bytes as numpy sees them (`__array_interface__`), the base of the
+    arrays `view_as` hands out. Their base is this object, not the segment's array,
+    so numpy makes every slice, reshape or transpose of such an array a view *of
+    that array*: its reference count then says whether anything over the block is
+    still held (eager.Tensor.__del__ asks before it frees the block). Over the
+    segment's array itself, numpy would point those views at the segment, and
+    `y = (a + b).data[1:]` would silently change when a later op reused the block.
+    Keeps the segment's buffer alive while any of them lives."""
+
+    __slots__ = ("__array_interface__", "buffer")
+
+    def __init__(self, buffer: np.ndarray, offset: int, shape: tuple, dtype: np.dtype) -> None:
+        self.buffer = buffer
+        self.__array_interface__ = {"data": (buffer.ctypes.data + offset, False),
+                                    "shape": shape, "typestr": dtype.str, "version": 3}
+
+
 @dataclass(slots=True)
 class CachingAllocator:
     """Hands out numpy arrays that are views of cached segments.
@@ -196,7 +214,7 @@ class CachingAllocator:
         if block.view_key != layout:
             shape, dtype = layout
             buffer = self.segments[block.segment].buffer
-            block.view = np.ndarray(shape, dtype, buffer=buffer, offset=block.offset)
+            block.view = np.asarray(BlockMemory(buffer, block.offset, shape, dtype))
         block.view_key = layout
         return block.view
 

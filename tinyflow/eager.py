@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -159,9 +161,21 @@ class Tensor:
         self._op = self._inputs = self._attrs = None
 
     def __del__(self) -> None:
-        if self._block is not None:
+        block = self._block
+        if block is not None:
             try:
-                self._alloc.free(self._block)
+                # The references this Tensor's own array has: self.data, the block's
+                # cached view (when it is this array), getrefcount's argument. More
+                # means the array, or a view of it (their base is this array: see
+                # allocator.BlockMemory), lives on outside, `y = t.data[1:]`: its
+                # memory is freed when that dies, not now (PyTorch's rule too: an
+                # array over a tensor's storage keeps the storage), or the next op
+                # would write into what the user holds.
+                own = 3 if block.view is self.data else 2
+                if sys.getrefcount(self.data) > own:
+                    _free_when_unused(self.data, block, self._alloc)
+                else:
+                    self._alloc.free(block)
             except Exception:   # interpreter shutdown: the allocator may be gone
                 pass
 
@@ -400,6 +414,12 @@ class Tensor:
 
 
 _new_object = object.__new__
+
+
+def _free_when_unused(array: np.ndarray, block: Block, alloc: CachingAllocator) -> None:
+    """Free `block` once `array`, the view of it that outlived its Tensor, is gone."""
+    block.view = block.view_key = None   # never hand this array to another Tensor
+    weakref.finalize(array, alloc.free, block)
 
 
 def _wrap(data: np.ndarray | None, block: Block | None, alloc: CachingAllocator | None = None,
