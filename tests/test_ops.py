@@ -1066,6 +1066,7 @@ FORWARD_CHECKED_ELSEWHERE = {
     "assign": "test_compat_tinyflow (test_assign, test_group)",
     "group": "test_compat_tinyflow (test_group)",
     "random_normal": "test_random_sources_are_seeded_and_distributed",
+    "truncated_normal": "test_random_sources_are_seeded_and_distributed",
     "random_uniform": "test_random_sources_are_seeded_and_distributed",
     "dropout_mask": "test_dropout_gradient_uses_the_forward_mask",
     # Collectives across ranks: the gradient of one rank's graph is another collective.
@@ -1106,10 +1107,11 @@ def test_forward_matches_numpy(case):
 RANDOM_PROGRAM = """
 import numpy as np, tinyflow as tf
 nodes = [tf.random_normal((2000,), mean=1.0, stddev=2.0, seed=424242),
-         tf.random_uniform((2000,), minval=-1.0, maxval=3.0, seed=434343)]
+         tf.random_uniform((2000,), minval=-1.0, maxval=3.0, seed=434343),
+         tf.truncated_normal((2000,), mean=1.0, stddev=2.0, seed=444444)]
 sess = tf.Session()
 first, second = sess.run(nodes), sess.run(nodes)
-np.savez(OUT, a=first[0], u=first[1], a2=second[0])
+np.savez(OUT, a=first[0], u=first[1], a2=second[0], t=first[2])
 """
 
 
@@ -1126,8 +1128,11 @@ def test_random_sources_are_seeded_and_distributed(tmp_path):
     assert a.dtype == np.float32 and a.shape == (2000,)
     assert abs(a.mean() - 1.0) < 0.2 and abs(a.std() - 2.0) < 0.2
     assert u.min() >= -1.0 and u.max() < 3.0 and abs(u.mean() - 1.0) < 0.15
+    t = runs[0]["t"]   # truncated: within 2 std of the mean; its std is 0.88 of the normal's
+    assert t.dtype == np.float32 and t.min() >= -3.0 and t.max() <= 5.0
+    assert abs(t.mean() - 1.0) < 0.2 and abs(t.std() - 0.88 * 2.0) < 0.15
     assert not np.array_equal(a2, a), "a second run draws new values"
-    for key in ("a", "u", "a2"):
+    for key in ("a", "u", "a2", "t"):
         np.testing.assert_array_equal(runs[1][key], runs[0][key])
 
 

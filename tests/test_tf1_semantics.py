@@ -650,3 +650,55 @@ def test_adam_float32_step_is_as_close_to_the_exact_one_as_tf1s():
     (p * p * E.tensor(scale)).sum().backward()
     E.Adam([p], lr=1.0).step()
     np.testing.assert_allclose(p.data, exact, atol=3e-7)
+
+
+# ----------------------------------------------------------------------------------
+# TF1 spellings TinyFlow lacked, each the expression TF1 defines it as
+# ----------------------------------------------------------------------------------
+
+def test_tf1_arithmetic_spellings_and_small_compositions():
+    a = np.array([[-1.0, 2.0], [3.0, -4.0]], np.float32)
+    x = tf.constant(a)
+    sess = tf.Session()
+    got = sess.run([tf.add(x, 1.0), tf.subtract(x, 1.0), tf.multiply(x, 2.0),
+                    tf.divide(x, 2.0), tf.negative(x), tf.square(x),
+                    tf.clip_by_value(x, -2.0, 2.5), tf.add_n([x, x, x]),
+                    tf.stack([x, x], axis=1)])
+    expected = [a + 1, a - 1, a * 2, a / 2, -a, a * a, np.clip(a, -2, 2.5), 3 * a,
+                np.stack([a, a], 1)]
+    for g, e in zip(got, expected):
+        assert g.dtype == np.float32
+        np.testing.assert_array_equal(g, e)
+    assert tf.bool is np.bool_
+    with pytest.raises(ShapeError, match=r"add_n: the inputs' shapes differ"):
+        tf.add_n([x, tf.zeros((3,))])
+    with pytest.raises(tf.ArgumentError, match="non-empty list"):
+        tf.add_n([])
+
+
+def test_one_hot_assign_add_and_truncated_normal():
+    sess = tf.Session()
+    np.testing.assert_array_equal(sess.run(tf.one_hot([0, 2, -1, 5], 3)),
+                                  [[1, 0, 0], [0, 0, 1], [0, 0, 0], [0, 0, 0]])
+    labels = tf.placeholder(tf.int64, (None,))
+    hot = tf.one_hot(labels, 4, on_value=5, off_value=-1, dtype=tf.int32)
+    np.testing.assert_array_equal(sess.run(hot, {labels: [3]}), [[-1, -1, -1, 5]])
+    v = tf.Variable(np.float32(1.0), name="counter")
+    sess.run(tf.global_variables_initializer())
+    assert sess.run(tf.assign_add(v, 2.0)) == 3.0 and sess.run(tf.assign_sub(v, 0.5)) == 2.5
+    draw = sess.run(tf.truncated_normal((5000,), stddev=0.1, seed=3))
+    assert draw.dtype == np.float32 and np.abs(draw).max() <= 0.2
+
+
+def test_nn_losses_and_activations_tf1_defines():
+    sess = tf.Session()
+    z = np.array([1.0, 0.0, 1.0], np.float32)
+    x = np.array([2.0, -3.0, -100.0], np.float32)
+    loss = sess.run(tf.nn.sigmoid_cross_entropy_with_logits(labels=z, logits=x))
+    reference = np.maximum(x, 0) - x * z + np.log1p(np.exp(-np.abs(x)))
+    np.testing.assert_allclose(loss, reference, rtol=1e-6)   # finite at -100 too
+    np.testing.assert_allclose(sess.run(tf.nn.softplus(tf.constant([-100.0, 0.0, 100.0]))),
+                               [0.0, np.log(2.0), 100.0], rtol=1e-6, atol=1e-30)
+    np.testing.assert_array_equal(sess.run(tf.nn.leaky_relu(tf.constant([-1.0, 2.0]))),
+                                  np.array([-0.2, 2.0], np.float32))
+    assert sess.run(tf.nn.l2_loss(tf.constant([3.0, 4.0]))) == 12.5

@@ -34,12 +34,14 @@ tinyflow never imports it.
 
 from tinyflow import debug, eager, nn, ops, trace
 from tinyflow import optim as train
-from tinyflow.api import (Variable, argmax, assign, bool_, equal, float16, float32, float64,
+from tinyflow.api import (Variable, add, add_n, argmax, assign, assign_add, assign_sub, bool_,
+                          clip_by_value, divide, equal, float16, float32, float64,
                           global_variables, global_variables_initializer, gradients, group,
-                          infer_variable_shapes, initialize_all_variables, int32, int64, normal,
-                          ones, placeholder, random_normal, random_uniform, reduce_max,
-                          reduce_mean, reduce_sum, reset_default_graph, set_random_seed,
-                          trainable_variables, variables_initializer, zeros)
+                          infer_variable_shapes, initialize_all_variables, int32, int64,
+                          multiply, negative, normal, one_hot, ones, placeholder,
+                          random_normal, random_uniform, reduce_max, reduce_mean, reduce_sum,
+                          reset_default_graph, set_random_seed, square, stack, subtract,
+                          trainable_variables, truncated_normal, variables_initializer, zeros)
 from tinyflow.executor import Program, compile
 from tinyflow.session import Session
 from tinyflow.tracing import function  # tf.function: trace eager code into a graph
@@ -59,9 +61,13 @@ from tinyflow.version import VERSION
 
 __version__ = VERSION
 
+bool = bool_  # noqa: A001 - tf.bool, as TF1 spells it
+
 __all__ = [
     "debug", "eager", "function", "nn", "ops", "trace", "train", "Variable", "argmax",
-    "assign", "bool_",
+    "assign", "bool", "bool_", "add", "add_n", "assign_add", "assign_sub", "clip_by_value",
+    "divide", "multiply", "negative", "one_hot", "square", "stack", "subtract",
+    "truncated_normal",
     "equal", "float16", "float32", "float64", "global_variables", "global_variables_initializer",
     "gradients", "group", "infer_variable_shapes", "initialize_all_variables", "int32",
     "int64", "normal", "ones", "placeholder", "random_normal", "random_uniform",

@@ -15,7 +15,8 @@ import numpy as np
 
 from tinyflow import ops
 from tinyflow.graph import Node, ShapeError, topological_order, user_source_line
-from tinyflow.ops import argument_error, bool_attr, constant, dtype_attr, infer_node, int_like, make
+from tinyflow.ops import (argument_error, bool_attr, constant, dtype_attr, infer_node, int_attr,
+                          int_like, make)
 from tinyflow.registry import source_kind
 
 float16, float32, float64 = np.float16, np.float32, np.float64
@@ -289,3 +290,95 @@ set_random_seed = ops.set_random_seed
 
 def ones(shape, dtype=np.float32, name=None):
     return ops.ones(shape, dtype, name)
+
+
+def truncated_normal(shape, mean=0.0, stddev=1.0, dtype=np.float32, seed=None, name=None):
+    return ops.truncated_normal(shape, mean, stddev, dtype, seed, name)
+
+
+# ----------------------------------------------------------------------------------
+# TF1's other spellings of arithmetic, and small compositions of existing ops. Each
+# is exactly the expression it names (no new kernel, so no new rounding).
+# ----------------------------------------------------------------------------------
+
+def add(x, y, name=None):
+    return make("add", x, y, name=name)
+
+
+def subtract(x, y, name=None):
+    return make("sub", x, y, name=name)
+
+
+def multiply(x, y, name=None):
+    return make("mul", x, y, name=name)
+
+
+def divide(x, y, name=None):
+    """x / y, true division (ints give a float, as numpy's and TF1's divide)."""
+    return make("div", x, y, name=name)
+
+
+def negative(x, name=None):
+    return make("neg", x, name=name)
+
+
+def square(x, name=None):
+    """x * x (TF1's tf.square: the same product, bit for bit)."""
+    return make("mul", x, x, name=name)
+
+
+def clip_by_value(t, clip_value_min, clip_value_max, name=None):
+    """TF1's definition: minimum(maximum(t, min), max)."""
+    return make("minimum", ops.maximum(t, clip_value_min), clip_value_max, name=name)
+
+
+def add_n(inputs, name=None):
+    """The sum of a list of tensors of one shape, added left to right."""
+    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else None
+    if not inputs:
+        raise argument_error("add_n", "inputs must be a non-empty list of tensors")
+    shapes = {tuple(i.shape) for i in inputs
+              if getattr(i, "shape", None) is not None and None not in i.shape}
+    if len(shapes) > 1:   # TF1 adds only equal shapes; broadcasting would hide a slip
+        raise ShapeError(f"add_n: the inputs' shapes differ: {sorted(shapes)} (at "
+                         f"{user_source_line()})")
+    total = inputs[0]
+    for term in inputs[1:-1]:
+        total = make("add", total, term)
+    return total if len(inputs) == 1 else make("add", total, inputs[-1], name=name)
+
+
+def stack(values, axis=0, name=None):
+    """tf.stack: the tensors of one shape along a new axis `axis`."""
+    if not isinstance(values, (list, tuple)) or not values:
+        raise argument_error("stack", "values must be a non-empty list of tensors")
+    axis = int_attr("stack", "axis", axis)
+    expanded = [ops.expand_dims(v, axis) for v in values]
+    return make("concat", *expanded, axis=axis, name=name)
+
+
+def one_hot(indices, depth, on_value=1.0, off_value=0.0, axis=-1, dtype=np.float32,
+            name=None):
+    """tf.one_hot along a new last axis: on_value where the index equals the
+    position, off_value elsewhere (an index outside [0, depth) gives a row of
+    off_value, as in TF1)."""
+    depth = int_attr("one_hot", "depth", depth)
+    if axis != -1:
+        raise argument_error("one_hot", f"only axis=-1 (a new last axis) is supported, "
+                                        f"got {axis!r}")
+    if isinstance(indices, (int, list, tuple, np.ndarray, np.integer)):
+        indices = constant(np.asarray(indices, dtype=np.int64))
+    dtype = dtype_attr("one_hot", dtype)
+    hit = ops.equal(ops.expand_dims(indices, -1), constant(np.arange(depth, dtype=np.int64)))
+    return make("where", hit, constant(on_value, dtype), constant(off_value, dtype),
+                name=name)
+
+
+def assign_add(ref, value):
+    """tf.assign_add: ref + value written into Variable ref."""
+    return assign(ref, ref + value)
+
+
+def assign_sub(ref, value):
+    """tf.assign_sub: ref - value written into Variable ref."""
+    return assign(ref, ref - value)

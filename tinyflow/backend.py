@@ -192,8 +192,10 @@ def to_device(xp: Any, array: Any) -> Any:
 
 def draw_random(xp: Any, rng: np.random.Generator, kind: str, shape: Sequence[int],
                 dtype: Any, a: float = 0.0, b: float = 1.0) -> Any:
-    """Random values of `kind` ("normal": mean a, std b; "uniform": [a, b);
-    "random": [0, 1)) from the numpy Generator `rng`, as an array of `xp`.
+    """Random values of `kind` ("normal": mean a, std b; "truncated": the same, but
+    draws more than 2 std from the mean are drawn again, TF1's truncated_normal;
+    "uniform": [a, b); "random": [0, 1)) from the numpy Generator `rng`, as an
+    array of `xp`.
 
     The draw is made on the host even for the GPU, then copied over. cuRAND would
     be faster, but it draws a different sequence from the same seed; drawing with
@@ -204,6 +206,12 @@ def draw_random(xp: Any, rng: np.random.Generator, kind: str, shape: Sequence[in
     """
     if kind == "normal":
         draw = rng.normal(a, b, size=tuple(shape))
+    elif kind == "truncated":
+        draw = rng.normal(a, b, size=tuple(shape))
+        outside = np.abs(draw - a) > 2 * b
+        while outside.any():      # ~4.6% of draws, so a few rounds at most
+            draw[outside] = rng.normal(a, b, size=int(outside.sum()))
+            outside = np.abs(draw - a) > 2 * b
     elif kind == "uniform":
         draw = rng.uniform(a, b, size=tuple(shape))
     elif kind == "random":

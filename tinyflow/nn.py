@@ -29,7 +29,8 @@ __all__ = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "dropout
            "layer_norm", "conv2d", "max_pool", "avg_pool", "bias_add", "linear",
            "moments", "batch_normalization",
            "flatten_layer", "softmax_cross_entropy_with_logits",
-           "softmax_cross_entropy_with_logits_v2",
+           "softmax_cross_entropy_with_logits_v2", "sigmoid_cross_entropy_with_logits",
+           "l2_loss", "leaky_relu", "softplus",
            "sparse_softmax_cross_entropy_with_logits",
            "mean_sparse_softmax_cross_entropy_with_logits", "embedding_lookup",
            "Module", "Linear", "Conv2d", "MaxPool2d", "Embedding", "LayerNorm", "Dropout",
@@ -328,6 +329,43 @@ def softmax_cross_entropy_with_logits_v2(logits: Node | None = None,
     """Per-example cross entropy against a probability distribution; gradients flow
     into both logits and labels (TF1's _v2)."""
     return ops.neg(ops.reduce_sum(labels * log_softmax(logits), -1))
+
+
+def _operand(value: Any) -> Any:
+    """A literal (a number, list or numpy array) as a constant tensor, so that the
+    `*` and `-` below build ops instead of doing Python's list arithmetic."""
+    if hasattr(value, "shape") and not isinstance(value, (np.ndarray, np.generic)):
+        return value   # a graph node or an eager Tensor
+    return ops.constant(value)
+
+
+def sigmoid_cross_entropy_with_logits(labels: Any = None, logits: Any = None) -> Node:
+    """Elementwise logistic loss of `logits` against 0/1 (or probability) `labels`,
+    in TF1's stable form: max(x, 0) - x * z + log(1 + exp(-|x|)) (no overflow for
+    large |x|)."""
+    logits = _operand(logits)
+    return (ops.maximum(logits, 0.0) - logits * labels
+            + ops.log(1.0 + ops.exp(-ops.abs(logits))))
+
+
+def l2_loss(t: Any) -> Node:
+    """TF1's tf.nn.l2_loss: sum(t * t) / 2 (weight decay's penalty)."""
+    t = _operand(t)
+    return ops.reduce_sum(t * t) / 2.0
+
+
+def leaky_relu(features: Any, alpha: float = 0.2) -> Node:
+    """TF1's definition: maximum(alpha * x, x) (for alpha < 1)."""
+    alpha = ops.float_attr("leaky_relu", "alpha", alpha, low=0)
+    features = _operand(features)
+    return ops.maximum(features * alpha, features)
+
+
+def softplus(features: Any) -> Node:
+    """log(1 + exp(x)), as max(x, 0) + log(1 + exp(-|x|)) so a large x does not
+    overflow exp."""
+    features = _operand(features)
+    return ops.maximum(features, 0.0) + ops.log(1.0 + ops.exp(-ops.abs(features)))
 
 
 def embedding_lookup(params: Node, ids: Node) -> Node:

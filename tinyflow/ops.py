@@ -427,10 +427,12 @@ def _random_compute(kind):
     return compute
 
 
-for _name in ("random_normal", "random_uniform"):
-    register(OpDef(_name, _random_compute(_name.split("_")[1]), _source_infer, None,
+for _name, _kind in (("random_normal", "normal"), ("random_uniform", "uniform"),
+                     ("truncated_normal", "truncated")):
+    register(OpDef(_name, _random_compute(_kind), _source_infer, None,
                    pure=False, differentiable=False, random=True,
-                   doc="Random values (normal: mean a, std b; uniform: [a, b))."))
+                   doc="Random values (normal: mean a, std b; uniform: [a, b); "
+                       "truncated: normal, redrawn beyond 2 std)."))
 
 
 # State: tf.assign writes a variable; tf.group runs several ops for their effects.
@@ -1174,13 +1176,19 @@ def _next_seed(seed) -> tuple[int, int, int]:
 
 def random_normal(shape: Shape, mean: float = 0.0, stddev: float = 1.0,
                   dtype: DType = np.float32, seed: int | None = None,
-                  name: str | None = None) -> Node:
+                  name: str | None = None, op: str = "random_normal") -> Node:
     # (A negative stddev built, then failed in every run as numpy's "scale < 0".)
-    return make("random_normal", shape=_shape_attr(shape, "random_normal"),
-                dtype=dtype_attr("random_normal", dtype).name,
-                a=float_attr("random_normal", "mean", mean),
-                b=float_attr("random_normal", "stddev", stddev, low=0),
+    return make(op, shape=_shape_attr(shape, op), dtype=dtype_attr(op, dtype).name,
+                a=float_attr(op, "mean", mean), b=float_attr(op, "stddev", stddev, low=0),
                 seed=_next_seed(seed), name=name)
+
+
+def truncated_normal(shape: Shape, mean: float = 0.0, stddev: float = 1.0,
+                     dtype: DType = np.float32, seed: int | None = None,
+                     name: str | None = None) -> Node:
+    """tf.truncated_normal: normal values, those more than 2 stddev from the mean
+    drawn again (TF1's favourite weight initializer)."""
+    return random_normal(shape, mean, stddev, dtype, seed, name, op="truncated_normal")
 
 
 def random_uniform(shape: Shape, minval: float = 0.0, maxval: float = 1.0,
