@@ -459,6 +459,59 @@ async def test_canvas_rows_kept_across_moves_are_the_rows_drawn_afresh():
             assert kept == _canvas_lines(view), f"after {key!r}"
 
 
+def parallel_record() -> dict:
+    """A pipeline run on 2 ranks as `rank_trace.scheme_record` builds it (what
+    tutorials/train_parallel.py --trace writes): a compute and a comm lane per rank,
+    no step schedule, and each rank's arrays as the memory plan."""
+    import numpy as np
+
+    from tinyflow.rank_trace import scheme_record
+    events = []
+    for rank in range(2):
+        for k, stream in enumerate(("compute", "comm")):
+            start = 0.001 * (rank + k)
+            events.append({"node": f"F{rank}{k}", "op": "F", "stream": f"rank{rank}/{stream}",
+                           "start": start, "end": start + 0.0008})
+    held = {0: {"w0": np.zeros((64, 32)), "b0": np.zeros(32)},
+            1: {"w1": np.zeros((32, 10))}}
+    return scheme_record(events, "pp on 2 ranks", held=held)
+
+
+@pilot_test
+async def test_parallel_lane_names_are_whole_and_distinct():
+    """rank0/compute and rank0/comm were both cut to "rank0/com": the label column
+    is as wide as the longest lane name."""
+    app = DebuggerApp(record=parallel_record(), view="timeline")
+    async with app.run_test(size=(140, 42)) as pilot:
+        await opened(pilot)
+        timeline = app.query_one(TimelineView)
+        rows = timeline.render().plain.split("\n")
+        labels = [rows[r].split()[0] for r in sorted(timeline._lane_rows)]
+        assert labels == ["rank0/comm", "rank0/compute", "rank1/comm", "rank1/compute"]
+        # A click just right of the longer labels still lands on the bar there.
+        row, stream = next(iter(timeline._lane_rows.items()))
+        col = next(c for c, e in enumerate(timeline._cells[stream]) if e is not None)
+        await pilot.click(TimelineView, offset=(timeline.label_width + col + 1, row))
+        assert app.selected == timeline._cells[stream][col]["node"]
+
+
+@pilot_test
+async def test_memory_of_a_parallel_record_shows_bytes_per_rank():
+    """A parallel record's plan holds each rank's bytes (no strategies) and no step
+    schedule (no live bytes): the header says so instead of "peak live 0 B"."""
+    app = DebuggerApp(record=parallel_record(), view="memory")
+    async with app.run_test(size=(140, 42)) as pilot:
+        await opened(pilot)
+        text = app.query_one(MemoryView).render().plain
+        header = "\n".join(text.split("\n")[:2])
+        assert "strategies" not in header and "peak live 0 B" not in header
+        assert "held by 2 ranks 18.8 KiB" in header
+        assert "per rank: rank 0 16.2 KiB · rank 1 2.5 KiB" in header
+        assert "peak live not recorded" in header
+        live = next(line for line in text.split("\n") if line.startswith("live "))
+        assert "not recorded" in live and "▁" not in live
+
+
 # -- snapshots ---------------------------------------------------------------------------
 
 async def _ready(pilot) -> None:

@@ -285,6 +285,28 @@ async def test_follow_shows_scalars_a_training_thread_appends(tmp_path):
     thread.join()
 
 
+@pilot_test
+async def test_follow_of_a_missing_file_says_it_is_waiting(tmp_path):
+    """`--follow` of a path no run has written yet (or a typo) says it waits for that
+    file, not "This record holds no graph."; the record opens once it appears."""
+    path = tmp_path / "missing.json"
+    app = DebuggerApp(str(path), follow=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot)
+        await pilot.pause(0.3)          # a poll or so: still nothing there
+        status = str(app.query_one("#status").render())
+        assert f"waiting for {path} to appear" in status
+        assert f"Waiting for {path} to appear" in str(app.query_one("#loading").render())
+        assert app.model is None
+        trace.save(trace.load(MLP), path)
+        for _ in range(100):
+            if app.model is not None:
+                break
+            await pilot.pause(0.05)
+        assert app.model is not None and app.model.graphs and app.view == "graph"
+        assert "waiting" not in str(app.query_one("#status").render())
+
+
 # -- comparing two records ---------------------------------------------------------------
 
 def test_match_pairs_nodes_by_op_and_source_line():
@@ -331,6 +353,23 @@ def test_diff_report_names_what_fusion_changed(tmp_path):
     assert "only B:" in text and "added by fuse_" in text
     assert "fuse_dense" in text and "≠" in text      # the pass table shows where
     assert "loss" in sections["Scalars"].lines[0]
+
+
+def test_diff_columns_line_up_with_long_node_names():
+    """softmax_cross_entropy_28 (24 characters) pushed its row's times right: every
+    row of a table is as wide as its longest name."""
+    a = trace.load(MLP)
+    b = copy.deepcopy(a)
+    for timeline in b["timelines"]:
+        for event in timeline["events"]:
+            event["end"] += 0.01 if event["node"].startswith("softmax_cross") else 1e-6
+    text = report(RecordModel(a), RecordModel(b))
+    rows = [line for line in text.split("\n") if " -> " in line and "(+" in line]
+    assert any("softmax_cross_entropy_28 " in line for line in rows)
+    assert len(rows) > 1 and len({line.index(" -> ") for line in rows}) == 1
+    moved = [line for line in text.split("\n") if ": " in line and " -> " in line
+             and "(+" not in line]
+    assert len({line.index(" -> ") for line in moved}) <= 1
 
 
 def test_tinyflow_diff_command(tmp_path):

@@ -273,6 +273,15 @@ class DebuggerApp(App):
         self.update_status()
 
     def show_model(self, model: RecordModel) -> None:
+        if self.follow and self.reader is not None:
+            self.set_interval(FOLLOW_SECONDS, self.poll_live)
+            if self.waiting():   # nothing to show yet: say what we wait for
+                self.show_waiting()
+                return
+        self.open_model(model)
+
+    def open_model(self, model: RecordModel) -> None:
+        """Show `model` on the first view, the cursor on the node worth seeing first."""
         self.model = model
         self.pass_index = model.last if model.graphs else 0
         self.run_index = self.first_run(model)
@@ -286,8 +295,25 @@ class DebuggerApp(App):
         if self.view == "compare" and self.other is None:
             self.first_view = "graph"
         self.action_show(self.first_view)
-        if self.follow and self.reader is not None:
-            self.set_interval(FOLLOW_SECONDS, self.poll_live)
+
+    def waiting(self) -> bool:
+        """--follow of a file that is not there yet (nor its live lines): a run that
+        has not started, or a mistyped path. Either way the user must see which."""
+        return self.follow and self.reader is not None and self.reader.record is None
+
+    def show_waiting(self) -> None:
+        """In place of the views, until the file appears: which file, and why the
+        screen is empty (an empty record's "holds no graph" hid a typo)."""
+        styles = palette.styles(self.dark)
+        text = Text()
+        text.append(f"Waiting for {self.path} to appear …\n\n", styles["warn"])
+        text.append(f"No file {os.path.abspath(self.path)} yet, nor its live lines "
+                    f"({os.path.basename(trace.live_path(self.path))}). It opens here "
+                    "as soon as a run writes it (tf.debug.record(PATH, live=True)).\n"
+                    "If no run is writing it, check the path.\n\n")
+        text.append("Press q to quit.", styles["dim"])
+        self.query_one("#loading", Static).update(text)
+        self.update_status()
 
     @staticmethod
     def first_run(model: RecordModel) -> int:
@@ -308,9 +334,12 @@ class DebuggerApp(App):
             return
         if not changed:
             return
-        at_last_run = self.model is None or self.run_index >= len(self.model.timelines) - 1
         model = RecordModel(self.reader.record, self.path or "")
-        if self.model is not None and model.graphs and not self.model.graphs:
+        if self.model is None:   # the file we were waiting for appeared
+            self.open_model(model)
+            return
+        at_last_run = self.run_index >= len(self.model.timelines) - 1
+        if model.graphs and not self.model.graphs:
             self.selected = model.graphs[-1]["outputs"][0] if model.graphs[-1]["outputs"] \
                 else self.selected
         self.model = model
@@ -346,7 +375,10 @@ class DebuggerApp(App):
         text.append("tinyflow debug ", styles["title"])
         model = self.model
         if model is None:
-            text.append("· loading" if self.error is None else "· error", styles["dim"])
+            if self.waiting():   # first, so that 80 columns show it whole
+                text.append(f"· waiting for {self.path} to appear", styles["warn"])
+            else:
+                text.append("· loading" if self.error is None else "· error", styles["dim"])
             self.query_one("#status", Static).update(text, layout=False)
             return
         for k, name in enumerate(VIEWS, start=1):

@@ -65,6 +65,12 @@ def _why(model: RecordModel, node_id: str) -> str:
     return model.origin(node_id) or model.fate(node_id) or "in the input graph"
 
 
+def name_width(names) -> int:
+    """Columns for a table's first column: its longest name, so the columns after
+    it line up (ids such as softmax_cross_entropy_29 are longer than most)."""
+    return max((len(name) for name in names), default=0)
+
+
 def _more(lines: list[str], total: int) -> list[str]:
     if total > LISTED:
         lines.append(f"... {total - LISTED} more")
@@ -75,10 +81,12 @@ def graph_section(a: RecordModel, b: RecordModel) -> tuple[Section, dict[str, st
     section = Section("Graphs (after each pass, nodes matched by op and source line)")
     passes_a = {p.name: p.nodes_after for p in a.passes}
     passes_b = {p.name: p.nodes_after for p in b.passes}
-    for name in dict.fromkeys(list(passes_a) + list(passes_b)):
+    names = list(dict.fromkeys(list(passes_a) + list(passes_b)))
+    width = name_width(names)
+    for name in names:
         na, nb = passes_a.get(name, "-"), passes_b.get(name, "-")
         mark = "" if na == nb else "   ≠"
-        section.lines.append(f"  {name:<16} A {na!s:>6}   B {nb!s:>6}{mark}")
+        section.lines.append(f"  {name:<{width}} A {na!s:>6}   B {nb!s:>6}{mark}")
     pairs, only_a, only_b = match(a.nodes(), b.nodes()) if a.graphs and b.graphs \
         else ({}, [], [])
     section.lines.append(f"  matched {len(pairs)} nodes; only in A: {len(only_a)}, "
@@ -109,10 +117,11 @@ def memory_section(a: RecordModel, b: RecordModel, pairs: dict[str, str]) -> Sec
         if ta and tb and ta["offset"] != tb["offset"]:
             moved.append((a_id, ta, tb))
     section.lines.append(f"  {len(moved)} matched tensors moved in the arena")
+    width = name_width(a_id + ":" for a_id, _, _ in moved[:LISTED])
     for a_id, ta, tb in moved[:LISTED]:
         where = lambda t: "outside" if t["offset"] is None else fmt_bytes(t["offset"])
-        section.lines.append(f"  {a_id}: {where(ta)} -> {where(tb)} ({fmt_bytes(tb['nbytes'])}"
-                             f"); B: {tb['reason']}")
+        section.lines.append(f"  {a_id + ':':<{width}} {where(ta):>10} -> {where(tb):>10} "
+                             f"({fmt_bytes(tb['nbytes'])}); B: {tb['reason']}")
     _more(section.lines, len(moved))
     return section
 
@@ -149,9 +158,10 @@ def timeline_section(a: RecordModel, b: RecordModel, pairs: dict[str, str]) -> S
     slower.sort(reverse=True)
     section.lines.append("  matched steps that got slower in B:")
     shown = [s for s in slower if s[0] > 0][:LISTED]
+    width = name_width(aid for _, aid, _ in shown)
     for delta, aid, bid in shown:
-        section.lines.append(f"  {aid:<22} {fmt_time(ta[aid]):>9} -> {fmt_time(tb[bid]):>9}"
-                             f"  (+{fmt_time(delta)})")
+        section.lines.append(f"  {aid:<{width}} {fmt_time(ta[aid]):>9} -> "
+                             f"{fmt_time(tb[bid]):>9}  (+{fmt_time(delta)})")
     if not shown:
         section.lines.append("  (none)")
     return section
@@ -160,8 +170,9 @@ def timeline_section(a: RecordModel, b: RecordModel, pairs: dict[str, str]) -> S
 def scalars_section(a: RecordModel, b: RecordModel) -> Section:
     section = Section("Scalars (curves view 4 overlays them)")
     names = list(dict.fromkeys(list(a.record["scalars"]) + list(b.record["scalars"])))
+    width = name_width(names)
     for name in names:
-        row = f"  {name:<16}"
+        row = f"  {name:<{width}}"
         for label, model in (("A", a), ("B", b)):
             values = [v for _, v in model.record["scalars"].get(name, []) if v is not None]
             row += f"   {label} last {values[-1]:.4g} min {min(values):.4g}" if values \

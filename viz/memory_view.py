@@ -5,7 +5,9 @@ it is alive, its rows the bytes it occupies. Reuse is visible at a glance, as in
 XLA's memory viewer: blocks stacked in the same rows at different times share those
 bytes. Beside the map: arena, naive (every tensor its own memory) and lower-bound
 (the most bytes ever alive at once) sizes, the reuse ratio, the other strategies'
-arena sizes, and the live-bytes curve over the steps.
+arena sizes, and the live-bytes curve over the steps. A parallel run's record
+(tinyflow/rank_trace.py) holds no plan of one program but the arrays each rank
+holds, end to end: its header shows the bytes per rank instead.
 
 Selecting a block (arrows, or a click) says why it sits there: the planner's reason,
 the freed tensor whose space it took, the input it overwrote in place, and every
@@ -22,13 +24,14 @@ from textual.events import Click
 from textual.widget import Widget
 
 from viz import palette
-from viz.model import fmt_bytes
+from viz.model import fmt_bytes, held_per_rank
 
 if TYPE_CHECKING:
     from viz.app import DebuggerApp
 
 LABEL = 9    # columns for the offset labels
 SPARK = "▁▂▃▄▅▆▇█"
+NO_LIVE = "not recorded: the record has no step schedule"
 
 
 class MemoryView(palette.TextLines, Widget):
@@ -94,20 +97,11 @@ class MemoryView(palette.TextLines, Widget):
             text.append("This record holds no memory plan (compiled with memory=None).",
                         styles["dim"])
             return text
-        text.append("arena ", styles["dim"])
-        text.append(fmt_bytes(stats["arena"]), styles["title"])
-        text.append(" · naive ", styles["dim"])
-        text.append(fmt_bytes(stats["naive"]), styles["title"])
-        text.append(" · lower bound ", styles["dim"])
-        text.append(fmt_bytes(stats["lower_bound"]), styles["title"])
-        text.append(" · reuse ", styles["dim"])
-        text.append(f"{stats['reuse']:.2f}x", styles["ok"])
-        text.append(f" · peak live {fmt_bytes(max(model.live.values(), default=0))}"
-                    f" · {stats['strategy']}\n", styles["dim"])
-        others = " · ".join(f"{name} {fmt_bytes(size)}"
-                            for name, size in sorted(stats["strategies"].items(),
-                                                     key=lambda kv: kv[1]))
-        text.append(f"strategies: {others}\n", styles["dim"])
+        per_rank = held_per_rank(stats)
+        if per_rank is None:
+            self._plan_header(text, model, stats, styles)
+        else:
+            self._ranks_header(text, model, per_rank, styles)
 
         tensor = self.selected_tensor()
         blame = model.blame(tensor["node"]) if tensor else None
@@ -178,6 +172,10 @@ class MemoryView(palette.TextLines, Widget):
             text.append("\n")
         # The live-bytes curve: the most bytes alive in each column's steps.
         text.append(f"{'live':<{LABEL}}", styles["dim"])
+        if not model.live:   # a flat line would read as "nothing alive"
+            text.append(f"{NO_LIVE}\n", styles["dim"])
+            text.append_text(info)
+            return text
         peak = max(model.live.values(), default=0) or 1
         for c in range(cols):
             lo, hi = c * steps // cols, max((c + 1) * steps // cols, c * steps // cols + 1)
@@ -187,6 +185,38 @@ class MemoryView(palette.TextLines, Widget):
         text.append("\n")
         text.append_text(info)
         return text
+
+    @staticmethod
+    def _plan_header(text: Text, model, stats: dict, styles: dict) -> None:
+        """Two lines over a compiled program's plan: its sizes, then the arena
+        sizes the other strategies would have needed."""
+        text.append("arena ", styles["dim"])
+        text.append(fmt_bytes(stats["arena"]), styles["title"])
+        text.append(" · naive ", styles["dim"])
+        text.append(fmt_bytes(stats["naive"]), styles["title"])
+        text.append(" · lower bound ", styles["dim"])
+        text.append(fmt_bytes(stats["lower_bound"]), styles["title"])
+        text.append(" · reuse ", styles["dim"])
+        text.append(f"{stats['reuse']:.2f}x", styles["ok"])
+        text.append(f" · peak live {peak_live(model)} · {stats['strategy']}\n",
+                    styles["dim"])
+        others = " · ".join(f"{name} {fmt_bytes(size)}"
+                            for name, size in sorted(stats["strategies"].items(),
+                                                     key=lambda kv: kv[1]))
+        text.append(f"strategies: {others}\n", styles["dim"])
+
+    @staticmethod
+    def _ranks_header(text: Text, model, per_rank: dict[str, int], styles: dict) -> None:
+        """Two lines over a parallel run's record: the bytes the ranks hold, in all
+        and per rank. Its map is each rank's arrays end to end, not one arena, so
+        naive, lower bound and reuse would mean nothing here."""
+        text.append(f"held by {len(per_rank)} ranks ", styles["dim"])
+        text.append(fmt_bytes(sum(per_rank.values())), styles["title"])
+        text.append(" · most on one rank ", styles["dim"])
+        text.append(fmt_bytes(max(per_rank.values())), styles["title"])
+        text.append(f" · peak live {peak_live(model)}\n", styles["dim"])
+        ranks = " · ".join(f"{name} {fmt_bytes(size)}" for name, size in per_rank.items())
+        text.append(f"per rank: {ranks}\n", styles["dim"])
 
     def _info(self, model, tensor: dict | None, blame, styles: dict) -> Text:
         text = Text(end="")
@@ -226,6 +256,12 @@ class MemoryView(palette.TextLines, Widget):
         r, c = offset.y - self._map_top, offset.x - LABEL
         if 0 <= r < len(self._grid) and 0 <= c < len(self._grid[r]) and self._grid[r][c]:
             self.tapp.select(self._grid[r][c]["node"])
+
+
+def peak_live(model) -> str:
+    """The most arena bytes alive at once, counted over the step schedule; a record
+    without one (a parallel run's) does not say, and 0 B would be wrong."""
+    return fmt_bytes(max(model.live.values())) if model.live else "not recorded"
 
 
 def label(tensor: dict) -> str:

@@ -412,6 +412,23 @@ class RecordModel:
                 "strategies": self.plan["strategies"]}
 
 
+def held_per_rank(stats: dict[str, Any]) -> dict[str, int] | None:
+    """{"rank 0": bytes, ...} when the plan is a parallel run's, else None.
+
+    A parallel run's record (tinyflow/rank_trace.py, `scheme_record`) has no plan of
+    one program: its "plan" is the arrays each rank holds, laid end to end, and the
+    plan's "strategies" slot (the only per-name sizes the format has) holds each
+    rank's total, named "rank <r>". Those are not arena sizes of other strategies,
+    so the memory view must not label them as such.
+    """
+    sizes = stats.get("strategies") or {}
+    rank = lambda name: int(name[5:]) if name.startswith("rank ") and \
+        name[5:].isdigit() else None
+    if not sizes or any(rank(name) is None for name in sizes):
+        return None
+    return dict(sorted(sizes.items(), key=lambda kv: rank(kv[0])))   # rank 2 before 10
+
+
 def fmt_bytes(n: float | None) -> str:
     """1536 -> '1.5 KiB' (tinyflow's format_bytes); '-' for a size not known."""
     return "-" if n is None else format_bytes(n)

@@ -27,7 +27,7 @@ from viz.model import fmt_bytes, fmt_shape, fmt_time
 if TYPE_CHECKING:
     from viz.app import DebuggerApp
 
-LABEL = 10   # columns for the lane names
+LABEL = 10   # the fewest columns for the lane names (wider when a name needs it)
 
 
 class TimelineView(palette.TextLines, Widget):
@@ -45,6 +45,7 @@ class TimelineView(palette.TextLines, Widget):
         self._lane_rows: dict[int, int] = {}  # row on screen -> stream
         self._cells: dict[int, list] = {}      # stream -> owner event per column
         self.all_runs = False                  # op table over every recorded run
+        self.label_width = LABEL               # columns of the lane names, as drawn
 
     @property
     def tapp(self) -> DebuggerApp:
@@ -150,7 +151,10 @@ class TimelineView(palette.TextLines, Widget):
             return text
         run = app.run_index
         timeline = model.timelines[run]
-        width = max(self.size.width - LABEL, 10)
+        lanes = model.lanes(run)
+        label_cols = self.label_width = self._label_columns(
+            [model.streams.get(s, str(s)) for s in lanes])
+        width = max(self.size.width - label_cols, 10)
         start, span = self.window()
         per_col = span / width
         critical = model.critical_path(run)
@@ -175,12 +179,12 @@ class TimelineView(palette.TextLines, Widget):
                 if col + k < width:
                     axis[col + k] = ch
             col += max(len(label) + 2, 12)
-        text.append(" " * LABEL + "".join(axis) + "\n", styles["axis"])
+        text.append(" " * label_cols + "".join(axis) + "\n", styles["axis"])
 
         self._lane_rows.clear()
         self._cells.clear()
         row = 2
-        for stream, events in model.lanes(run).items():
+        for stream, events in lanes.items():
             owners = self._owners(events, start, per_col, width)
             if selected is not None and selected["stream"] == stream:
                 c0 = int((selected["start"] - start) / per_col)
@@ -190,12 +194,12 @@ class TimelineView(palette.TextLines, Widget):
             self._cells[stream] = owners
             self._lane_rows[row] = stream
             name = model.streams.get(stream, str(stream))
-            text.append(f"{name[:LABEL - 1]:<{LABEL}}", styles["title"])
+            text.append(lane_label(name, label_cols), styles["title"])
             self._bars(text, owners, selected if selected is not None and
                        selected["stream"] == stream else None, styles, app.dark, start,
                        per_col, model, run)
             text.append("\n")
-            text.append(" " * LABEL)
+            text.append(" " * label_cols)
             for owner in owners:
                 on_path = owner is not None and id(owner) in critical
                 text.append("━" if on_path else " ", styles["crit"] if on_path else None)
@@ -273,6 +277,13 @@ class TimelineView(palette.TextLines, Widget):
                 f" = {row['outlier']:.0f}x mean ⚠" if flag else "") + "\n",
                 styles["warn"] if flag else styles["dim"])
 
+    def _label_columns(self, names: list[str]) -> int:
+        """Columns for the lane names: the longest name and a space, so lanes such
+        as rank0/compute and rank0/comm are told apart; at least LABEL, and at most a
+        third of the view, so the bars keep most of the width."""
+        longest = max((len(name) for name in names), default=0) + 1
+        return max(LABEL, min(longest, self.size.width // 3))
+
     @staticmethod
     def _owners(events: list[dict], start: float, per_col: float, width: int) -> list:
         """For each column, the event that covers most of it (None: idle)."""
@@ -341,9 +352,20 @@ class TimelineView(palette.TextLines, Widget):
         if offset is None:
             return
         stream = self._lane_rows.get(offset.y)
-        if stream is None or offset.x < LABEL:
+        if stream is None or offset.x < self.label_width:
             return
         owners = self._cells.get(stream, [])
-        col = offset.x - LABEL
+        col = offset.x - self.label_width
         if 0 <= col < len(owners) and owners[col] is not None:
             self.choose(owners[col])
+
+
+def lane_label(name: str, columns: int) -> str:
+    """`name` padded to `columns` with at least one space after it. A name too long
+    for them keeps its start and its end around "…" (rank12…pute0 in 13), the parts
+    that tell one lane from another, rather than losing its end."""
+    room = columns - 1
+    if len(name) > room:
+        head = room // 2
+        name = name[:head] + "…" + name[len(name) - (room - head - 1):]
+    return name.ljust(columns)
