@@ -553,3 +553,21 @@ def test_stop_gradient_exports_as_identity(tmp_path):
     assert "Identity" in {n.op_type for n in onnx.load(str(path)).graph.node}
     got = ort.InferenceSession(str(path)).run(None, {"x": np.ones((2, 3), np.float32)})[0]
     np.testing.assert_array_equal(got, np.full((2, 3), 3.0, np.float32))
+
+
+def test_min_and_argmin_export_and_import_through_onnx_runtime(tmp_path):
+    x = tf.placeholder(np.float32, (3, 4), name="x")
+    low = tf.reduce_min(x, 1, keepdims=True) + tf.expand_dims(
+        tf.cast(tf.argmin(x, 1), tf.float32), 1)
+    path = tmp_path / "min.onnx"
+    onnx_io.export(low, {x: (3, 4)}, path, passes=[])
+    assert {"ReduceMin", "ArgMin"} <= {n.op_type for n in onnx.load(str(path)).graph.node}
+    value = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    expected = value.min(1, keepdims=True) + value.argmin(1).astype(np.float32)[:, None]
+    got = ort.InferenceSession(str(path)).run(None, {"x": value})[0]
+    np.testing.assert_array_equal(got, expected)
+    imported = onnx_io.load(path)    # and back: ReduceMin and ArgMin import
+    sess = tf.Session()
+    sess.run(imported.initializer)
+    np.testing.assert_array_equal(sess.run(imported.output, {imported.input: value}),
+                                  expected)

@@ -256,6 +256,11 @@ GRAD_CASES: dict[str, Callable[[np.random.Generator], list[GradCase]]] = {
         C(lambda x: tf.reduce_max(x, 1), distinct(r, 2, 3, 2), label="axis 1"),
         C(lambda x: tf.reduce_max(x, (0, 2), keepdims=True), distinct(r, 2, 3, 2),
           label="axes (0, 2) keepdims")],
+    "min": lambda r: [
+        C(tf.reduce_min, distinct(r, 2, 3), label="all"),
+        C(lambda x: tf.reduce_min(x, 1), distinct(r, 2, 3, 2), label="axis 1"),
+        C(lambda x: tf.reduce_min(x, (0, 2), keepdims=True), distinct(r, 2, 3, 2),
+          label="axes (0, 2) keepdims")],
     # Shape ops
     "reshape": lambda r: [
         C(lambda x: tf.reshape(x, (3, -1)), normal(r, 2, 3, 2), label="-1"),
@@ -518,7 +523,8 @@ def test_softmax_over_no_classes_is_empty(op):
 
 
 @pytest.mark.parametrize("build", [lambda x: tf.reduce_max(x, 1), tf.reduce_max,
-                                   lambda x: tf.argmax(x, 1), ops.argmax])
+                                   lambda x: tf.argmax(x, 1), ops.argmax,
+                                   lambda x: tf.reduce_min(x, 1), ops.argmin])
 def test_max_and_argmax_over_an_empty_axis_are_named(build):
     """numpy's message was 'zero-size array to reduction operation maximum which has
     no identity' (or 'attempt to get argmax of an empty sequence')."""
@@ -967,6 +973,11 @@ FORWARD_CASES = [
     FwdCase("argmax", "axis 1 (first of ties)", lambda x: tf.argmax(x, 1), [TIES],
             lambda x: np.argmax(x, 1)),
     FwdCase("argmax", "all", ops.argmax, [X4], np.argmax),
+    FwdCase("argmin", "axis 1 (first of ties)", lambda x: tf.argmin(x, 1), [TIES],
+            lambda a: np.argmin(a, 1)),
+    FwdCase("argmin", "TF1's default axis 0", tf.argmin, [X4], lambda a: np.argmin(a, 0)),
+    FwdCase("min", "axis 1 with ties", lambda x: tf.reduce_min(x, 1), [TIES],
+            lambda a: np.min(a, 1)),
     FwdCase("argmax", "TF1's default axis 0", tf.argmax, [X4], lambda a: np.argmax(a, 0)),
     FwdCase("reshape", "0 and -1", lambda x: tf.reshape(x, (0, -1)), [X4],
             lambda x: x.reshape(2, 12)),

@@ -702,3 +702,22 @@ def test_nn_losses_and_activations_tf1_defines():
     np.testing.assert_array_equal(sess.run(tf.nn.leaky_relu(tf.constant([-1.0, 2.0]))),
                                   np.array([-0.2, 2.0], np.float32))
     assert sess.run(tf.nn.l2_loss(tf.constant([3.0, 4.0]))) == 12.5
+
+
+def test_min_argmin_and_tf1_keyword_spellings():
+    a = np.array([[3.0, 1.0, 1.0], [0.0, 2.0, -1.0]], np.float32)
+    x = tf.constant(a)
+    sess = tf.Session()
+    np.testing.assert_array_equal(sess.run(tf.reduce_min(x, reduction_indices=1)), [1, -1])
+    np.testing.assert_array_equal(sess.run(tf.argmin(x)), [1, 0, 1])     # axis 0
+    np.testing.assert_array_equal(sess.run(tf.argmin(x, 1)), [1, 2])     # first of ties
+    (g,) = tf.gradients(tf.reduce_min(x), [x])                            # to the minimum
+    np.testing.assert_array_equal(sess.run(g), [[0, 0, 0], [0, 0, 1]])
+    np.testing.assert_array_equal(sess.run(tf.transpose(x, perm=[1, 0])), a.T)
+    np.testing.assert_array_equal(sess.run(tf.squeeze(tf.zeros((1, 3, 1)), squeeze_dims=[0])),
+                                  np.zeros((3, 1)))
+    assert sess.run(tf.zeros_like(x, dtype=tf.int32)).dtype == np.int32
+    assert sess.run(tf.ones_like(x, dtype=tf.float64)).dtype == np.float64
+    assert (tf.int8, tf.int16, tf.uint8, tf.uint16) == (np.int8, np.int16, np.uint8, np.uint16)
+    with pytest.raises(ShapeError, match="no element to take the min of"):
+        tf.reduce_min(tf.zeros((2, 0)), 1)

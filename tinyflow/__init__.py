@@ -34,12 +34,13 @@ tinyflow never imports it.
 
 from tinyflow import debug, eager, nn, ops, trace
 from tinyflow import optim as train
-from tinyflow.api import (Variable, add, add_n, argmax, assign, assign_add, assign_sub, bool_,
-                          clip_by_value, divide, equal, float16, float32, float64,
+from tinyflow.api import (Variable, add, add_n, argmax, argmin, assign, assign_add, assign_sub,
+                          bool_, clip_by_value, divide, equal, float16, float32, float64,
                           global_variables, global_variables_initializer, gradients, group,
-                          infer_variable_shapes, initialize_all_variables, int32, int64,
-                          multiply, negative, normal, one_hot, ones, placeholder,
-                          random_normal, random_uniform, reduce_max, reduce_mean, reduce_sum,
+                          infer_variable_shapes, initialize_all_variables, int8, int16, int32,
+                          int64, multiply, negative, normal, one_hot, ones, placeholder,
+                          random_normal, random_uniform, reduce_max, reduce_mean, reduce_min,
+                          reduce_sum, uint8, uint16,
                           reset_default_graph, set_random_seed, square, stack, subtract,
                           trainable_variables, truncated_normal, variables_initializer, zeros)
 from tinyflow.executor import Program, compile
@@ -67,7 +68,7 @@ __all__ = [
     "debug", "eager", "function", "nn", "ops", "trace", "train", "Variable", "argmax",
     "assign", "bool", "bool_", "add", "add_n", "assign_add", "assign_sub", "clip_by_value",
     "divide", "multiply", "negative", "one_hot", "square", "stack", "subtract",
-    "truncated_normal",
+    "truncated_normal", "argmin", "reduce_min", "int8", "int16", "uint8", "uint16",
     "equal", "float16", "float32", "float64", "global_variables", "global_variables_initializer",
     "gradients", "group", "infer_variable_shapes", "initialize_all_variables", "int32",
     "int64", "normal", "ones", "placeholder", "random_normal", "random_uniform",

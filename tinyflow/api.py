@@ -21,6 +21,7 @@ from tinyflow.registry import source_kind
 
 float16, float32, float64 = np.float16, np.float32, np.float64
 int32, int64, bool_ = np.int32, np.int64, np.bool_
+int8, int16, uint8, uint16 = np.int8, np.int16, np.uint8, np.uint16
 
 # Assign nodes that initialize the Variables created so far, one per Variable that has
 # an initial value (what TF1's global_variables_initializer runs).
@@ -258,10 +259,20 @@ def reduce_max(x, axis=None, keepdims=False, reduction_indices=None, keep_dims=N
     return ops.reduce_max(x, _axis(axis, reduction_indices), _keepdims(keepdims, keep_dims))
 
 
+def reduce_min(x, axis=None, keepdims=False, reduction_indices=None, keep_dims=None):
+    return ops.reduce_min(x, _axis(axis, reduction_indices), _keepdims(keepdims, keep_dims))
+
+
 def argmax(x, axis=None, dimension=None):
     """tf.argmax: the index of the largest value along `axis` (TF1's default: 0)."""
     axis = axis if axis is not None else dimension
     return ops.argmax(x, 0 if axis is None else axis)
+
+
+def argmin(x, axis=None, dimension=None):
+    """tf.argmin: the index of the smallest value along `axis` (TF1's default: 0)."""
+    axis = axis if axis is not None else dimension
+    return ops.argmin(x, 0 if axis is None else axis)
 
 
 def equal(a, b):

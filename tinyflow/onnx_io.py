@@ -439,11 +439,14 @@ def _reduce(op: str) -> Callable:
     return translate
 
 
-def _argmax(im: _Importer, attrs: dict) -> Node:
-    if attrs.get("select_last_index", 0):
-        raise im.fail("select_last_index=1 is not supported")
-    y = ops.argmax(im.input(0), int(attrs.get("axis", 0)))
-    return shape_ops.expand_dims(y, int(attrs.get("axis", 0))) if attrs.get("keepdims", 1) else y
+def _arg(op: str) -> Callable:
+    def translate(im: _Importer, attrs: dict) -> Node:
+        if attrs.get("select_last_index", 0):
+            raise im.fail("select_last_index=1 is not supported")
+        axis = int(attrs.get("axis", 0))
+        y = ops.make(op, im.input(0), axis=axis)
+        return shape_ops.expand_dims(y, axis) if attrs.get("keepdims", 1) else y
+    return translate
 
 
 def _cast(im: _Importer, attrs: dict) -> Node:
@@ -498,7 +501,8 @@ IMPORTERS: dict[str, Callable[[_Importer, dict], Node]] = {
     "Slice": _slice, "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Expand": _expand,
     "ReduceSum": _reduce("sum"), "ReduceMean": _reduce("mean"), "ReduceMax": _reduce("max"),
-    "ArgMax": _argmax, "Cast": _cast, "Constant": _constant, "Identity": _identity,
+    "ReduceMin": _reduce("min"), "ArgMax": _arg("argmax"), "ArgMin": _arg("argmin"),
+    "Cast": _cast, "Constant": _constant, "Identity": _identity,
     "Dropout": _dropout, "SoftmaxCrossEntropyLoss": _softmax_xent,
 }
 
@@ -697,11 +701,13 @@ def _ex_reduce(onnx_op: str) -> Callable:
     return write
 
 
-def _ex_argmax(w: _Writer, n: Node, ins: list[str], out: str) -> str:
-    if n.attrs.get("axis") is None:
-        flat = w.emit("Reshape", [ins[0], w.ints([-1], n, "shape")], None, n)
-        return w.emit("ArgMax", [flat], out, n, axis=0, keepdims=0)
-    return w.emit("ArgMax", ins, out, n, axis=int(n.attrs["axis"]), keepdims=0)
+def _ex_arg(onnx_op: str) -> Callable:
+    def write(w: _Writer, n: Node, ins: list[str], out: str) -> str:
+        if n.attrs.get("axis") is None:
+            flat = w.emit("Reshape", [ins[0], w.ints([-1], n, "shape")], None, n)
+            return w.emit(onnx_op, [flat], out, n, axis=0, keepdims=0)
+        return w.emit(onnx_op, ins, out, n, axis=int(n.attrs["axis"]), keepdims=0)
+    return write
 
 
 def _ex_last_axis(onnx_op: str) -> Callable:
@@ -834,7 +840,8 @@ EXPORTERS: dict[str, Callable[[_Writer, Node, list[str], str], str]] = {
     **{op: _ex_elementwise(onnx_op) for onnx_op, op in ELEMENTWISE.items()},
     "matmul": _ex_matmul, "bias_add": _ex_bias_add,
     "sum": _ex_reduce("ReduceSum"), "mean": _ex_reduce("ReduceMean"),
-    "max": _ex_reduce("ReduceMax"), "argmax": _ex_argmax,
+    "max": _ex_reduce("ReduceMax"), "min": _ex_reduce("ReduceMin"),
+    "argmax": _ex_arg("ArgMax"), "argmin": _ex_arg("ArgMin"),
     "softmax": _ex_last_axis("Softmax"), "log_softmax": _ex_last_axis("LogSoftmax"),
     "layer_norm": _ex_layer_norm, "gelu": _ex_gelu, "conv2d": _ex_conv,
     "max_pool2d": _ex_pool("MaxPool"), "avg_pool2d": _ex_pool("AveragePool"),

@@ -850,15 +850,17 @@ def _reduce_infer(method, needs_an_element=False):
 
 
 def _check_not_empty(op: str, shape: tuple, axes: tuple) -> None:
-    """A max (or argmax) over an axis of size 0 has no value: say so (numpy: 'zero-size
-    array to reduction operation maximum which has no identity'). A sum or mean over
-    nothing is 0 or NaN. Checked by the shape rule alone: a kernel runs only on
-    shapes its rule has seen (a program is specialized to the fed shapes, and an
-    eager op asks the rule first), so the kernels need not check again each run."""
+    """A max or min (or argmax, argmin) over an axis of size 0 has no value: say so
+    (numpy: 'zero-size array to reduction operation maximum which has no
+    identity'). A sum or mean over nothing is 0 or NaN. Checked by the shape rule
+    alone: a kernel runs only on shapes its rule has seen (a program is specialized
+    to the fed shapes, and an eager op asks the rule first), so the kernels need
+    not check again each run."""
     empty = [a for a in axes if shape[a] == 0]
     if empty:
         raise Mismatch(f"{op} over axis {empty[0]} of size 0 (shape {tuple(shape)}) has "
-                       "no value: there is no element to take the max of")
+                       f"no value: there is no element to take the {op.removeprefix('arg')} "
+                       "of")
 
 
 def _reduce_compute(method):
@@ -897,9 +899,10 @@ def _mean_grad(n, g):
     return [_expand_reduced(g, n) / count_ratio(x, n)]
 
 
-def _max_grad(n, g):
+def _extreme_grad(n, g):
+    """The gradient of a max or a min: it goes to the elements equal to the result,
+    split evenly among ties (TF1's rule)."""
     x = n.inputs[0]
-    # The gradient goes to the elements equal to the max, split evenly among ties.
     peak = _expand_reduced(n, n)
     mask = cast(equal(x, peak), x.dtype)
     share = mask / _expand_reduced(reduce_sum(mask, n.attrs.get("axis"), keepdims=n.attrs.get(
@@ -912,8 +915,9 @@ register(OpDef("sum", _reduce_compute("sum"), _reduce_infer("sum"),
 register(OpDef("mean", _reduce_compute("mean"), _reduce_infer("mean"), _mean_grad,
                doc="mean over axes"))
 register(OpDef("max", _reduce_compute("max"), _reduce_infer("max", needs_an_element=True),
-               _max_grad,
-               doc="max over axes"))
+               _extreme_grad, doc="max over axes"))
+register(OpDef("min", _reduce_compute("min"), _reduce_infer("min", needs_an_element=True),
+               _extreme_grad, doc="min over axes"))
 
 
 def _count_ratio_compute(xp, y, x, out=None):
@@ -930,23 +934,28 @@ def count_ratio(y: Node, x: Node) -> Node:
     return make("count_ratio", y, x)
 
 
-def _argmax_compute(xp, x, out=None, axis=None):
-    return xp.argmax(x, axis=axis)
+def _arg_compute(method):
+    def compute(xp, x, out=None, axis=None):
+        return getattr(xp, method)(x, axis=axis)
+    return compute
 
 
-def _argmax_infer(shapes, dtypes, attrs):
-    shape = shapes[0]
-    axis = attrs.get("axis")
-    if shape is not None:
-        _check_not_empty("argmax", shape, normalize_axes(axis, len(shape)))
-    if axis is None:
-        return (), np.dtype(np.int64)
-    (ax,) = normalize_axes(axis, len(shape))
-    return tuple(d for i, d in enumerate(shape) if i != ax), np.dtype(np.int64)
+def _arg_infer(method):
+    def infer(shapes, dtypes, attrs):
+        shape = shapes[0]
+        axis = attrs.get("axis")
+        if shape is not None:
+            _check_not_empty(method, shape, normalize_axes(axis, len(shape)))
+        if axis is None:
+            return (), np.dtype(np.int64)
+        (ax,) = normalize_axes(axis, len(shape))
+        return tuple(d for i, d in enumerate(shape) if i != ax), np.dtype(np.int64)
+    return infer
 
 
-register(OpDef("argmax", _argmax_compute, _argmax_infer, None, differentiable=False,
-               doc="index of the max along an axis"))
+for _name in ("argmax", "argmin"):
+    register(OpDef(_name, _arg_compute(_name), _arg_infer(_name), None, differentiable=False,
+                   doc=f"index of the {_name[3:]} along an axis (the first of ties)"))
 
 
 # ----------------------------------------------------------------------------------
@@ -975,8 +984,16 @@ def greater(a: Operand, b: Operand) -> Node: return make("greater", a, b)
 def greater_equal(a: Operand, b: Operand) -> Node: return make("greater_equal", a, b)
 def equal(a: Operand, b: Operand) -> Node: return make("equal", a, b)
 def not_equal(a: Operand, b: Operand) -> Node: return make("not_equal", a, b)
-def zeros_like(x: Operand) -> Node: return make("zeros_like", x)
-def ones_like(x: Operand) -> Node: return make("ones_like", x)
+def zeros_like(x: Operand, dtype: DType | None = None) -> Node:
+    """Zeros of x's shape, in x's dtype or `dtype` (TF1's argument)."""
+    zeros = make("zeros_like", x)
+    return zeros if dtype is None else cast(zeros, dtype)
+
+
+def ones_like(x: Operand, dtype: DType | None = None) -> Node:
+    """Ones of x's shape, in x's dtype or `dtype` (TF1's argument)."""
+    ones = make("ones_like", x)
+    return ones if dtype is None else cast(ones, dtype)
 def stop_gradient(x: Operand) -> Node: return make("stop_gradient", x)
 def where(cond: Operand, a: Operand, b: Operand) -> Node:
     """tf.where(cond, a, b): a where cond holds, else b, broadcasting as numpy does;
@@ -1127,8 +1144,17 @@ def reduce_max(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
                 keepdims=bool_attr("reduce_max", "keepdims", keepdims))
 
 
+def reduce_min(x: Operand, axis: Axis = None, keepdims: bool = False) -> Node:
+    return make("min", x, axis=_axis_attr(axis, "reduce_min"),
+                keepdims=bool_attr("reduce_min", "keepdims", keepdims))
+
+
 def argmax(x: Operand, axis: int | None = None) -> Node:
     return make("argmax", x, axis=None if axis is None else int_attr("argmax", "axis", axis))
+
+
+def argmin(x: Operand, axis: int | None = None) -> Node:
+    return make("argmin", x, axis=None if axis is None else int_attr("argmin", "axis", axis))
 
 
 def _shape_attr(shape: Shape, op: str = "shape") -> tuple:

@@ -475,9 +475,12 @@ def reshape(x: Operand, shape: Shape) -> Node:
     return make("reshape", x, shape=_shape_attr(shape, "reshape"))
 
 
-def transpose(x: Operand, axes: Sequence[int] | None = None) -> Node:
+def transpose(x: Operand, axes: Sequence[int] | None = None, perm: Sequence[int] | None = None,
+              name: str | None = None) -> Node:
+    """The axes of x reordered (reversed when none are given); `perm` is TF1's name."""
+    axes = perm if axes is None else axes
     return make("transpose", x,
-                axes=None if axes is None else ints_attr("transpose", "axes", axes))
+                axes=None if axes is None else ints_attr("transpose", "axes", axes), name=name)
 
 
 def broadcast_to(x: Operand, shape: Shape) -> Node:
@@ -488,8 +491,11 @@ def expand_dims(x: Operand, axis: int) -> Node:
     return make("expand_dims", x, axis=_axis_attr(axis, "expand_dims"))
 
 
-def squeeze(x: Operand, axis: Axis = None) -> Node:
-    return make("squeeze", x, axis=_axis_attr(axis, "squeeze"))
+def squeeze(x: Operand, axis: Axis = None, name: str | None = None,
+            squeeze_dims: Axis = None) -> Node:
+    """x without its size-1 axes (those of `axis`; `squeeze_dims` is TF1's old name)."""
+    axis = squeeze_dims if axis is None else axis
+    return make("squeeze", x, axis=_axis_attr(axis, "squeeze"), name=name)
 
 
 def concat(values: Sequence[Operand], axis: int) -> Node:
