@@ -721,3 +721,48 @@ def test_min_argmin_and_tf1_keyword_spellings():
     assert (tf.int8, tf.int16, tf.uint8, tf.uint16) == (np.int8, np.int16, np.uint8, np.uint16)
     with pytest.raises(ShapeError, match="no element to take the min of"):
         tf.reduce_min(tf.zeros((2, 0)), 1)
+
+
+def _three_steps(optimizer, start, scale):
+    w = tf.Variable(start.copy(), dtype=tf.float64)
+    train = optimizer.minimize(tf.reduce_sum(w * w * scale))
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    for _ in range(3):
+        sess.run(train)
+    return sess.run(w)
+
+
+def test_nesterov_adagrad_and_rmsprop_follow_tf1s_update_rules():
+    start, scale = np.array([1.0, -2.0, 0.5]), np.array([1.0, 3.0, 0.25])
+    grad = lambda w: 2 * w * scale   # noqa: E731
+
+    w, velocity = start.copy(), np.zeros(3)     # Nesterov (TF1's ApplyMomentum)
+    for _ in range(3):
+        g = grad(w)
+        velocity = 0.9 * velocity + g
+        w = w - (g * 0.1 + velocity * 0.9 * 0.1)
+    np.testing.assert_allclose(_three_steps(tf.train.MomentumOptimizer(
+        0.1, 0.9, use_nesterov=True), start, scale), w, rtol=1e-14)
+
+    w, accum = start.copy(), np.full(3, 0.1)    # Adagrad
+    for _ in range(3):
+        g = grad(w)
+        accum = accum + g * g
+        w = w - 0.1 * g / np.sqrt(accum)
+    np.testing.assert_allclose(_three_steps(tf.train.AdagradOptimizer(0.1), start, scale), w,
+                               rtol=1e-14)
+
+    for centered in (False, True):               # RMSProp, mean square starting at 1
+        w, ms, mg, mom = start.copy(), np.ones(3), np.zeros(3), np.zeros(3)
+        for _ in range(3):
+            g = grad(w)
+            ms = 0.9 * ms + (1 - 0.9) * g * g
+            mg = 0.9 * mg + (1 - 0.9) * g
+            spread = ms - mg * mg if centered else ms
+            mom = 0.5 * mom + 0.01 * g / np.sqrt(spread + 1e-10)
+            w = w - mom
+        np.testing.assert_allclose(_three_steps(tf.train.RMSPropOptimizer(
+            0.01, momentum=0.5, centered=centered), start, scale), w, rtol=1e-14)
+    with pytest.raises(tf.ArgumentError, match="initial_accumulator_value must be above 0"):
+        tf.train.AdagradOptimizer(0.1, initial_accumulator_value=0.0)

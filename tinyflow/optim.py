@@ -5,8 +5,9 @@ Variable, the nodes that compute its new value and `assign` it. The result is on
 `group` node: running it runs a whole training step (forward, backward, update) as
 one compiled program, so the passes and the memory planner see the updates too.
 
-SGD, momentum (Polyak 1964; as in PyTorch), Adam (Kingma & Ba 2015) with optional
-decoupled weight decay (AdamW, Loshchilov & Hutter 2019).
+SGD, momentum (Polyak 1964; as in PyTorch; Nesterov's in TF1's form), Adagrad (Duchi
+et al. 2011), RMSProp (Hinton's lecture notes; TF1's form), Adam (Kingma & Ba 2015)
+with optional decoupled weight decay (AdamW, Loshchilov & Hutter 2019).
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class Optimizer:
     def _update(self, grad: Node, var: Node) -> Node:
         raise NotImplementedError
 
-    def _slot(self, var: Node, name: str) -> Node:
-        """A zero-initialized Variable shaped like `var` (momentum, Adam's moments).
+    def _slot(self, var: Node, name: str, fill: float = 0.0) -> Node:
+        """A Variable shaped like `var`, all `fill` at first (momentum, Adam's moments
+        start at 0, RMSProp's mean square at 1, Adagrad's sum at 0.1, as in TF1).
 
         When `var`'s shape is not known yet (a `tf.nn.linear` weight before
         `tf.infer_variable_shapes`), the slot starts as zeros_like(var), as in the
@@ -80,6 +82,8 @@ class Optimizer:
             init = ops.zeros_like(var)
         else:
             init = ops.zeros(var.shape, var.dtype)
+        if fill:
+            init = init + fill
         slot = api.Variable(init, name=f"{var.name}/{name}", trainable=False)
         self._slots.setdefault(var, {})[name] = slot
         return slot
@@ -114,19 +118,83 @@ class GradientDescentOptimizer(Optimizer):
 
 
 class MomentumOptimizer(Optimizer):
-    """velocity = momentum * velocity + grad;  var -= lr * velocity (PyTorch's form)."""
+    """velocity = momentum * velocity + grad;  var -= lr * velocity (TF1's and
+    PyTorch's form). With use_nesterov, TF1's Nesterov form: the step looks one
+    velocity ahead, var -= lr * (grad + momentum * velocity)."""
 
     def __init__(self, learning_rate: float | Node, momentum: float = 0.9,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, use_nesterov: bool = False) -> None:
         super().__init__(learning_rate, weight_decay)
         self.momentum = _hyper(self, "momentum", momentum, 0.0, None)
+        self.use_nesterov = ops.bool_attr("MomentumOptimizer", "use_nesterov", use_nesterov)
 
     def _update(self, grad: Node, var: Node) -> Node:
         if self.weight_decay:
             grad = grad + self.weight_decay * var
         velocity = self._slot(var, "momentum")
         new_velocity = api.assign(velocity, self.momentum * velocity + grad)
+        if self.use_nesterov:
+            step = grad * self.learning_rate + new_velocity * self.momentum * self.learning_rate
+            return api.assign(var, var - step)
         return api.assign(var, var - self.learning_rate * new_velocity)
+
+
+class AdagradOptimizer(Optimizer):
+    """Adagrad (Duchi et al. 2011), TF1's form: every weight's step shrinks with the
+    squares of its gradients so far.
+
+        accum += g^2;   var -= lr * g / sqrt(accum)     (accum starts at 0.1)
+    """
+
+    def __init__(self, learning_rate: float | Node, initial_accumulator_value: float = 0.1
+                 ) -> None:
+        super().__init__(learning_rate)
+        # 0 would divide the first step by sqrt(0): every weight NaN or inf.
+        self.initial_accumulator_value = _hyper(self, "initial_accumulator_value",
+                                                initial_accumulator_value, 0.0, None)
+        if self.initial_accumulator_value == 0.0:
+            raise ops.argument_error("AdagradOptimizer", "initial_accumulator_value must be "
+                                                         "above 0, got 0.0")
+
+    def _update(self, grad: Node, var: Node) -> Node:
+        accum = self._slot(var, "accumulator", self.initial_accumulator_value)
+        new_accum = api.assign(accum, accum + grad * grad)
+        return api.assign(var, var - self.learning_rate * grad / ops.sqrt(new_accum))
+
+
+class RMSPropOptimizer(Optimizer):
+    """RMSProp (Hinton's lecture 6e), TF1's form: divide the step by a running root
+    mean square of the gradients (starting at 1, as TF1's slot does).
+
+        ms = decay ms + (1 - decay) g^2;   mom = momentum mom + lr g / sqrt(ms + eps)
+        var -= mom
+
+    With centered=True the mean square is taken about the running mean gradient mg:
+    sqrt(ms - mg^2 + eps).
+    """
+
+    def __init__(self, learning_rate: float | Node, decay: float = 0.9, momentum: float = 0.0,
+                 epsilon: float = 1e-10, centered: bool = False) -> None:
+        super().__init__(learning_rate)
+        self.decay = _hyper(self, "decay", decay, 0.0, 1.0)
+        self.momentum = _hyper(self, "momentum", momentum, 0.0, None)
+        self.epsilon = _hyper(self, "epsilon", epsilon, 0.0, None)
+        self.centered = ops.bool_attr("RMSPropOptimizer", "centered", centered)
+
+    def _update(self, grad: Node, var: Node) -> Node:
+        dtype = np.dtype(var.dtype or np.float32)
+        rest = one_minus(self.decay, dtype)
+        ms = self._slot(var, "rms", 1.0)
+        new_ms = api.assign(ms, self.decay * ms + rest * grad * grad)
+        spread = new_ms
+        if self.centered:
+            mg = self._slot(var, "mg")
+            new_mg = api.assign(mg, self.decay * mg + rest * grad)
+            spread = new_ms - new_mg * new_mg
+        mom = self._slot(var, "momentum")
+        new_mom = api.assign(mom, self.momentum * mom
+                             + self.learning_rate * grad / ops.sqrt(spread + self.epsilon))
+        return api.assign(var, var - new_mom)
 
 
 class AdamOptimizer(Optimizer):
@@ -188,6 +256,8 @@ def one_minus(beta: float, dtype: np.dtype) -> float:
 SGD = GradientDescentOptimizer
 Momentum = MomentumOptimizer
 Adam = AdamOptimizer
+Adagrad = AdagradOptimizer
+RMSProp = RMSPropOptimizer
 
 # tf.train.Saver lives in saver.py (checkpoints of Variables); TF1 spells it here.
 from tinyflow.saver import CheckpointError, Saver  # noqa: E402, F401
