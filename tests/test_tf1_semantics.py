@@ -766,3 +766,31 @@ def test_nesterov_adagrad_and_rmsprop_follow_tf1s_update_rules():
             0.01, momentum=0.5, centered=centered), start, scale), w, rtol=1e-14)
     with pytest.raises(tf.ArgumentError, match="initial_accumulator_value must be above 0"):
         tf.train.AdagradOptimizer(0.1, initial_accumulator_value=0.0)
+
+
+def test_default_session_eval_run_get_shape_and_variable_methods():
+    x = tf.placeholder(tf.float32, (None, 3))
+    v = tf.Variable(np.ones(3, np.float32), name="methods")
+    y = x * v
+    assert y.get_shape().as_list() == [None, 3] and y.get_shape().ndims == 2
+    assert tf.placeholder(tf.float32).get_shape().ndims is None
+    with pytest.raises(ValueError, match="unknown TensorShape"):
+        tf.placeholder(tf.float32).get_shape().as_list()
+    with tf.Session() as sess:
+        assert tf.get_default_session() is sess
+        tf.global_variables_initializer().run()
+        np.testing.assert_array_equal(y.eval({x: np.ones((2, 3), np.float32)}), np.ones((2, 3)))
+        v.assign(v * 2.0).run()
+        np.testing.assert_array_equal(v.assign_sub([1.0, 1.0, 1.0]).eval(), [1.0, 1.0, 1.0])
+        other = tf.Session()
+        with other.as_default():
+            assert tf.get_default_session() is other
+        assert tf.get_default_session() is sess
+    assert tf.get_default_session() is None
+    with pytest.raises(TinyFlowError, match=r"eval\(\): no default Session"):
+        v.eval()
+    interactive = tf.InteractiveSession()
+    tf.global_variables_initializer().run()
+    assert v.assign_add([1.0, 2.0, 3.0]).eval().tolist() == [2.0, 3.0, 4.0]
+    interactive.close()
+    assert tf.get_default_session() is None

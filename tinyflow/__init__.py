@@ -44,7 +44,7 @@ from tinyflow.api import (Variable, add, add_n, argmax, argmin, assign, assign_a
                           reset_default_graph, set_random_seed, square, stack, subtract,
                           trainable_variables, truncated_normal, variables_initializer, zeros)
 from tinyflow.executor import Program, compile
-from tinyflow.session import Session
+from tinyflow.session import InteractiveSession, Session, get_default_session
 from tinyflow.tracing import function  # tf.function: trace eager code into a graph
 from tinyflow.passes import explain as explain  # tf.explain(program): what the passes did
 from tinyflow.errors import ArgumentError
@@ -74,7 +74,8 @@ __all__ = [
     "int64", "normal", "ones", "placeholder", "random_normal", "random_uniform",
     "reduce_max", "reduce_mean", "reduce_sum", "reset_default_graph", "set_random_seed",
     "trainable_variables", "variables_initializer", "zeros",
-    "Program", "Session", "compile", "checkpoint", "linear", "relu", "pad",
+    "Program", "Session", "InteractiveSession", "get_default_session", "compile",
+    "checkpoint", "linear", "relu", "pad",
     "ArgumentError", "FeedError", "Graph", "Node", "ShapeError",
     "TinyFlowError", "abs", "broadcast_to", "cast", "concat", "constant", "exp",
     "expand_dims", "gather", "greater", "greater_equal", "less", "less_equal", "log",

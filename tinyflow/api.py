@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from tinyflow import ops
-from tinyflow.graph import Node, ShapeError, topological_order, user_source_line
+from tinyflow.graph import (OPERATOR_BUILDERS, Node, ShapeError, topological_order,
+                            user_source_line)
 from tinyflow.ops import (argument_error, bool_attr, constant, dtype_attr, infer_node, int_attr,
                           int_like, make)
 from tinyflow.registry import source_kind
@@ -393,3 +394,7 @@ def assign_add(ref, value):
 def assign_sub(ref, value):
     """tf.assign_sub: ref - value written into Variable ref."""
     return assign(ref, ref - value)
+
+
+# v.assign(x), v.assign_add(x), v.assign_sub(x) on a Variable node (graph.Node's methods)
+OPERATOR_BUILDERS.update(assign=assign, assign_add=assign_add, assign_sub=assign_sub)

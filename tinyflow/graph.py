@@ -163,6 +163,50 @@ class Node:
     def ndim(self) -> int | None:
         return None if self.shape is None else len(self.shape)
 
+    # -- TF1's Tensor and Variable methods, each handed to the layer that owns it ----
+    def get_shape(self) -> TensorShape:
+        """TF1's x.get_shape(): the static shape, None where not known yet."""
+        return TensorShape(self.shape)
+
+    def eval(self, feed_dict: dict | None = None, session: Any = None) -> Any:
+        """TF1's x.eval(): its value, run in `session` or the default Session (the
+        innermost `with tf.Session() as sess:`; session.py)."""
+        return OPERATOR_BUILDERS["eval"](self, feed_dict, session)
+
+    def run(self, feed_dict: dict | None = None, session: Any = None) -> None:
+        """TF1's op.run(): run it (a training step, an initializer) for its effect."""
+        OPERATOR_BUILDERS["eval"](self, feed_dict, session)
+
+    def assign(self, value: Any) -> Node:
+        """TF1's v.assign(value) on a Variable: tf.assign(v, value)."""
+        return self._apply("assign", self, value)
+
+    def assign_add(self, value: Any) -> Node:
+        return self._apply("assign_add", self, value)
+
+    def assign_sub(self, value: Any) -> Node:
+        return self._apply("assign_sub", self, value)
+
+
+class TensorShape(tuple):
+    """A static shape as TF1's get_shape() gives it: a tuple of ints and Nones (None
+    where the dimension is not known yet) with TF1's as_list() and ndims. An unknown
+    rank is the empty tuple with `ndims` None, and as_list() refuses it, as TF1's."""
+
+    def __new__(cls, dims: Sequence[int | None] | None) -> TensorShape:
+        shape = super().__new__(cls, () if dims is None else tuple(dims))
+        shape.known_rank = dims is not None
+        return shape
+
+    @property
+    def ndims(self) -> int | None:
+        return len(self) if self.known_rank else None
+
+    def as_list(self) -> list[int | None]:
+        if not self.known_rank:
+            raise ValueError("as_list() is not defined on an unknown TensorShape")
+        return list(self)
+
 
 def ordering_dependencies(nodes: Iterable[Node]) -> dict[Node, list[Node]]:
     """Extra ordering edges: every other reader of a variable runs before its writers.

@@ -10,15 +10,17 @@ threads at once: the lock guards the caches, not the runs.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from tinyflow.executor import DEBUG_HOOKS, Program, check_feed, compile, validate_options
-from tinyflow.graph import FeedError, Node, TinyFlowError
+from tinyflow.graph import OPERATOR_BUILDERS, FeedError, Node, TinyFlowError
 from tinyflow.ops import REGISTRY
 from tinyflow.registry import source_kind
 
@@ -174,10 +176,70 @@ class Session:
             self._variables_read.clear()
 
     def __enter__(self) -> Session:
+        _defaults().append(self)   # TF1: `with tf.Session() as sess:` makes it the default
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        _leave_default(self)
         self.close()
+
+    @contextlib.contextmanager
+    def as_default(self) -> Iterator[Session]:
+        """TF1's sess.as_default(): inside the block, x.eval() and op.run() use this
+        Session (which stays open afterwards)."""
+        _defaults().append(self)
+        try:
+            yield self
+        finally:
+            _leave_default(self)
+
+
+class InteractiveSession(Session):
+    """TF1's InteractiveSession: a Session that makes itself the default when made
+    (for a notebook or a shell: x.eval() without a with block), until close()."""
+
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        _defaults().append(self)
+
+    def close(self) -> None:
+        _leave_default(self)
+        super().close()
+
+
+# The default Sessions of this thread, innermost last (TF1 keeps one stack per thread).
+_default_sessions = threading.local()
+
+
+def _defaults() -> list[Session]:
+    if not hasattr(_default_sessions, "stack"):
+        _default_sessions.stack = []
+    return _default_sessions.stack
+
+
+def _leave_default(session: Session) -> None:
+    stack = _defaults()
+    if session in stack:
+        del stack[len(stack) - 1 - stack[::-1].index(session)]   # its innermost entry
+
+
+def get_default_session() -> Session | None:
+    """TF1's tf.get_default_session(): the innermost default Session of this thread."""
+    stack = _defaults()
+    return stack[-1] if stack else None
+
+
+def _eval(node: Node, feed_dict: dict | None = None, session: Session | None = None) -> Any:
+    """x.eval(): run `node` in `session` or the default Session."""
+    session = session or get_default_session()
+    if session is None:
+        raise TinyFlowError(f"{node.name}.eval(): no default Session; evaluate inside "
+                            "`with tf.Session() as sess:` (or sess.as_default()), or pass "
+                            "session=sess")
+    return session.run(node, feed_dict)
+
+
+OPERATOR_BUILDERS["eval"] = _eval     # graph.Node.eval
 
 
 def _flatten(fetches: Any, out: list[Node]) -> Any:
