@@ -246,9 +246,9 @@ def test_scaled_updates_by_numbers_arrays_and_tensor_alphas_match_the_expression
         q.add_(2 ** 20, alpha=2 ** 20)
     assert (q.numpy() == 2 ** 40).all()
     flags = E.tensor(np.array([True, False, True]))
-    with E.no_grad():
-        flags.sub_(E.tensor(np.ones(3, bool)), alpha=0.5)
-    np.testing.assert_array_equal(flags.numpy(), (np.array([1, 0, 1]) - 0.5).astype(bool))
+    with E.no_grad(), pytest.raises(EagerError, match="float32, which this bool Tensor "
+                                                      "cannot hold"):
+        flags.sub_(E.tensor(np.ones(3, bool)), alpha=0.5)   # (PyTorch refuses too)
     w = E.tensor(np.ones(3, np.float32))
     with tf.debug.record(tmp_path / "alpha.tfdbg.json"), E.no_grad():
         w.sub_(E.tensor(np.ones(3, np.float32)), alpha=E.tensor(np.float32(0.05)))
@@ -662,7 +662,8 @@ def test_traced_backward_stops_where_eager_records_no_history():
             with E.no_grad():
                 y = w * 2.0
             frozen = E.tensor(np.zeros(3, np.float32))
-            frozen.assign_(w * 3.0)
+            with E.no_grad():       # (with grad on, writing w * 3 into it is an error)
+                frozen.assign_(w * 3.0)
             loss = (y * w).sum() + (frozen * w).sum() + (w.detach() * w).sum()
             loss.backward()
             grad = w.grad * 1.0
@@ -1148,3 +1149,40 @@ def test_an_eager_conv_takes_its_scratch_from_the_caching_allocator(tmp_path):
     (entry,) = [t for t in record["memory_plan"]["tensors"] if t["kind"] == "scratch"]
     assert entry["first_step"] == entry["last_step"] and entry["nbytes"] >= scratch
     assert entry["reason"].startswith(("best fit", "new segment", "fast bin"))
+
+
+def test_in_place_writes_never_give_a_silently_wrong_gradient():
+    # Found against PyTorch: y.mul_(3) on a computed y kept y's old history, so x.grad
+    # was 2, not 6; a constant changed after a mul used it gave the gradient of the
+    # new value; c.add_(x) lost x's gradient; an int Tensor took a float result cast
+    # back; a backward seed of another shape was broadcast.
+    x = E.tensor(np.array([0.5, -1.5, 2.0]), requires_grad=True)
+    y = x * 2.0
+    y.mul_(3.0)                                   # forward use is fine ...
+    np.testing.assert_array_equal(y.numpy(), [3.0, -9.0, 12.0])
+    with pytest.raises(EagerError, match=r"backward reaches a Tensor written in place at "
+                                         r"test_eager.py:\d+"):
+        tf.reduce_sum(y).backward()               # ... a backward through it is refused
+    w = E.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    c = E.tensor(np.array([1.0, 2.0, 3.0]))
+    loss = tf.reduce_sum(w * c)
+    c.add_(10.0)
+    with pytest.raises(EagerError, match="gradient of mul needs its input 1 as the op saw it"):
+        loss.backward()
+    loss = tf.reduce_sum(w + c)                   # add's gradient reads no value: fine
+    c.add_(1.0)
+    loss.backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [1.0, 1.0, 1.0])
+    t = tf.tanh(x)
+    with E.no_grad():
+        t.mul_(2.0)
+    with pytest.raises(EagerError, match="gradient of tanh needs its result"):
+        tf.reduce_sum(t).backward()
+    total = E.tensor(np.zeros(3))
+    with pytest.raises(EagerError, match="value that requires grad into a Tensor that does not"):
+        total.add_(x)
+    with pytest.raises(EagerError, match="float64, which this int64 Tensor cannot hold"):
+        E.tensor(np.array([1, 2, 3])).mul_(0.5)
+    with pytest.raises(EagerError, match=r"the gradient is float64 \(2, 3\), the Tensor "
+                                         r"float64 \(3,\)"):
+        (x * x).backward(E.tensor(np.ones((2, 3))))

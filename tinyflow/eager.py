@@ -138,6 +138,12 @@ class Tensor:
     _inputs: Sequence[Tensor] | None = None   # its place on the tape (None: a leaf)
     _attrs: dict | None = None
     _needed: tuple | None = None    # which inputs required grad when the op ran
+    # PyTorch's version counter: bumped by every in-place write. An op on the tape
+    # keeps its inputs' versions, so a backward that needs a value that was changed
+    # after the op used it says so instead of using the new value.
+    _version = 0
+    _versions: tuple | None = None  # the inputs' versions when the op ran
+    _written_at: str | None = None  # a computed Tensor written in place: where
     __tinyflow_tensor__ = True   # ops.make routes ops on these to `apply`
     __array_priority__ = 1000    # numpy defers `array + tensor` to our operators
 
@@ -297,15 +303,40 @@ class Tensor:
         """Overwrite this Tensor's value in place (its memory stays where it is).
 
         Like PyTorch, an in-place write to a leaf that requires grad is allowed only
-        under `no_grad()` (an optimizer step); it is never recorded on the tape.
+        under `no_grad()` (an optimizer step), a result of another dtype kind is
+        refused (an int Tensor cannot take a float), and a backward that needs a value
+        written after its op used it is an error (the version counter). Unlike
+        PyTorch, a write is never recorded on the tape: a computed Tensor that
+        requires grad may be written (a forward-only use), but a backward that reaches
+        it is an error, and a value that requires grad cannot be written into a
+        Tensor that does not (its gradient would be lost).
         """
         if _mode.grad_enabled and self.requires_grad and self.is_leaf:
             raise EagerError(f"in-place write to a leaf Tensor that requires grad at "
                              f"{user_source_line()}; do it under eager.no_grad()")
+        if _mode.grad_enabled and not self.requires_grad and getattr(value, "requires_grad",
+                                                                      False):
+            # PyTorch would give this Tensor the value's history; this tape keeps one
+            # op per Tensor, and the value's gradient would be silently lost.
+            raise EagerError(f"in-place write at {user_source_line()} of a value that "
+                             "requires grad into a Tensor that does not: eager mode does "
+                             "not record in-place ops for backward; write the result to a "
+                             "new Tensor (c = c + x, not c.add_(x)), or under eager.no_grad()")
+        if isinstance(value, Tensor) and value.dtype != self.dtype and not np.can_cast(
+                value.dtype, self.dtype, "same_kind"):
+            raise EagerError(f"in-place write at {user_source_line()}: the result is "
+                             f"{value.dtype}, which this {self.dtype} Tensor cannot hold "
+                             "(PyTorch refuses too); write it to a new Tensor")
         if _mode.tracer is not None:
             _mode.tracer.write(self, value)
             return self
         self.data[...] = value.data if isinstance(value, Tensor) else value
+        self._version += 1
+        if _mode.grad_enabled and self.requires_grad:
+            # Its history is the op that made it, not the write: a backward that
+            # reaches it would use the wrong rule, so it is refused (`_tape_order`).
+            # A forward-only use (an in-place add in an evaluation) is fine.
+            self._written_at = user_source_line()
         return self
 
     def sub_(self, value: Tensor | Any, alpha: Any = None) -> Tensor:
@@ -342,6 +373,7 @@ class Tensor:
             return self.assign_(apply(op, (self, value), {}))
         recorder, began = _recording(_allocator) if debug.active else _NOT_RECORDING
         ufunc(arrays[0], arrays[1], out=self.data)
+        self._version += 1
         if began is not None:
             recorder.eager_log.add_inplace(op, inputs, self, began, time.perf_counter())
         return self
@@ -369,6 +401,7 @@ class Tensor:
         operands, scale, update = fused
         recorder, began = _recording(_allocator) if debug.active else _NOT_RECORDING
         scratch = _scaled_update(self.data.reshape(-1), operands, scale, update, _allocator)
+        self._version += 1
         if began is not None:
             recorder.eager_log.add_inplace(op, [self, value], self, began,
                                            time.perf_counter(), {"alpha": float(alpha)},
@@ -784,6 +817,7 @@ def _put_on_tape(result: Tensor, op: str, inputs: Sequence[Tensor], attrs: dict)
             result.requires_grad = True
             result._op, result._inputs, result._attrs = op, inputs, attrs
             result._needed = tuple(i.requires_grad for i in inputs)
+            result._versions = tuple(i._version for i in inputs)
             return
 
 
@@ -819,6 +853,12 @@ def _tape_order(root: Tensor) -> list[Tensor]:
     on_stack = {id(root)}
     while stack:
         t, i = stack[-1]
+        if t._written_at is not None:
+            raise EagerError(f"backward reaches a Tensor written in place at "
+                             f"{t._written_at}, after an op that requires grad made it: "
+                             "eager mode does not record in-place ops for backward (PyTorch "
+                             "would); write the result to a new Tensor (y = y * 3, not "
+                             "y.mul_(3))")
         inputs = t._inputs or ()
         if i < len(inputs):
             stack[-1] = (t, i + 1)
@@ -840,6 +880,7 @@ class _RuleGraph:
     leaves: list[Node]          # the op's inputs, then its output, then the gradient
     grads: list[Node | None]    # the rule's result, one per input
     order: list[Node]           # nodes to evaluate, inputs first
+    reads: list[int]            # which of the op's inputs (and, last, output) it reads
 
 
 _rule_cache: dict[tuple, _RuleGraph] = {}
@@ -865,7 +906,9 @@ def _rule_graph(t: Tensor, needed: tuple[bool, ...]) -> _RuleGraph:
     grads = list(opdef.gradient(output, grad))
     wanted = [g for g, need in zip(grads, needed) if need and g is not None]
     order = topological_order(wanted, leaves=frozenset(id(n) for n in [*leaves, output, grad]))
-    rule = _RuleGraph([*leaves, output, grad], grads, order)
+    used = {id(i) for n in order for i in n.inputs} | {id(g) for g in wanted}
+    reads = [k for k, leaf in enumerate([*leaves, output]) if id(leaf) in used]
+    rule = _RuleGraph([*leaves, output, grad], grads, order, reads)
     if len(_rule_cache) < MAX_RULE_GRAPHS:
         _rule_cache[key] = rule
     return rule
@@ -875,12 +918,27 @@ def _input_grads(t: Tensor, grad: Tensor) -> list[Tensor | None]:
     """The gradients of `t`'s inputs, by evaluating its op's rule on Tensors."""
     needed = t._needed
     rule = _rule_graph(t, needed)
+    _check_versions(t, rule.reads)
     values: dict[Node, Tensor] = dict(zip(rule.leaves, [*t._inputs, t, grad]))
     for node in rule.order:
         if node not in values:
             values[node] = apply(node.op, [values[i] for i in node.inputs], node.attrs)
     return [values[g] if need and g is not None else None
             for g, need in zip(rule.grads, needed)]
+
+
+def _check_versions(t: Tensor, reads: list[int]) -> None:
+    """The values `t`'s gradient rule reads must be the ones its op used: an input
+    (or the output) written in place since is an error, as in PyTorch, not a
+    gradient taken with the new value."""
+    inputs = t._inputs
+    for k in reads:
+        changed = inputs[k]._version != t._versions[k] if k < len(inputs) else t._version
+        if changed:
+            what = f"its input {k}" if k < len(inputs) else "its result"
+            raise EagerError(f"backward: the gradient of {t._op} needs {what} as the op "
+                             "saw it, but it was written in place afterwards (PyTorch "
+                             "raises here too); write the new value to a new Tensor")
 
 
 def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
@@ -893,6 +951,11 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
         seed = Tensor(np.ones(root.shape, root.dtype))
     else:
         seed = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=root.dtype)
+        if seed.shape != root.shape or seed.dtype != root.dtype:
+            # (broadcast, it gave the leaves gradients of the seed's shape)
+            raise EagerError(f"backward(gradient) at {user_source_line()}: the gradient "
+                             f"is {seed.dtype} {seed.shape}, the Tensor {root.dtype} "
+                             f"{root.shape}; they must match (PyTorch checks too)")
     order = _tape_order(root)
     pending: dict[int, list[Tensor]] = {id(root): [seed]}
     recording = contextlib.nullcontext() if create_graph else no_grad()

@@ -254,8 +254,8 @@ class _Trace:
         if t.node is None:
             self.outside[id(t)] = t
         if t.requires_grad and not t.is_leaf:
-            # Eager keeps its old history for backward, with the new value: a trace
-            # cannot, so a backward that reaches this write is an error (see backward).
+            # Eager refuses a backward that reaches a computed Tensor written in place
+            # (eager.Tensor.assign_), and so does the trace (see backward).
             # (A node of its own, so that other readers of the value are not flagged.)
             node = ops.make("cast", node, dtype=t.dtype.name)   # (not elided: a new node)
             self.writes[id(t)] = (t, node)
