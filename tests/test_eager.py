@@ -1186,3 +1186,24 @@ def test_in_place_writes_never_give_a_silently_wrong_gradient():
     with pytest.raises(EagerError, match=r"the gradient is float64 \(2, 3\), the Tensor "
                                          r"float64 \(3,\)"):
         (x * x).backward(E.tensor(np.ones((2, 3))))
+
+
+def test_iterating_a_tensor_gives_its_rows_and_nested_functions_trace_through():
+    # Iteration fell back to __getitem__ until an out-of-range ShapeError (a crash);
+    # a tf.function called inside another failed deep in numpy ("Cannot cast ufunc
+    # 'multiply' output from dtype('O')").
+    t = E.tensor(np.arange(6.0).reshape(2, 3))
+    assert [row.numpy().tolist() for row in t] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    with pytest.raises(TypeError, match="0-d Tensor"):
+        iter(E.tensor(1.0)).__next__()
+    with pytest.raises(TypeError, match="len\\(\\) of a 0-d Tensor"):
+        len(E.tensor(1.0))
+    rows = tracing.function(lambda a: [r * 2.0 for r in a][1])
+    np.testing.assert_array_equal(rows(t).numpy(), [6.0, 8.0, 10.0])
+    inner = tracing.function(lambda a: a * 2.0)
+    outer = tracing.function(lambda a: inner(a) + 1.0)
+    for _ in range(2):
+        np.testing.assert_array_equal(outer(E.tensor(np.ones(3))).numpy(), [3.0] * 3)
+    assert len(outer.traces) == 1 and not inner.traces
+    with pytest.raises(TypeError, match="is not iterable"):
+        list(tf.placeholder(tf.float32, (2,)))

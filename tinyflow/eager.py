@@ -252,7 +252,18 @@ class Tensor:
         return int(self.data)
 
     def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d Tensor")
         return self.shape[0]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        """The rows along the first axis (`for row in t`), as PyTorch gives them.
+        (Python's fallback loop over __getitem__ stopped only at an IndexError, and
+        an index past the end is a ShapeError here.)"""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d Tensor")
+        for i in range(self.shape[0]):
+            yield self[i]
 
     def _need_value(self, what: str) -> None:
         if self.node is not None:

@@ -163,6 +163,12 @@ class Node:
     def ndim(self) -> int | None:
         return None if self.shape is None else len(self.shape)
 
+    def __iter__(self):
+        # Python's fallback loop over __getitem__ built getitem nodes until one was
+        # out of range (a ShapeError), or forever for an unknown shape. TF1 refuses.
+        raise TypeError(f"graph node {self.name} is not iterable: it has no value until the "
+                        "graph runs; index it (x[i]) instead")
+
     # -- TF1's Tensor and Variable methods, each handed to the layer that owns it ----
     def get_shape(self) -> TensorShape:
         """TF1's x.get_shape(): the static shape, None where not known yet."""

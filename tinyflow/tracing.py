@@ -349,6 +349,10 @@ class Function:
         self.breaks: list[str] = []
 
     def __call__(self, *args: Any) -> Any:
+        if _mode.tracer is not None:
+            # Called from inside another traced function: its ops join that trace
+            # (as tf.function's do), rather than compiling a program of their own.
+            return self.fn(*args)
         key = _call_signature(args)
         reason = "first call"
         for concrete in self.cache.get(key, []):
