@@ -794,3 +794,19 @@ def test_default_session_eval_run_get_shape_and_variable_methods():
     assert v.assign_add([1.0, 2.0, 3.0]).eval().tolist() == [2.0, 3.0, 4.0]
     interactive.close()
     assert tf.get_default_session() is None
+
+
+def test_gradient_of_x_to_the_zero_at_zero_is_zero_without_warnings(recwarn):
+    # p * x^(p-1) was 0 * inf = NaN at x = 0 (PyTorch and the calculus give 0), with
+    # numpy's divide and invalid warnings on the way.
+    from tinyflow import eager as E
+    x = tf.placeholder(tf.float64, (3,))
+    sess = tf.Session()
+    for p in (0.0, tf.constant([0.0, 1.0, 2.0], tf.float64)):
+        (g,) = tf.gradients(tf.reduce_sum(tf.pow(x, p)), [x])
+        expected = [0.0, 0.0, 0.0] if isinstance(p, float) else [0.0, 1.0, 4.0]
+        np.testing.assert_array_equal(sess.run(g, {x: [0.0, 1.0, 2.0]}), expected)
+    leaf = E.tensor(np.array([0.0, 1.0, 2.0]), requires_grad=True)
+    (leaf ** 0.0).sum().backward()
+    np.testing.assert_array_equal(leaf.grad.numpy(), [0.0, 0.0, 0.0])
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

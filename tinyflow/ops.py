@@ -583,7 +583,14 @@ _binary("minimum", "minimum",
 
 def _pow_grad(n, g):
     x, p = n.inputs
-    grad_x = unbroadcast(g * p * power(x, p - 1.0), x)
+    exponent = p
+    if not _nonzero_constant(p):
+        # d/dx x^0 is 0, but p * x^(p-1) is 0 * inf = NaN at x = 0, which would
+        # poison a polynomial's x^0 term (PyTorch gives 0). Where p is 0 the power
+        # is taken with exponent 1 instead: p * x^0 = 0, and no inf on the way. A
+        # constant exponent with no zero (x ** 2, the usual case) needs neither.
+        exponent = make("where", equal(p, 0.0), ones_like(p), p)
+    grad_x = unbroadcast(g * p * power(x, exponent - 1.0), x)
     # (Built for a constant p too, where tf.gradients may ask for it; when nothing
     # asks, autodiff never reaches it, and eager mode evaluates only what is needed.)
     # d/dp x^p = x^p log x. At x = 0, x^p is 0 (p > 0) and the limit of the product
@@ -591,6 +598,12 @@ def _pow_grad(n, g):
     # gives the same 0).
     safe_log = log(make("where", equal(x, 0.0), ones_like(x), x))
     return [grad_x, unbroadcast(g * n * safe_log, p)]
+
+
+def _nonzero_constant(node: Node) -> bool:
+    """Whether `node` is a constant with no zero in it (known when the graph is built)."""
+    value = node.attrs.get("value") if node.op == "constant" else None
+    return isinstance(value, ConstValue) and bool(np.all(value.array != 0))
 
 
 _binary("pow", "power", _pow_grad, doc="a ** b")
