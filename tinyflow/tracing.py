@@ -12,6 +12,17 @@ torch.compile does). Asking a symbolic Tensor for its value (``if loss > 0``,
 no history (values made under ``no_grad``, written in place, copied), the trace puts
 a ``stop_gradient``, so a backward inside the function stops where eager's does.
 
+What a trace freezes, as TF2's tf.function does (torch.compile guards some of it):
+Python values the function reads (a global number, ``opt.lr``, a config dict) are
+constants of the graph, and so is *which* Tensor a global name refers to (the Tensor
+itself is read on every call, so in-place updates of it are seen; rebinding the name
+to another Tensor is not), and the ``requires_grad`` flags of Tensors from outside.
+Pass what changes between calls as an argument (a Python number in the arguments
+is part of the guard: a new value traces again), or keep it in a Tensor. Random ops
+draw different numbers traced and eager: each eager call builds its ops anew, each
+with a stream of its own, while a traced op continues one stream from call to call.
+A ``tf.function`` called inside another is traced into it.
+
 `memory_comparison` runs one step both ways and puts the static plan beside the
 caching allocator and plain malloc (lesson 9).
 """
