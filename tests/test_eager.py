@@ -1207,3 +1207,25 @@ def test_iterating_a_tensor_gives_its_rows_and_nested_functions_trace_through():
     assert len(outer.traces) == 1 and not inner.traces
     with pytest.raises(TypeError, match="is not iterable"):
         list(tf.placeholder(tf.float32, (2,)))
+
+
+def test_freezing_a_parameter_after_tracing_retraces():
+    # The trace kept sending gradient to a global parameter after
+    # W.requires_grad_(False) (eager gives it none), without tracing again.
+    w = E.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    x = E.tensor(np.array([3.0, 4.0]))
+
+    def step(x):
+        y = w * x
+        if y.requires_grad:        # a Python bool: part of the trace, not a break
+            y.sum().backward()
+        return y
+
+    f = tracing.function(step)
+    f(x)
+    np.testing.assert_array_equal(w.grad.numpy(), [3.0, 4.0])
+    w.grad = None
+    w.requires_grad_(False)
+    f(x)
+    assert w.grad is None and len(f.traces) == 2
+    assert "requires_grad=False now, True when traced" in f.traces[-1]["reason"]

@@ -16,7 +16,8 @@ What a trace freezes, as TF2's tf.function does (torch.compile guards some of it
 Python values the function reads (a global number, ``opt.lr``, a config dict) are
 constants of the graph, and so is *which* Tensor a global name refers to (the Tensor
 itself is read on every call, so in-place updates of it are seen; rebinding the name
-to another Tensor is not), and the ``requires_grad`` flags of Tensors from outside.
+to another Tensor is not). A Tensor from outside whose ``requires_grad`` changed
+(a frozen parameter) is part of the guard: the function traces again.
 Pass what changes between calls as an argument (a Python number in the arguments
 is part of the guard: a new value traces again), or keep it in a Tensor. Random ops
 draw different numbers traced and eager: each eager call builds its ops anew, each
@@ -74,6 +75,7 @@ class _Trace:
         # an error (_grad_alias_error).
         self.arguments: dict[int, Tensor] = {}      # id(argument) -> its stand-in
         self.outside: dict[int, Tensor] = {}        # Tensors used from outside
+        self.outside_flags: dict[int, tuple[Tensor, bool]] = {}   # and their requires_grad
         self.unified: dict[int, Tensor] = {}        # arguments also used from outside
         self.grad_reads: dict[int, Tensor] = {}     # id(t) -> stand-in of t.grad
         self.grad_owner: dict[int, Tensor] = {}     # id(stand-in) -> t
@@ -105,6 +107,7 @@ class _Trace:
         if value.requires_grad and value.is_leaf:
             self.leaves[id(value)] = value
         self.outside[id(value)] = value
+        self.outside_flags.setdefault(id(value), (value, value.requires_grad))
         return self._capture(("tensor", id(value)), value.shape, value.dtype,
                              lambda args, t=value: t.data, "a Tensor from outside")
 
@@ -323,6 +326,7 @@ class _Concrete:
     flags: dict[int, bool]                       # arguments given requires_grad_(flag)
     grads_read: list[Tensor | int]              # Tensors (arguments) whose .grad it read
     outside: list[Tensor]                       # Tensors it used from outside
+    outside_flags: list[tuple[Tensor, bool]]    # their requires_grad when first read
 
     def guards_hold(self, args: tuple) -> str | None:
         """None when this trace fits the world as it is now, else why not."""
@@ -331,6 +335,10 @@ class _Concrete:
             if _grad_layout(t) != layout:
                 return f"the .grad of a {t.shape} Tensor was " \
                        f"{'None' if layout is None else layout} when traced"
+        for t, flag in self.outside_flags:   # (a frozen parameter gets no gradient)
+            if t.requires_grad != flag:
+                return f"a {t.shape} Tensor from outside has requires_grad={t.requires_grad} " \
+                       f"now, {flag} when traced"
         for index, t, same in self.identities:
             if (args[index] is t) != same:
                 return (f"argument {index} is {'no longer' if same else 'now'} a Tensor "
@@ -428,7 +436,7 @@ class Function:
         return _Concrete(program, arg_slots, list(trace.captures.values()), outputs,
                          grad_writes, writes, list(trace.grad_guards.values()), nodes,
                          _identities(args, trace), trace.flags, trace.grads_read(),
-                         list(trace.outside.values()))
+                         list(trace.outside.values()), list(trace.outside_flags.values()))
 
     def _run(self, concrete: _Concrete, args: tuple) -> Any:
         values: list = []
