@@ -1229,3 +1229,23 @@ def test_freezing_a_parameter_after_tracing_retraces():
     f(x)
     assert w.grad is None and len(f.traces) == 2
     assert "requires_grad=False now, True when traced" in f.traces[-1]["reason"]
+
+
+def test_traced_functions_take_keyword_arguments():
+    # f(x, scale=2.0) was a TypeError (only positional arguments were accepted).
+    @tracing.function
+    def scaled(x, scale=1.0, shift=0.0):
+        return x * scale + shift
+
+    x = E.tensor(np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(scaled(x, scale=2.0).numpy(), [2.0, 4.0])
+    np.testing.assert_array_equal(scaled(x, shift=1.0, scale=3.0).numpy(), [4.0, 7.0])
+    np.testing.assert_array_equal(scaled(x, 2.0, 0.0).numpy(), [2.0, 4.0])   # same trace
+    assert len(scaled.traces) == 2
+
+    @tracing.function
+    def only_keyword(x, *, scale):
+        return x * scale
+
+    with pytest.raises(EagerError, match=r"keyword-only arguments \['scale'\]"):
+        only_keyword(x, scale=2.0)

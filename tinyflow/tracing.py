@@ -31,6 +31,7 @@ caching allocator and plain malloc (lesson 9).
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -367,11 +368,13 @@ class Function:
         self.traces: list[dict] = []
         self.breaks: list[str] = []
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _mode.tracer is not None:
             # Called from inside another traced function: its ops join that trace
             # (as tf.function's do), rather than compiling a program of their own.
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
+        if kwargs:
+            args = self._positional(args, kwargs)
         key = _call_signature(args)
         reason = "first call"
         for concrete in self.cache.get(key, []):
@@ -384,6 +387,17 @@ class Function:
         self.traces.append({"signature": key, "reason": reason, "nodes": concrete.nodes})
         self.cache.setdefault(key, []).append(concrete)
         return self._run(concrete, args)
+
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        """`f(x, lr=0.1)` as `f(x, 0.1)` (defaults filled in), so keywords are guarded
+        like any argument; keyword-only parameters cannot be passed by position."""
+        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        bound.apply_defaults()
+        if bound.kwargs:
+            raise EagerError(f"{self.__name__}: keyword-only arguments "
+                             f"{sorted(bound.kwargs)} are not supported by tf.function; "
+                             "make them ordinary parameters")
+        return bound.args
 
     def _trace(self, args: tuple, key: tuple) -> _Concrete:
         from tinyflow.executor import compile as compile_graph
