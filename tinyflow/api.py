@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import ops
+from tinyflow import ops, shape_ops
 from tinyflow.graph import (OPERATOR_BUILDERS, Node, ShapeError, topological_order,
                             user_source_line)
 from tinyflow.ops import (argument_error, bool_attr, constant, dtype_attr, infer_node, int_attr,
@@ -378,8 +378,7 @@ def one_hot(indices, depth, on_value=1.0, off_value=0.0, axis=-1, dtype=np.float
     if axis != -1:
         raise argument_error("one_hot", f"only axis=-1 (a new last axis) is supported, "
                                         f"got {axis!r}")
-    if isinstance(indices, (int, list, tuple, np.ndarray, np.integer)):
-        indices = constant(np.asarray(indices, dtype=np.int64))
+    indices = shape_ops.index_operand(indices)
     dtype = dtype_attr("one_hot", dtype)
     hit = ops.equal(ops.expand_dims(indices, -1), constant(np.arange(depth, dtype=np.int64)))
     return make("where", hit, constant(on_value, dtype), constant(off_value, dtype),

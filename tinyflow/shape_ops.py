@@ -507,10 +507,10 @@ def concat(values: Sequence[Operand], axis: int) -> Node:
     return make("concat", *values, axis=int_attr("concat", "axis", axis))
 
 
-def gather(params: Operand, indices: Operand) -> Node:
-    """tf.gather: the rows of params that `indices` pick. Python ints and lists (and
-    numpy integer arrays) are an index tensor of their own integer dtype, as in TF1,
-    not a literal typed beside params (a float32 params made [2, 0] float32)."""
+def index_operand(indices: Operand) -> Operand:
+    """Indices as an op takes them: Python ints and lists (and numpy integer arrays)
+    become a constant of their own integer dtype, as in TF1, not a literal typed
+    beside the other inputs (beside float32 params, [2, 0] was float32)."""
     if isinstance(indices, (int, np.integer, list, tuple, np.ndarray)) \
             and not isinstance(indices, (bool, np.bool_)):
         array = np.asarray(indices)
@@ -518,8 +518,13 @@ def gather(params: Operand, indices: Operand) -> Node:
             array = array.astype(np.int32)
         if array.dtype.kind in "iu":
             dtype = array.dtype if isinstance(indices, np.ndarray) else python_dtype(array)
-            indices = constant(array, dtype)
-    return make("gather", params, indices)
+            return constant(array, dtype)
+    return indices
+
+
+def gather(params: Operand, indices: Operand) -> Node:
+    """tf.gather: the rows of params that `indices` pick (see `index_operand`)."""
+    return make("gather", params, index_operand(indices))
 
 
 def reshape_like(x: Operand, ref: Operand) -> Node: return make("reshape_like", x, ref)
