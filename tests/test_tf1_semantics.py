@@ -810,3 +810,11 @@ def test_gradient_of_x_to_the_zero_at_zero_is_zero_without_warnings(recwarn):
     (leaf ** 0.0).sum().backward()
     np.testing.assert_array_equal(leaf.grad.numpy(), [0.0, 0.0, 0.0])
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_bias_add_checks_the_bias_length_on_the_last_axis():
+    # Review: a 1-entry bias was broadcast over a rank-3 input (TF1 refuses). (An
+    # input of unknown rank keeps dimension 1: the original TinyFlow's conv layers
+    # give such inputs, and its programs must run unchanged.)
+    with pytest.raises(tf.ArgumentError, match="bias has 1 entries, the last axis of x 4"):
+        tf.nn.bias_add(tf.zeros((2, 3, 4)), tf.constant([1.0]))

@@ -99,6 +99,7 @@ class Segment:
     buffer: np.ndarray               # uint8, the memory that blocks are views of
     small: bool
     head: Block | None = None        # the block at offset 0 (merging keeps it first)
+    address: int = 0                 # of buffer's first byte (asking numpy costs ~1 us)
 
 
 class BlockMemory:
@@ -113,9 +114,9 @@ class BlockMemory:
 
     __slots__ = ("__array_interface__", "buffer")
 
-    def __init__(self, buffer: np.ndarray, offset: int, shape: tuple, dtype: np.dtype) -> None:
-        self.buffer = buffer
-        self.__array_interface__ = {"data": (buffer.ctypes.data + offset, False),
+    def __init__(self, segment: Segment, offset: int, shape: tuple, dtype: np.dtype) -> None:
+        self.buffer = segment.buffer
+        self.__array_interface__ = {"data": (segment.address + offset, False),
                                     "shape": shape, "typestr": dtype.str, "version": 3}
 
 
@@ -155,10 +156,15 @@ class CachingAllocator:
     peak_allocated: int = 0
     peak_reserved: int = 0
     _next_block: int = 0
+    # Blocks whose last array died somewhere the allocator may be busy (a garbage
+    # collection inside malloc runs weakref callbacks): freed at the next malloc.
+    deferred: list[Block] = field(default_factory=list)
 
     # -- the two calls -----------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:
         """A block of at least `nbytes` bytes (a multiple of ROUND), not shared."""
+        if self.deferred:
+            self._free_deferred()
         size = -(-nbytes // ROUND) * ROUND if nbytes > ROUND else ROUND
         waiting = self.bins.get(size)
         if waiting:   # a freed block of exactly this size waits whole in its bin
@@ -175,6 +181,15 @@ class CachingAllocator:
         if self.record:  # the reason is text: made only when someone keeps it
             self._event("alloc", block, self._alloc_reason(block, found_size, how))
         return block
+
+    def free_later(self, block: Block) -> None:
+        """Free `block` at the next malloc: safe to call at any moment, even from a
+        callback run in the middle of this allocator's own work (a list append)."""
+        self.deferred.append(block)
+
+    def _free_deferred(self) -> None:
+        while self.deferred:
+            self.free(self.deferred.pop())
 
     def free(self, block: Block) -> None:
         """Give `block` back: a small block waits whole in the fast bin of its size;
@@ -213,8 +228,8 @@ class CachingAllocator:
         tuple it gave it for (`apply` compares that tuple by identity first)."""
         if block.view_key != layout:
             shape, dtype = layout
-            buffer = self.segments[block.segment].buffer
-            block.view = np.asarray(BlockMemory(buffer, block.offset, shape, dtype))
+            segment = self.segments[block.segment]
+            block.view = np.asarray(BlockMemory(segment, block.offset, shape, dtype))
         block.view_key = layout
         return block.view
 
@@ -224,6 +239,7 @@ class CachingAllocator:
 
     def empty_cache(self) -> None:
         """Release segments that hold no live block (torch.cuda.empty_cache)."""
+        self._free_deferred()
         self._consolidate()
         for pool in (self.free_small, self.free_large):
             for entry in list(pool):
@@ -389,7 +405,8 @@ class CachingAllocator:
             seg_size = LARGE_SEGMENT
         else:
             seg_size = -(-size // ROUND_LARGE) * ROUND_LARGE
-        seg = Segment(len(self.segments), np.empty(seg_size, np.uint8), small)
+        buffer = np.empty(seg_size, np.uint8)
+        seg = Segment(len(self.segments), buffer, small, address=buffer.ctypes.data)
         self.segments.append(seg)
         self.reserved += seg_size
         self.peak_reserved = max(self.peak_reserved, self.reserved)

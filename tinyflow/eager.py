@@ -177,7 +177,7 @@ class Tensor:
                 # memory is freed when that dies, not now (PyTorch's rule too: an
                 # array over a tensor's storage keeps the storage), or the next op
                 # would write into what the user holds.
-                own = 3 if block.view is self.data else 2
+                own = _OWN_REFS if block.view is self.data else _OWN_REFS - 1
                 if sys.getrefcount(self.data) > own:
                     _free_when_unused(self.data, block, self._alloc)
                 else:
@@ -461,9 +461,23 @@ _new_object = object.__new__
 
 
 def _free_when_unused(array: np.ndarray, block: Block, alloc: CachingAllocator) -> None:
-    """Free `block` once `array`, the view of it that outlived its Tensor, is gone."""
+    """Free `block` once `array`, the view of it that outlived its Tensor, is gone
+    (at the allocator's next malloc: the array may die in a garbage collection
+    inside the allocator's own work)."""
     block.view = block.view_key = None   # never hand this array to another Tensor
-    weakref.finalize(array, alloc.free, block)
+    weakref.finalize(array, alloc.free_later, block)
+
+
+def _own_references() -> int:
+    """What sys.getrefcount says of an array held by two attributes (a Tensor's
+    `data` and its block's `view`), asked as Tensor.__del__ asks: 3 on CPython 3.11
+    (the call's argument counts); measured, as newer Pythons may count differently."""
+    holder = type("Holder", (), {})()
+    holder.data = holder.view = np.empty(0)
+    return sys.getrefcount(holder.data)
+
+
+_OWN_REFS = _own_references()
 
 
 def _wrap(data: np.ndarray | None, block: Block | None, alloc: CachingAllocator | None = None,
@@ -916,8 +930,12 @@ def _rule_graph(t: Tensor, needed: tuple[bool, ...]) -> _RuleGraph:
                          "that require grad and the one `backward` started from")
     grads = list(opdef.gradient(output, grad))
     wanted = [g for g, need in zip(grads, needed) if need and g is not None]
-    order = topological_order(wanted, leaves=frozenset(id(n) for n in [*leaves, output, grad]))
-    used = {id(i) for n in order for i in n.inputs} | {id(g) for g in wanted}
+    stand_ins = frozenset(id(n) for n in [*leaves, output, grad])
+    order = topological_order(wanted, leaves=stand_ins)
+    # The values the rule reads: inputs of its own nodes (not of the stand-ins: the
+    # output's node lists the op's inputs), less those read for their shape only.
+    used = {id(i) for n in order if id(n) not in stand_ins for k, i in enumerate(n.inputs)
+            if k not in REGISTRY[n.op].shape_inputs} | {id(g) for g in wanted}
     reads = [k for k, leaf in enumerate([*leaves, output]) if id(leaf) in used]
     rule = _RuleGraph([*leaves, output, grad], grads, order, reads)
     if len(_rule_cache) < MAX_RULE_GRAPHS:
@@ -962,11 +980,12 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
         seed = Tensor(np.ones(root.shape, root.dtype))
     else:
         seed = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=root.dtype)
-        if seed.shape != root.shape or seed.dtype != root.dtype:
-            # (broadcast, it gave the leaves gradients of the seed's shape)
+        if seed.shape != root.shape:   # (broadcast, it gave the leaves its shape)
             raise EagerError(f"backward(gradient) at {user_source_line()}: the gradient "
-                             f"is {seed.dtype} {seed.shape}, the Tensor {root.dtype} "
-                             f"{root.shape}; they must match (PyTorch checks too)")
+                             f"has shape {seed.shape}, the Tensor {root.shape}; they must "
+                             "match (PyTorch checks too)")
+        if seed.dtype != root.dtype:   # cast, as PyTorch does (the grads keep dtypes)
+            seed = Tensor(seed.data, dtype=root.dtype)
     order = _tape_order(root)
     pending: dict[int, list[Tensor]] = {id(root): [seed]}
     recording = contextlib.nullcontext() if create_graph else no_grad()

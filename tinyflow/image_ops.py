@@ -576,22 +576,22 @@ def conv_cost(node: Node) -> float | None:
     return 2.0 * size * kernel
 
 
-def _register_conv(name, compute, infer, gradient, sizes, doc):
+def _register_conv(name, compute, infer, gradient, sizes, doc, shape_inputs=()):
     """A conv op: its kernel bound to the scratch that `sizes` declares (OpDef.bind
     and OpDef.scratch read the same sizes), its flops for the stream assigner."""
     register(OpDef(name, compute, infer, gradient, bind=_bind_scratch(compute, infer, sizes),
                    scratch=_scratch_of(sizes), cost=conv_cost, doc=doc,
-                   check=_window_check))
+                   check=_window_check, shape_inputs=shape_inputs))
 
 
 _register_conv("conv2d", _conv_compute, _conv_infer, _conv_grad, _conv_sizes,
                "2-D convolution, NCHW input, OIHW filters (im2col + a GEMM per batch chunk)")
 _register_conv("conv2d_grad_input", _conv_grad_input_compute, _conv_grad_input_infer,
                _conv_grad_input_grad, _conv_grad_input_sizes,
-               "gradient of conv2d with respect to its input")
+               "gradient of conv2d with respect to its input", shape_inputs=(2,))
 _register_conv("conv2d_grad_filter", _conv_grad_filter_compute, _conv_grad_filter_infer,
                _conv_grad_filter_grad, _conv_grad_filter_sizes,
-               "gradient of conv2d with respect to its filters")
+               "gradient of conv2d with respect to its filters", shape_inputs=(2,))
 
 
 def pair_attr(op: str, arg: str, value: Any) -> tuple[int, int]:
@@ -785,7 +785,7 @@ register(OpDef("avg_pool2d", _avg_pool_compute, _pool_infer,
 register(OpDef("avg_pool2d_grad", _avg_pool_grad_compute, _pool_grad_infer,
                lambda n, gg: [make("avg_pool2d", gg, **n.attrs), None],
                doc="gradient of avg_pool2d",
-               check=_float_window_check))
+               check=_float_window_check, shape_inputs=(1,)))
 
 
 def _pool(op, x, ksize, stride, padding):

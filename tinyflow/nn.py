@@ -106,7 +106,7 @@ def conv2d(x: Node, filter: Node | None = None, strides: Any = None, padding: An
         y = image_ops.conv2d(x, filter, stride, padding)
         if not no_bias:
             bias = api.Variable(name=f"{name}_bias", shape=(num_filter,))
-            y = bias_add(y, bias)
+            y = bias_add(y, bias, data_format="NCHW")
         return y
     return image_ops.conv2d(x, filter, stride, padding)
 
@@ -238,7 +238,8 @@ def dropout(x: Node, keep_prob: Any = None, noise_shape: Any = None, seed: int |
     if noise_shape is not None:
         raise ops.argument_error("dropout", "noise_shape is not supported: every element "
                                             "is kept or dropped on its own")
-    if not isinstance(keep_prob, Node) and not isinstance(rate, Node):
+    keep_prob, rate = _scalar(keep_prob), _scalar(rate)
+    if not _is_tensor(keep_prob) and not _is_tensor(rate):
         if rate is None:
             keep = ops.float_attr("dropout", "keep_prob", keep_prob)
             if not 0.0 < keep <= 1.0:
@@ -258,17 +259,28 @@ CHANNELS_LAST = ("NHWC", "N...C", "NWC", "NDHWC")
 CHANNELS_FIRST = ("NCHW", "NC...", "NCW", "NCDHW")
 
 
+def _is_tensor(value: Any) -> bool:
+    """A graph node or an eager Tensor (symbolic ones in a trace included)."""
+    return isinstance(value, Node) or getattr(value, "__tinyflow_tensor__", False)
+
+
+def _scalar(value: Any) -> Any:
+    """A 0-d numpy array as the number it holds (anything else as it is)."""
+    return value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+
+
 def bias_add(x: Node, bias: Node, data_format: str | None = None,
              name: str | None = None) -> Node:
     """x + bias along the channel axis: dimension 1 of TinyFlow's NCHW images (4-D,
     the original TinyFlow's layout), the last dimension for other ranks (TF1's
     default, "N...C": a (batch, time, features) tensor); for (N, C) matrices the
-    two agree. `data_format` ("NHWC" / "N...C" or "NCHW" / "NC...") says which.
+    two agree; an input of unknown rank takes dimension 1, as the original TinyFlow's
+    layers did. `data_format` ("NHWC" / "N...C" or "NCHW" / "NC...") says which.
     (A 3-D input took dimension 1, so a (B, T, C) tensor with T == C got its bias
     along time, without an error.)"""
     rank = len(x.shape) if getattr(x, "shape", None) is not None else None
-    if data_format is None:
-        channels_last = rank is not None and rank not in (2, 4)
+    if data_format is None:   # (an unknown rank: the original TinyFlow's dimension 1,
+        channels_last = rank is not None and rank not in (2, 4)   # its conv layers')
     elif data_format in CHANNELS_LAST + CHANNELS_FIRST:
         channels_last = data_format in CHANNELS_LAST
     else:
@@ -276,9 +288,14 @@ def bias_add(x: Node, bias: Node, data_format: str | None = None,
                                              f"{CHANNELS_LAST + CHANNELS_FIRST}, got "
                                              f"{data_format!r}")
     if channels_last and rank != 2:
-        if getattr(bias, "shape", None) is not None and len(bias.shape) != 1:
+        shape = getattr(bias, "shape", None)
+        if shape is not None and len(shape) != 1:
             raise ops.argument_error("bias_add", f"bias must be a vector, got shape "
-                                                 f"{tuple(bias.shape)}")
+                                                 f"{tuple(shape)}")
+        if shape is not None and rank and None not in (shape[0], x.shape[-1]) \
+                and shape[0] != x.shape[-1]:   # (a bias of 1 would broadcast: TF1 refuses)
+            raise ops.argument_error("bias_add", f"bias has {shape[0]} entries, the last "
+                                                 f"axis of x {x.shape[-1]}")
         return ops.make("add", x, bias, name=name)   # broadcasts along the last axis
     return ops.make("bias_add", x, bias, name=name)
 
@@ -444,7 +461,7 @@ class Conv2d(Module):
 
     def __call__(self, x: Node, training: bool = True) -> Node:
         y = image_ops.conv2d(x, self.weight, self.stride, self.padding)
-        return y if self.bias is None else bias_add(y, self.bias)
+        return y if self.bias is None else bias_add(y, self.bias, data_format="NCHW")
 
 
 class MaxPool2d(Module):

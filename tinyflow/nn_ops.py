@@ -185,7 +185,7 @@ def _one_hot_like_infer(shapes, dtypes, attrs):
 
 
 register(OpDef("one_hot_like", _one_hot_like_compute, _one_hot_like_infer, zero_gradient,
-               doc="one-hot rows, classes = last dim of input 1"))
+               doc="one-hot rows, classes = last dim of input 1", shape_inputs=(1,)))
 
 
 def softmax(x: Operand) -> Node:

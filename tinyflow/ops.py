@@ -505,10 +505,11 @@ def _broadcast_like_infer(shapes, dtypes, attrs):
 
 register(OpDef("sum_to_like", _sum_to_like_compute, _sum_to_like_infer,
                lambda node, g: [broadcast_like(g, node.inputs[0]), None],
-               doc="Sum input 0 down to the shape of input 1 (gradient of broadcasting)."))
+               doc="Sum input 0 down to the shape of input 1 (gradient of broadcasting).",
+               shape_inputs=(1,)))
 register(OpDef("broadcast_like", _broadcast_like_compute, _broadcast_like_infer,
                lambda node, g: [sum_to_like(g, node.inputs[0]), None],
-               doc="Broadcast input 0 to the shape of input 1."))
+               doc="Broadcast input 0 to the shape of input 1.", shape_inputs=(1,)))
 
 
 def sum_to_like(g: Node, ref: Node) -> Node:
@@ -754,9 +755,9 @@ def _ones_like_compute(xp, x, out=None):
 # Both appear in gradient graphs (the seed of `gradients`, the zeros of `where`'s
 # gradient), so a second derivative reaches them: they need their zero gradient.
 register(OpDef("zeros_like", _zeros_like_compute, infer_same, zero_gradient,
-               elementwise=True, doc="zeros of x's shape and dtype"))
+               elementwise=True, doc="zeros of x's shape and dtype", shape_inputs=(0,)))
 register(OpDef("ones_like", _ones_like_compute, infer_same, zero_gradient,
-               elementwise=True, doc="ones of x's shape and dtype"))
+               elementwise=True, doc="ones of x's shape and dtype", shape_inputs=(0,)))
 
 
 def _identity_compute(xp, x, out=None):
@@ -940,7 +941,8 @@ def _count_ratio_compute(xp, y, x, out=None):
 
 
 register(OpDef("count_ratio", _count_ratio_compute, lambda s, d, a: ((), d[1]),
-               zero_gradient, doc="size(a) / size(b), for gradients of means"))
+               zero_gradient, doc="size(a) / size(b), for gradients of means",
+               shape_inputs=(0, 1)))
 
 
 def count_ratio(y: Node, x: Node) -> Node:
@@ -1015,10 +1017,11 @@ def where(cond: Operand, a: Operand, b: Operand) -> Node:
     Broadcasting alone would have matched it against the last axis instead."""
     rank = max(_rank(a), _rank(b))
     if _rank(cond) == 1 and rank > 1:
+        length = cond.shape[0] if hasattr(cond, "shape") else len(cond)   # (a list)
         rows = {v.shape[0] for v in (a, b) if _rank(v) == rank and v.shape[0] is not None}
-        if cond.shape[0] is not None and rows - {cond.shape[0]}:
-            raise shape_error("where", [cond.shape, *(getattr(v, "shape", ()) for v in (a, b))],
-                              f"a condition of shape {format_shape(cond.shape)} picks whole "
+        if length is not None and rows - {length}:
+            raise shape_error("where", [(length,), *(getattr(v, "shape", ()) for v in (a, b))],
+                              f"a condition of shape {format_shape((length,))} picks whole "
                               f"rows (TF1's rule), but the values have {rows.pop()} rows",
                               user_source_line())
         cond = make("reshape", cond, shape=(-1,) + (1,) * (rank - 1))

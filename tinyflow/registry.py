@@ -13,7 +13,7 @@ What each field means, and who reads it, is written beside the field below.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,11 @@ class OpDef:
     reshape: bool = False
     # Runs only for its effect (tf.group): fetching it gives None, as in TF1.
     effect_only: bool = False
+    # Inputs of which only the shape (and dtype) is read, never the values (the
+    # `ref` of broadcast_like, sum_to_like, reshape_like): eager backward's version
+    # check does not ask whether they were written in place after use. A tuple of
+    # indices, or a range for "every input from i on".
+    shape_inputs: Container[int] = ()
     # A marker the user places (tf.checkpoint): the gradient-checkpointing pass keeps
     # the values of these nodes, and recomputes the rest (sublinear.py).
     checkpoint_marker: bool = False

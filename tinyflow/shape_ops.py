@@ -10,6 +10,7 @@ the other way), and ``tf.reshape`` & co. are these functions.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,7 +119,8 @@ register(OpDef("reshape", _reshape_compute, _reshape_infer,
                check=_reshape_check, reshape=True))
 register(OpDef("reshape_like", _reshape_like_compute, _reshape_like_infer,
                lambda n, g: [reshape_like(g, n.inputs[0]), None],
-               doc="reshape input 0 to the shape of input 1", reshape=True))
+               doc="reshape input 0 to the shape of input 1", reshape=True,
+               shape_inputs=(1,)))
 
 
 def _transpose_infer(shapes, dtypes, attrs):
@@ -266,7 +268,8 @@ def _concat_part_infer(shapes, dtypes, attrs):
 
 
 register(OpDef("concat_part", _concat_part_compute, _concat_part_infer, _concat_part_grad,
-               doc="the slice of a concat's gradient that belongs to input `part`"))
+               doc="the slice of a concat's gradient that belongs to input `part`",
+               shape_inputs=range(1, sys.maxsize)))   # the parts give offsets only
 
 
 # Indexing by slices: the index is stored as a tuple of (start, stop, step) triples
@@ -371,7 +374,8 @@ register(OpDef("getitem", _getitem_compute, _getitem_infer,
                doc="x[index] with ints and slices"))
 register(OpDef("slice_grad", _slice_grad_compute, _slice_grad_infer,
                lambda n, g: [make("getitem", g, index=n.attrs["index"]), None],
-               doc="zeros of input 1's shape with input 0 written at index"))
+               doc="zeros of input 1's shape with input 0 written at index",
+               shape_inputs=(1,)))
 
 
 def _gather_infer(shapes, dtypes, attrs):
@@ -424,7 +428,8 @@ register(OpDef("gather", _gather_compute, _gather_infer,
                check=_gather_check))
 register(OpDef("scatter_rows", _scatter_rows_compute, _scatter_rows_infer,
                lambda n, g: [gather(g, n.inputs[1]), None, None],
-               doc="gradient of gather: rows of g summed into zeros of params' shape"))
+               doc="gradient of gather: rows of g summed into zeros of params' shape",
+               shape_inputs=(2,)))
 
 
 # pad (the original TinyFlow's, after Torch's nn.Padding): |pad| zeros along one

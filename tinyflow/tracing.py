@@ -392,11 +392,11 @@ class Function:
         """`f(x, lr=0.1)` as `f(x, 0.1)` (defaults filled in), so keywords are guarded
         like any argument; keyword-only parameters cannot be passed by position."""
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
-        bound.apply_defaults()
-        if bound.kwargs:
+        if bound.kwargs:   # passed to keyword-only parameters (or **kwargs)
             raise EagerError(f"{self.__name__}: keyword-only arguments "
                              f"{sorted(bound.kwargs)} are not supported by tf.function; "
                              "make them ordinary parameters")
+        bound.apply_defaults()    # (keyword-only defaults stay the function's own)
         return bound.args
 
     def _trace(self, args: tuple, key: tuple) -> _Concrete:
