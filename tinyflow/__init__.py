@@ -19,7 +19,8 @@ placeholders, Variables, `tf.Session().run`, `tf.gradients`, `tf.train.*Optimize
     streams.py              stream assignment, events, stream runners
     executor.py, session.py compile + run: Program; session.py: TF1's Session
     eager.py, tracing.py,   define-by-run: eager Tensors over the same registry, a
-      allocator.py            tape, tracing into graphs (tf.function), a caching allocator
+      allocator.py,           tape, tracing into graphs (tf.function), a caching
+      eager_record.py         allocator, and an eager run recorded for the debugger
     trace.py, debug.py      the DebugRecord the debugger reads, and recording one
     transports.py,          ring allreduce over threads, processes, MPI, NCCL;
       allreduce.py,           data-parallel training with bucketed allreduce

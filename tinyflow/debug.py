@@ -59,7 +59,7 @@ class Recorder:
         self.scalars: dict[str, list[list[float]]] = {}
         self.check: dict | None = None
         self._main: Any = None               # the program whose check failed
-        self.eager_log: Any = None           # eager ops recorded (eager.EagerLog)
+        self.eager_log: Any = None           # eager ops recorded (eager_record.EagerLog)
         self.memory_references: dict[str, int] = {}  # see `memory_reference`
         self._live_file: Any = None          # PATH.live.jsonl, open while live
         self._live_lines = 0                 # lines written to it
