@@ -43,12 +43,13 @@ def _isolated_variable_lists():
     so `tf.initialize_all_variables()` in one test never runs another test's leftovers."""
     saved = (list(api._initializers), list(api._global_variables),
              list(api._trainable_variables), list(api.update_ops), dict(api.deferred_shapes),
-             dict(api.deferred_fills))
+             dict(api.deferred_fills), dict(api._initializer_of))
     yield
     for target, value in zip((api._initializers, api._global_variables,
                               api._trainable_variables, api.update_ops), saved[:4]):
         target[:] = value
-    for target, value in zip((api.deferred_shapes, api.deferred_fills), saved[4:]):
+    for target, value in zip((api.deferred_shapes, api.deferred_fills, api._initializer_of),
+                             saved[4:]):
         target.clear()
         target.update(value)
 

@@ -167,3 +167,21 @@ def test_pipeline_checks_its_arguments():
     with pytest.raises(ValueError, match="schedule"):
         Pipeline(layers[:2], loss_fn, comm, (WIDTHS[0],), 8, 4, tf.train.SGD(0.1),
                  schedule="zigzag")
+
+
+def test_a_stages_slots_keep_their_initializer_for_variables_initializer():
+    # A stage takes its optimizer slots' initializers out of the global list (another
+    # rank's global initializer must not run them); tf.variables_initializer then
+    # said such a slot had "no initial value".
+    layers = make_layers()
+    stages = [lambda h, layer=layer: layer(h) for layer in layers[:2]]
+    comms = ThreadTransport.group_of(2, timeout=20)
+    pipe = Pipeline(stages, loss_fn, comms[0], (WIDTHS[0],), 4, 2,
+                    tf.train.MomentumOptimizer(0.1, 0.9), "1f1b",
+                    init=tf.global_variables_initializer(), dtype=np.float64)
+    slots = [a.inputs[0] for a in pipe.init.inputs if "/momentum" in a.inputs[0].name]
+    assert slots and not any(a.inputs[0] in slots for a in
+                             tf.global_variables_initializer().inputs)
+    sess = tf.Session()
+    sess.run(tf.variables_initializer(slots))
+    assert all(not sess.variables[s].any() for s in slots)

@@ -27,6 +27,9 @@ int8, int16, uint8, uint16 = np.int8, np.int16, np.uint8, np.uint16
 # Assign nodes that initialize the Variables created so far, one per Variable that has
 # an initial value (what TF1's global_variables_initializer runs).
 _initializers: list[Node] = []
+# Every Variable's initializer, by Variable: a pipeline stage takes its own out of the
+# list above (another rank's global initializer must not run them), not out of here.
+_initializer_of: dict[Node, Node] = {}
 # Variables created so far, in creation order (TF1's GLOBAL_VARIABLES collection).
 _global_variables: list[Node] = []
 _trainable_variables: list[Node] = []
@@ -105,8 +108,14 @@ def Variable(initial_value: Any = None, name: str | None = None, dtype: Any = No
     if trainable:
         _trainable_variables.append(var)
     if init is not None:
-        _initializers.append(assign(var, init))
+        _add_initializer(var, init)
     return var
+
+
+def _add_initializer(var: Node, value: Node) -> None:
+    """Record the assign that gives `var` its initial value."""
+    _initializer_of[var] = assign(var, value)
+    _initializers.append(_initializer_of[var])
 
 
 def assign(ref: Node, value: Any) -> Node:
@@ -139,16 +148,15 @@ def global_variables_initializer() -> Node:
 def variables_initializer(var_list: Sequence[Node]) -> Node:
     """TF1's tf.variables_initializer: run the initializers of the Variables in
     `var_list` only (an optimizer's slots, say, after the weights were restored)."""
-    by_variable = {a.inputs[0]: a for a in _initializers}
     chosen = []
     for var in var_list:
         if not isinstance(var, Node) or source_kind(var) != "variable":
             raise argument_error("variables_initializer", f"{var!r} is not a Variable")
-        if var not in by_variable:
+        if var not in _initializer_of:
             raise argument_error("variables_initializer", f"variable {var.name!r} "
                                  f"(created at {var.where}) has no initial value to run; "
                                  "assign it")
-        chosen.append(by_variable[var])
+        chosen.append(_initializer_of[var])
     return group(*chosen)
 
 
@@ -157,7 +165,8 @@ def reset_default_graph() -> None:
     op made so far, so the next model's `global_variables_initializer()` and
     `trainable_variables()` cover only what is built after this call. Nodes already
     built still work; they are just no longer in the lists."""
-    for collection in (_initializers, _global_variables, _trainable_variables, update_ops):
+    for collection in (_initializers, _initializer_of, _global_variables,
+                       _trainable_variables, update_ops):
         collection.clear()
     deferred_shapes.clear()
     deferred_fills.clear()
@@ -227,8 +236,8 @@ def _initialize_fills(known: dict[Node, tuple | None]) -> None:
             continue  # initialized already, or not inferable yet
         shape = tuple(rule(known[source]))
         var.shape, var.attrs["shape"] = shape, shape
-        _initializers.append(assign(var, ops.make(
-            "ones" if fill == 1.0 else "zeros", shape=shape, dtype=var.dtype.name)))
+        _add_initializer(var, ops.make(
+            "ones" if fill == 1.0 else "zeros", shape=shape, dtype=var.dtype.name))
 
 
 def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],

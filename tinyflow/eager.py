@@ -1048,7 +1048,7 @@ def to_eager(model: Any, dtype: Any = None) -> Any:
     listed, in the order found, in `model.eager_parameters` (see `parameters`).
     """
     from tinyflow.session import Session
-    initializers = {a.inputs[0]: a.inputs[1] for a in api._initializers}
+    initializers = {var: a.inputs[1] for var, a in api._initializer_of.items()}
     trainable = set(api._trainable_variables)
     replaced: dict[Node, Tensor] = {}
     session = Session()
