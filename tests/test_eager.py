@@ -1283,3 +1283,21 @@ def test_traced_functions_take_keyword_arguments():
 
     with pytest.raises(EagerError, match=r"keyword-only arguments \['scale'\]"):
         only_keyword(x, scale=2.0)
+
+
+def test_create_graph_records_the_backward_even_inside_no_grad():
+    # Inside no_grad, backward(create_graph=True) left .grad without history, so a
+    # second derivative was impossible (PyTorch records it); E.enable_grad is
+    # PyTorch's way back into recording.
+    x = E.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    y = (x * x * x).sum()
+    with E.no_grad():
+        y.backward(create_graph=True)
+        with E.enable_grad():
+            assert (x * 1.0).requires_grad
+        assert not (x * 1.0).requires_grad
+    assert x.grad.requires_grad
+    first = x.grad
+    x.grad = None
+    first.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [6.0, 12.0])

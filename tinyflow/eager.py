@@ -109,7 +109,20 @@ def _optimizer_step() -> Iterator[None]:
 @contextlib.contextmanager
 def no_grad() -> Iterator[None]:
     """Ops inside the block are not recorded for backward (torch.no_grad)."""
-    before, _mode.grad_enabled = _mode.grad_enabled, False
+    with _grad_mode(False):
+        yield
+
+
+@contextlib.contextmanager
+def enable_grad() -> Iterator[None]:
+    """Ops inside the block are recorded again, even within no_grad (torch.enable_grad)."""
+    with _grad_mode(True):
+        yield
+
+
+@contextlib.contextmanager
+def _grad_mode(enabled: bool) -> Iterator[None]:
+    before, _mode.grad_enabled = _mode.grad_enabled, enabled
     try:
         yield
     finally:
@@ -989,7 +1002,8 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
             seed = Tensor(seed.data, dtype=root.dtype)
     order = _tape_order(root)
     pending: dict[int, list[Tensor]] = {id(root): [seed]}
-    recording = contextlib.nullcontext() if create_graph else no_grad()
+    # create_graph records the backward's own ops, even inside no_grad (PyTorch too)
+    recording = enable_grad() if create_graph else no_grad()
     _mode.in_backward = True
     try:
         _walk_tape(order, pending, recording, given={id(gradient)})
