@@ -247,8 +247,8 @@ def dropout(x: Node, keep_prob: Any = None, noise_shape: Any = None, seed: int |
                                                     f"{keep_prob!r}")
             rate = 1.0 - keep
         return nn_ops.dropout(x, rate, training, seed, name)
-    nn_ops.dropout(x, 0.0)   # a tensor: x checked as for a number, then a mask that
-    if not training:         # reads keep_prob at run time
+    nn_ops.check_dropout_input(x)   # a tensor: a mask that reads it at run time
+    if not training:
         return x
     keep = keep_prob if keep_prob is not None else ops.sub(1.0, rate)
     mask = ops.make("dropout_mask", x, keep, seed=ops._next_seed(seed))
@@ -336,9 +336,9 @@ def softmax_cross_entropy_with_logits(logits: Node | None = None,
                                       labels: Node | None = None) -> Node:
     """Per-example cross entropy against a probability distribution (one-hot) labels.
     As TF1's, no gradient flows into `labels` (the _v2 function lets it)."""
-    if not isinstance(labels, (np.ndarray, np.generic, list, tuple, int, float)):
-        labels = ops.stop_gradient(labels)   # a node or an eager Tensor (a literal
-    return softmax_cross_entropy_with_logits_v2(logits, labels)   # has no gradient)
+    if _is_tensor(labels):   # (a literal has no gradient to stop)
+        labels = ops.stop_gradient(labels)
+    return softmax_cross_entropy_with_logits_v2(logits, labels)
 
 
 def softmax_cross_entropy_with_logits_v2(logits: Node | None = None,
@@ -351,9 +351,7 @@ def softmax_cross_entropy_with_logits_v2(logits: Node | None = None,
 def _operand(value: Any) -> Any:
     """A literal (a number, list or numpy array) as a constant tensor, so that the
     `*` and `-` below build ops instead of doing Python's list arithmetic."""
-    if hasattr(value, "shape") and not isinstance(value, (np.ndarray, np.generic)):
-        return value   # a graph node or an eager Tensor
-    return ops.constant(value)
+    return value if _is_tensor(value) else ops.constant(value)
 
 
 def sigmoid_cross_entropy_with_logits(labels: Any = None, logits: Any = None) -> Node:

@@ -299,6 +299,14 @@ register(OpDef("dropout_mask", _dropout_mask_compute, _dropout_mask_infer, zero_
                check=_dropout_mask_check))
 
 
+def check_dropout_input(x: Operand) -> None:
+    """Dropout of ints is a build error even where no mask is made (training=False,
+    rate 0), as the mask op's own check makes it when one is."""
+    if isinstance(x, Node) and x.dtype is not None and x.dtype.kind != "f":
+        raise ShapeError(f"dropout needs a float input, got {x.dtype} (TF1 too); cast it "
+                         f"first (at {user_source_line()})")
+
+
 def dropout(x: Operand, rate: float = 0.5, training: bool = True,
             seed: int | None = None, name: str | None = None) -> Node:
     """Zero each element with probability `rate` (training), identity otherwise.
@@ -308,9 +316,7 @@ def dropout(x: Operand, rate: float = 0.5, training: bool = True,
     # or "the truth value of graph node"), and NaN passed as a plain ValueError.
     if not 0.0 <= float_attr("dropout", "rate", rate) < 1.0:
         raise argument_error("dropout", f"rate must be in [0, 1), got {rate!r}")
-    if isinstance(x, Node) and x.dtype is not None and x.dtype.kind != "f":
-        raise ShapeError(f"dropout needs a float input, got {x.dtype} (TF1 too); cast it "
-                         f"first (at {user_source_line()})")
+    check_dropout_input(x)
     if not training or rate == 0.0:
         return x
     return make("mul", x, make("dropout_mask", x, rate=float(rate), seed=_next_seed(seed)),

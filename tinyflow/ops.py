@@ -36,7 +36,7 @@ import numpy as np
 from tinyflow import backend
 from tinyflow.errors import ArgumentError
 from tinyflow.graph import OPERATOR_BUILDERS, Node, ShapeError, format_shape, user_source_line
-from tinyflow.registry import REGISTRY, OpDef, register
+from tinyflow.registry import REGISTRY, OpDef, register, source_kind
 
 # ----------------------------------------------------------------------------------
 # The registry
@@ -603,7 +603,7 @@ def _pow_grad(n, g):
 
 def _nonzero_constant(node: Node) -> bool:
     """Whether `node` is a constant with no zero in it (known when the graph is built)."""
-    value = node.attrs.get("value") if node.op == "constant" else None
+    value = node.attrs.get("value") if source_kind(node) == "constant" else None
     return isinstance(value, ConstValue) and bool(np.all(value.array != 0))
 
 
