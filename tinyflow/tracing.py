@@ -388,10 +388,16 @@ class Function:
         self.cache.setdefault(key, []).append(concrete)
         return self._run(concrete, args)
 
+    @functools.cached_property
+    def _signature(self) -> inspect.Signature:
+        """The function's signature, asked once (a step called with keywords asks
+        on every call)."""
+        return inspect.signature(self.fn)
+
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
         """`f(x, lr=0.1)` as `f(x, 0.1)` (defaults filled in), so keywords are guarded
         like any argument; keyword-only parameters cannot be passed by position."""
-        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        bound = self._signature.bind(*args, **kwargs)
         if bound.kwargs:   # passed to keyword-only parameters (or **kwargs)
             raise EagerError(f"{self.__name__}: keyword-only arguments "
                              f"{sorted(bound.kwargs)} are not supported by tf.function; "
