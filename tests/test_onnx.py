@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import tinyflow as tf
-from tinyflow import cli, trace
+from tinyflow import cli, ops, trace
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -492,6 +492,19 @@ def test_export_after_passes(tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     with pytest.raises(onnx_io.OnnxError, match="needs feeds as"):
         onnx_io.export(y, [x], tmp_path / "f.onnx", session=sess, passes=["fold"])
+
+
+def test_export_of_bias_add_along_any_axis(tmp_path):
+    """bias_add's axis becomes the Unsqueeze that ONNX's right-aligned Add needs."""
+    x = tf.placeholder(tf.float32, (2, 3, 4, 5), name="x")
+    rng = np.random.default_rng(0)
+    xb = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    for axis in (0, 1, 2, 3, -1):
+        bias = tf.constant(rng.standard_normal(xb.shape[axis]).astype(np.float32))
+        y = ops.make("bias_add", x, bias, axis=axis)
+        model = onnx_io.export(y, [x], tmp_path / f"bias{axis}.onnx", session=tf.Session())
+        (got,) = ort_run(model, {"x": xb})
+        np.testing.assert_array_equal(got, tf.Session().run(y, {x: xb}), err_msg=str(axis))
 
 
 def test_pytorch_exported_model_imports(tmp_path):

@@ -236,8 +236,13 @@ GRAD_CASES: dict[str, Callable[[np.random.Generator], list[GradCase]]] = {
         C(tf.matmul, normal(r, 2, 1, 2, 3), normal(r, 2, 3, 2), label="batch broadcast")],
     "bias_add": lambda r: [
         C(tf.nn.bias_add, normal(r, 2, 3), normal(r, 3), label="(N, C)"),
-        C(tf.nn.bias_add, normal(r, 2, 3, 2, 2), normal(r, 3), label="NCHW")],
-    "bias_grad": lambda r: [C(lambda g: make("bias_grad", g), normal(r, 2, 3, 2))],
+        C(tf.nn.bias_add, normal(r, 2, 3, 2, 2), normal(r, 3), label="NCHW"),
+        C(tf.nn.bias_add, normal(r, 2, 4, 3), normal(r, 3), label="(B, T, C): last axis"),
+        C(lambda x, b: make("bias_add", x, b, axis=-2), normal(r, 2, 3, 4), normal(r, 3),
+          label="axis -2")],
+    "bias_grad": lambda r: [C(lambda g: make("bias_grad", g), normal(r, 2, 3, 2)),
+                            C(lambda g: make("bias_grad", g, axis=2), normal(r, 2, 3, 4),
+                              label="axis 2")],
     # Reductions
     "sum": lambda r: [
         C(tf.reduce_sum, normal(r, 2, 3), label="all"),
@@ -959,6 +964,10 @@ FORWARD_CASES = [
             lambda x, b: x + b[None, :, None, None]),
     FwdCase("bias_grad", "NCHW", lambda g: make("bias_grad", g), [IMG],
             lambda g: g.sum(axis=(0, 2, 3))),
+    FwdCase("bias_add", "axis -1", lambda x, b: make("bias_add", x, b, axis=-1),
+            [X4, _R.standard_normal(4)], lambda x, b: x + b),
+    FwdCase("bias_grad", "axis 0", lambda g: make("bias_grad", g, axis=0), [X4],
+            lambda g: g.sum(axis=(1, 2))),
     FwdCase("sum", "all", tf.reduce_sum, [X4], np.sum),
     FwdCase("sum", "axes (1, 2) keepdims", lambda x: tf.reduce_sum(x, [1, 2], keepdims=True),
             [X4], lambda x: x.sum((1, 2), keepdims=True)),

@@ -392,6 +392,21 @@ def test_fuse_dense_with_and_without_activation():
         np.testing.assert_allclose(a, e)
 
 
+def test_fuse_dense_leaves_a_bias_along_the_batch_axis_alone():
+    # fused_dense adds its bias along the product's columns; a bias_add along axis 0
+    # of a (4, 4) product adds one value per row: fusing it would be a wrong answer.
+    x = tf.placeholder(F64, (4, 4))
+    w = tf.Variable(np.eye(4))
+    b = tf.Variable(np.arange(4.0))
+    y = ops.make("bias_add", tf.matmul(x, w), b, axis=0)
+    graph, ctx = optimize([y], {x: np.zeros((4, 4))}, [w, b], only=["fuse_dense"])
+    assert "fused_dense" not in {n.op for n in graph.nodes} and reasons(ctx) == []
+    session = tf.Session()
+    session.run(tf.global_variables_initializer())
+    np.testing.assert_array_equal(session.run(y, {x: np.zeros((4, 4))}),
+                                  np.arange(4.0)[:, None] + np.zeros((4, 4)))
+
+
 # ----------------------------------------------------------------------------------
 # variables and assign: order and effects survive every pass
 # ----------------------------------------------------------------------------------

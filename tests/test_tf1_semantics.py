@@ -816,5 +816,29 @@ def test_bias_add_checks_the_bias_length_on_the_last_axis():
     # Review: a 1-entry bias was broadcast over a rank-3 input (TF1 refuses). (An
     # input of unknown rank keeps dimension 1: the original TinyFlow's conv layers
     # give such inputs, and its programs must run unchanged.)
-    with pytest.raises(tf.ArgumentError, match="bias has 1 entries, the last axis of x 4"):
+    with pytest.raises(ShapeError, match="bias has 1 entries but dimension 2 of x is 4"):
         tf.nn.bias_add(tf.zeros((2, 3, 4)), tf.constant([1.0]))
+
+
+def test_bias_add_along_the_last_axis_is_one_bias_add_op_with_its_gradient():
+    # It was an `add` that broadcast (the op knew only dimension 1): the bias_add op
+    # now has an `axis`, so its gradient is bias_grad along that axis, ONNX export
+    # and fuse_dense know it, and the graph says what the user wrote.
+    x = tf.placeholder(tf.float32, (2, 3, 3))
+    bias = tf.Variable(np.zeros(3, np.float32))
+    y = tf.nn.bias_add(x, bias)
+    assert (y.op, y.attrs["axis"]) == ("bias_add", 2)
+    (grad,) = tf.gradients(tf.reduce_sum(y * tf.constant([1.0, 2.0, 3.0])), [bias])
+    assert (grad.op, grad.attrs["axis"]) == ("bias_grad", 2)
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    np.testing.assert_array_equal(sess.run(grad, {x: np.zeros((2, 3, 3))}), [6.0, 12.0, 18.0])
+    # an input of unknown rank told channels-last counts its axis from the end
+    unknown = tf.placeholder(tf.float32)
+    z = tf.nn.bias_add(unknown, bias, data_format="NHWC")
+    assert z.attrs["axis"] == -1
+    np.testing.assert_array_equal(sess.run(z, {unknown: np.zeros((1, 2, 3))})[0, 1], [0, 0, 0])
+    with pytest.raises(ShapeError, match="dimension 2 of x is 4"):
+        sess.run(z, {unknown: np.zeros((1, 3, 4))})
+    with pytest.raises(ShapeError, match="axis 3 is out of range"):
+        ops.make("bias_add", x, bias, axis=3)

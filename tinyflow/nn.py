@@ -276,8 +276,8 @@ def bias_add(x: Node, bias: Node, data_format: str | None = None,
     default, "N...C": a (batch, time, features) tensor); for (N, C) matrices the
     two agree; an input of unknown rank takes dimension 1, as the original TinyFlow's
     layers did. `data_format` ("NHWC" / "N...C" or "NCHW" / "NC...") says which.
-    (A 3-D input took dimension 1, so a (B, T, C) tensor with T == C got its bias
-    along time, without an error.)"""
+    Either way it is one `bias_add` op whose `axis` attribute names the dimension
+    (so its gradient, ONNX export and fusion all know it)."""
     rank = len(x.shape) if getattr(x, "shape", None) is not None else None
     if data_format is None:   # (an unknown rank: the original TinyFlow's dimension 1,
         channels_last = rank is not None and rank not in (2, 4)   # its conv layers')
@@ -287,17 +287,10 @@ def bias_add(x: Node, bias: Node, data_format: str | None = None,
         raise ops.argument_error("bias_add", f"data_format must be one of "
                                              f"{CHANNELS_LAST + CHANNELS_FIRST}, got "
                                              f"{data_format!r}")
-    if channels_last and rank != 2:
-        shape = getattr(bias, "shape", None)
-        if shape is not None and len(shape) != 1:
-            raise ops.argument_error("bias_add", f"bias must be a vector, got shape "
-                                                 f"{tuple(shape)}")
-        if shape is not None and rank and None not in (shape[0], x.shape[-1]) \
-                and shape[0] != x.shape[-1]:   # (a bias of 1 would broadcast: TF1 refuses)
-            raise ops.argument_error("bias_add", f"bias has {shape[0]} entries, the last "
-                                                 f"axis of x {x.shape[-1]}")
-        return ops.make("add", x, bias, name=name)   # broadcasts along the last axis
-    return ops.make("bias_add", x, bias, name=name)
+    if not channels_last or rank == 2:   # (for (N, C) the two agree: dimension 1)
+        return ops.make("bias_add", x, bias, name=name)
+    # The last axis: counted from the end while the rank is unknown.
+    return ops.make("bias_add", x, bias, axis=-1 if rank is None else rank - 1, name=name)
 
 
 _layer_ids = itertools.count()

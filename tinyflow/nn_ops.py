@@ -20,6 +20,8 @@ from tinyflow.ops import (
     argument_error,
     float_attr,
     infer_same,
+    int_like,
+    normalize_axes,
     result_dtype,
     cast,
     exp,
@@ -33,47 +35,68 @@ from tinyflow.ops import (
     zeros_like,
 )
 
-# bias_add (the original TinyFlow's): add a (C,) bias along dimension 1, the channel
-# axis of NCHW images and the feature axis of (N, C) matrices.
-def _channel_view(b, ndim):
-    return b.reshape((1, -1) + (1,) * (ndim - 2))
+# bias_add (the original TinyFlow's): add a (C,) bias along one axis of x, its
+# attribute `axis`: 1 by default, the channel axis of NCHW images and the feature
+# axis of (N, C) matrices; the last axis for TF1's channels-last tensors such as
+# (batch, time, features) (nn.bias_add picks it from data_format). Negative axes
+# count from the end, for an x whose rank is not known when the graph is built.
+
+def _bias_axis(attrs: dict, rank: int) -> int:
+    """bias_add's axis as a dimension of an x of `rank` (a Mismatch if out of range)."""
+    (axis,) = normalize_axes(attrs.get("axis", 1), rank)
+    return axis
+
+
+def _bias_axis_check(attrs: dict, dtypes: list) -> None:
+    """`axis`, when given, is an int."""
+    if not int_like(attrs.get("axis", 1)):
+        raise Mismatch(f"axis must be an int, got {attrs['axis']!r}")
+
+
+def _bias_view(b, ndim, axis):
+    """b (C,) shaped to broadcast along dimension `axis` of an ndim-array."""
+    return b.reshape((1,) * axis + (-1,) + (1,) * (ndim - axis - 1))
 
 
 def _bias_add_infer(shapes, dtypes, attrs):
     x, b = shapes
     if len(x) < 2 or len(b) != 1:
         raise Mismatch("bias_add needs x of rank >= 2 and a bias of rank 1")
-    if x[1] is not None and b[0] is not None and x[1] != b[0]:
-        raise Mismatch(f"bias has {b[0]} entries but dimension 1 of x is {x[1]}")
+    axis = _bias_axis(attrs, len(x))
+    if x[axis] is not None and b[0] is not None and x[axis] != b[0]:
+        raise Mismatch(f"bias has {b[0]} entries but dimension {axis} of x is {x[axis]}")
     return tuple(x), result_dtype(dtypes)
 
 
-def _bias_add_compute(xp, x, b, out=None):
-    return xp.add(x, _channel_view(b, x.ndim), out=out)
+def _bias_add_compute(xp, x, b, out=None, axis=1):
+    return xp.add(x, _bias_view(b, x.ndim, axis % x.ndim), out=out)
 
 
-def _bias_grad_compute(xp, g, out=None):
-    axes = (0,) + tuple(range(2, g.ndim))
-    return g.sum(axis=axes, dtype=g.dtype)  # g's dtype, as the rule says
+def _bias_grad_compute(xp, g, out=None, axis=1):
+    axis = axis % g.ndim
+    others = tuple(d for d in range(g.ndim) if d != axis)
+    return g.sum(axis=others, dtype=g.dtype)  # g's dtype, as the rule says
 
 
 register(OpDef("bias_add", _bias_add_compute, _bias_add_infer,
-               lambda n, g: [g, make("bias_grad", g)], inplace=0,
-               doc="x + b along dimension 1 (channels)"))
+               lambda n, g: [g, make("bias_grad", g, **n.attrs)], inplace=0,
+               doc="x + b along dimension `axis` (default 1: channels)",
+               check=_bias_axis_check))
 
 
 def _bias_grad_infer(shapes, dtypes, attrs):
-    """(C,) for g shaped like bias_add's x, (N, C, ...); dtype of g."""
+    """(C,) for g shaped like bias_add's x, (N, C, ...) for the default axis 1; dtype
+    of g."""
     g = shapes[0]
     if len(g) < 2:
         raise Mismatch("bias_grad needs g of rank >= 2 (shaped like bias_add's x)")
-    return (g[1],), dtypes[0]
+    return (g[_bias_axis(attrs, len(g))],), dtypes[0]
 
 
 register(OpDef("bias_grad", _bias_grad_compute, _bias_grad_infer,
-               lambda n, g: [make("bias_add", zeros_like(n.inputs[0]), g)],
-               doc="sum over every axis but 1 (gradient of bias_add)"))
-
+               lambda n, g: [make("bias_add", zeros_like(n.inputs[0]), g, **n.attrs)],
+               doc="sum over every axis but `axis` (default 1; gradient of bias_add)",
+               check=_bias_axis_check))
 
 
 # ----------------------------------------------------------------------------------

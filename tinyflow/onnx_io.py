@@ -682,10 +682,13 @@ def _ex_matmul(w: _Writer, n: Node, ins: list[str], out: str) -> str:
 
 
 def _ex_bias_add(w: _Writer, n: Node, ins: list[str], out: str) -> str:
+    # ONNX's Add broadcasts from the right: the (C,) bias gets a 1 for every
+    # dimension of x after its axis.
     rank = n.inputs[0].ndim
+    axis = n.attrs.get("axis", 1) % rank
     bias = ins[1]
-    if rank > 2:
-        bias = w.emit("Unsqueeze", [bias, w.ints(range(1, rank - 1), n, "axes")], None, n)
+    if axis < rank - 1:
+        bias = w.emit("Unsqueeze", [bias, w.ints(range(1, rank - axis), n, "axes")], None, n)
     return w.emit("Add", [ins[0], bias], out, n)
 
 
