@@ -99,3 +99,27 @@ def test_pipeline_and_tree_events_make_one_record(tmp_path):
     kinds = {e["node"][0] for e in record["timelines"][0]["events"]}
     assert {"F", "B", "t"} <= kinds
     assert Path(sys.executable)  # (records are plain JSON: no pickle)
+
+
+def test_reduce_scatter_and_all_gather_record_their_ring_steps():
+    # ZeRO-2/3 run reduce_scatter and all_gather, not ring_allreduce, and those did not
+    # record their steps: the zero3 scheme's record held a timeline with no events.
+    from tinyflow.collectives import all_gather, reduce_scatter
+    comms = ThreadTransport.group_of(3, timeout=20)
+
+    def rank(comm):
+        comm.trace = []
+        shard = reduce_scatter(np.arange(7.0), comm, "sum")
+        full = all_gather(shard, comm, total=7)
+        return full, collective_events(comm.trace, comm.rank)
+
+    results = run_threads(comms, rank)
+    for full, _ in results:
+        np.testing.assert_array_equal(full, 3 * np.arange(7.0))
+    events = [e for _, per_rank in results for e in per_rank]
+    assert sorted({(e["stream"], e["op"]) for e in events}) == [
+        (f"rank{r}/comm", phase) for r in range(3) for phase in ("all-gather",
+                                                                  "reduce-scatter")]
+    assert len(events) == 3 * 2 * 2   # per rank, N - 1 steps of each phase
+    assert all(e["end"] >= e["start"] and e["bytes"] > 0 for e in events)
+    scheme_record(events, "zero on 3 ranks")   # a valid record

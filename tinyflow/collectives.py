@@ -41,6 +41,7 @@ from typing import Any
 from tinyflow.allreduce import (
     REDUCTIONS,
     _check_op,
+    _step_record,
     _tag,
     _working_array,
     broadcast,
@@ -64,7 +65,8 @@ BETA = 1 / 2e9
 # Reduce-scatter and all-gather (the two halves of the ring)
 # ----------------------------------------------------------------------------------
 
-def reduce_scatter(array: Any, comm: Transport, op: str = "sum", *, label: str = "") -> Any:
+def reduce_scatter(array: Any, comm: Transport, op: str = "sum", *, label: str = "",
+                   record: list[dict] | None = None) -> Any:
     """Reduce `array` over the ranks and return this rank's chunk of the result: rank r
     gets elements chunk_bounds(array.size, N)[r] of the flattened reduction (a new
     array; `array` is used as scratch when it is a contiguous writeable array).
@@ -74,6 +76,8 @@ def reduce_scatter(array: Any, comm: Transport, op: str = "sum", *, label: str =
     partial it receives, of chunk (r - s - 2), into its copy. "mean" divides the
     finished chunk by N. Every rank must call it with the same size, dtype and op
     (and `label`, which goes into the tag: a scheme names itself, e.g. "zero2").
+    `record` (or `comm.trace` when it is None), if a list, gets one entry per step
+    as ring_allreduce's do (phase "reduce-scatter"), so a timeline shows them.
     """
     xp = comm.xp
     work = _working_array(array, xp)
@@ -91,11 +95,16 @@ def reduce_scatter(array: Any, comm: Transport, op: str = "sum", *, label: str =
         scratch = xp.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype)
         right, left = (rank + 1) % size, (rank - 1) % size
         tag = _tag("reduce_scatter", flat, f"op={op} {label}".strip())
+        record = comm.trace if record is None else record
         for step in range(size - 1):
             mine = chunk(rank - step - 2)
             incoming = scratch[:mine.size]
+            began = time.perf_counter()
             comm.sendrecv(chunk(rank - step - 1), right, incoming, left, tag)
             combine(mine, incoming, out=mine)
+            if record is not None:
+                record.append(_step_record("reduce-scatter", step, (rank - step - 1) % size,
+                                           rank, right, began, chunk(rank - step - 1).nbytes))
     owned = chunk(rank).copy()
     if op == "mean" and size > 1:
         xp.divide(owned, size, out=owned)
@@ -103,12 +112,13 @@ def reduce_scatter(array: Any, comm: Transport, op: str = "sum", *, label: str =
 
 
 def all_gather(part: Any, comm: Transport, total: int | None = None, *,
-               label: str = "") -> Any:
+               label: str = "", record: list[dict] | None = None) -> Any:
     """Every rank's `part`, concatenated in rank order, on every rank (a new flat array).
 
     Parts follow the `chunk_bounds(total, N)` layout (the first total % N ranks hold
     one element more), which is what `reduce_scatter` returns; `total` defaults to
     N * part.size (equal parts). A ring: in step s rank r passes on part (r - s).
+    `record` as in reduce_scatter (phase "all-gather").
     """
     xp = comm.xp
     size, rank = comm.size, comm.rank
@@ -128,8 +138,13 @@ def all_gather(part: Any, comm: Transport, total: int | None = None, *,
     chunk(rank)[...] = part
     right, left = (rank + 1) % size, (rank - 1) % size
     tag = _tag("all_gather", flat, label)
+    record = comm.trace if record is None else record
     for step in range(size - 1):
+        began = time.perf_counter()
         comm.sendrecv(chunk(rank - step), right, chunk(rank - step - 1), left, tag)
+        if record is not None:
+            record.append(_step_record("all-gather", step, (rank - step) % size, rank,
+                                       right, began, chunk(rank - step).nbytes))
     return flat
 
 
