@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import tinyflow as tf
-from tinyflow import cli, ops, trace
+from tinyflow import cli, nn_ops, ops, trace
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -336,6 +336,145 @@ def test_unreadable_file_is_an_onnx_error(tmp_path):
     bad.write_bytes(b"\x00not a protobuf\xff" * 3)
     with pytest.raises(onnx_io.OnnxError, match="bad.onnx: not a readable ONNX model"):
         onnx_io.load(bad)
+
+
+# ----------------------------------------------------------------------------------
+# Import against ONNX Runtime where the two type systems or axis rules differ (each
+# case a silent wrong answer, or a crash from inside numpy, found by a differential
+# test against ORT)
+# ----------------------------------------------------------------------------------
+
+I32, I64, F32 = TensorProto.INT32, TensorProto.INT64, TensorProto.FLOAT
+
+
+def _one_node(op, inputs, outputs, opset=18, inits=(), **attrs):
+    """A model of one `op` node; inputs/outputs are [(name, elem type, shape)]."""
+    node = helper.make_node(op, [i[0] for i in inputs] + [i.name for i in inits],
+                            [o[0] for o in outputs], **attrs)
+    return _model([node], [helper.make_tensor_value_info(*i) for i in inputs],
+                   [helper.make_tensor_value_info(*o) for o in outputs], list(inits), opset)
+
+
+def _same_as_ort(model, feeds):
+    (expected,) = ort_run(model, feeds)
+    (got,) = tf_run(onnx_io.load(model), feeds)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_import_keeps_onnx_types_where_numpy_widens():
+    # ReduceSum of int32 gave int64, ReduceMean of ints fractions in float64, and
+    # Pow(float32, int64) float64 (numpy's promotion): ONNX keeps the input's type.
+    x = np.array([[1, 2], [4, 5]], np.int32)
+    _same_as_ort(_one_node("ReduceSum", [("x", I32, [2, 2])], [("y", I32, [])], 13,
+                           keepdims=0), {"x": x})
+    _same_as_ort(_one_node("ReduceMean", [("x", I32, [2, 2])], [("y", I32, [2])], 18,
+                           inits=[_ints("axes", [1])], keepdims=0), {"x": x})
+    _same_as_ort(_one_node("Pow", [("a", F32, [2]), ("b", I64, [2])], [("y", F32, [2])]),
+                 {"a": np.array([1.1, 3.3], np.float32), "b": np.array([3, 2])})
+    _same_as_ort(_one_node("Pow", [("a", I32, [2]), ("b", I64, [2])], [("y", I32, [2])]),
+                 {"a": np.array([3, -5], np.int32), "b": np.array([3, 2])})
+
+
+def test_import_follows_onnx_axis_rules():
+    rng = np.random.default_rng(0)
+    # SoftmaxCrossEntropyLoss: the classes are axis 1 of (N, C, d1), not the last
+    for d1 in (3, 4):
+        model = _one_node("SoftmaxCrossEntropyLoss", [("s", F32, [2, 3, d1]), ("l", I64, [2, d1])],
+                          [("y", F32, [2, d1])], 13, reduction="none")
+        feeds = {"s": rng.standard_normal((2, 3, d1)).astype(np.float32),
+                 "l": rng.integers(0, 3, (2, d1))}
+        (expected,) = ort_run(model, feeds)
+        np.testing.assert_allclose(tf_run(onnx_io.load(model), feeds)[0], expected, rtol=1e-6)
+    x = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    # Flatten at axis == rank gives (size, 1); a 1-D input's default axis 1 too
+    _same_as_ort(_one_node("Flatten", [("x", F32, [2, 3])], [("y", F32, [6, 1])], axis=2),
+                 {"x": x})
+    _same_as_ort(_one_node("Flatten", [("x", F32, [5])], [("y", F32, [5, 1])]),
+                 {"x": np.arange(5.0, dtype=np.float32)})
+    # noop_with_empty_axes and no axes input: the identity (it reduced everything)
+    for op in ("ReduceSum", "ReduceMax", "ReduceMean"):
+        _same_as_ort(_one_node(op, [("x", F32, [2, 3])], [("y", F32, [2, 3])],
+                               noop_with_empty_axes=1), {"x": x})
+    # Max of one input; Slice with attributes (opset 9)
+    _same_as_ort(_one_node("Max", [("x", F32, [2, 3])], [("y", F32, [2, 3])]), {"x": x})
+    _same_as_ort(_one_node("Slice", [("x", F32, [2, 3])], [("y", F32, [2, 2])], 9,
+                           starts=[0, 1], ends=[2, 3], axes=[0, 1]), {"x": x})
+
+
+def _unchecked(op, inputs, outputs, opset=18, **attrs):
+    """As _one_node, without the checker: models that ONNX Runtime refuses."""
+    node = helper.make_node(op, [i[0] for i in inputs], outputs, **attrs)
+    graph = helper.make_graph([node], "bad", [helper.make_tensor_value_info(*i) for i in inputs],
+                              [helper.make_tensor_value_info(o, F32, None) for o in outputs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("model, message", [
+    (_one_node("Div", [("a", I32, [2]), ("b", I32, [2])], [("y", I32, [2])]),
+     "Div node 'y': Div of int32 .* is not supported"),
+    (_unchecked("Softmax", [("x", F32, [2, 3])], ["y"], axis=5),
+     "Softmax node 'y': axis 5 is out of range for an input of rank 2"),
+    (_unchecked("Gather", [("x", F32, [2, 3]), ("i", I64, [1])], ["y"], axis=3),
+     "Gather node 'y': axis 3 is out of range"),
+    (_unchecked("Where", [("x", F32, [2, 3]), ("x2", F32, [2, 3])], ["y"]),
+     "Where node 'y' has 2 inputs; Where takes 3 to 3"),
+    (_unchecked("Relu", [("x", F32, [2, 3]), ("x2", F32, [2, 3])], ["y"]),
+     "Relu node 'y' has 2 inputs"),
+    (_unchecked("Relu", [("x", F32, [2, 3])], ["x"]), "writes tensor 'x', which is already"),
+])
+def test_import_refuses_what_onnx_runtime_refuses(model, message):
+    # (each ran: modulo the rank, or failing later inside numpy)
+    with pytest.raises(onnx_io.OnnxError, match=message):
+        onnx_io.load(model)
+
+
+def test_import_of_unreadable_inputs_is_an_onnx_error(tmp_path):
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(onnx_io.OnnxError, match="empty.onnx: the model has no graph outputs"):
+        onnx_io.load(empty)          # (it loaded as a model of nothing)
+    with pytest.raises(onnx_io.OnnxError, match="got NoneType"):
+        onnx_io.load(None)
+    bad_init = numpy_helper.from_array(np.ones((2, 4), np.float32), "w")
+    bad_init.dims[:] = [4, 3]        # 8 floats claiming to be 4 x 3
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", F32, [1, 4])],
+                              [helper.make_tensor_value_info("y", F32, [1, 3])], [bad_init])
+    with pytest.raises(onnx_io.OnnxError, match="initializer 'w' of dims \\[4, 3\\] cannot "
+                                                "be read"):
+        onnx_io.load(helper.make_model(graph))
+    seq = helper.make_tensor_sequence_value_info("x", F32, [2])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [seq],
+                              [helper.make_tensor_value_info("y", F32, [2])])
+    with pytest.raises(onnx_io.OnnxError, match="input 'x' is a sequence_type"):
+        onnx_io.load(helper.make_model(graph))
+
+
+def test_export_where_numpy_promotes_and_onnx_does_not(tmp_path):
+    # int32 / int32 (float64 in TinyFlow), a sum of int32 (int64) and a negative
+    # transpose axis were refused by ONNX's checker with bare type numbers; the
+    # cross entropy of (N, T, C) logits used ONNX's axis 1 as the classes (a silent
+    # wrong answer in ORT).
+    a = tf.placeholder(tf.int32, (3,), name="a")
+    x = tf.placeholder(tf.float32, (2, 3, 4), name="x")
+    labels = tf.placeholder(tf.int64, (2, 3), name="labels")
+    rng = np.random.default_rng(0)
+    feeds = {a: np.array([7, -7, 3], np.int32), x: rng.standard_normal((2, 3, 4)).astype(
+        np.float32), labels: rng.integers(0, 4, (2, 3))}
+    cases = [a / a, tf.reduce_sum(a), a < 2.5, tf.transpose(x, (-1, 0, 1)),
+             nn_ops.softmax_cross_entropy(x, labels)]
+    sess = tf.Session()
+    for k, y in enumerate(cases):
+        used = [f for f in feeds if f in set(tf.graph.reachable([y]))]
+        model = onnx_io.export(y, used, tmp_path / f"m{k}.onnx", session=sess)
+        (got,) = ort_run(model, {f.name: feeds[f] for f in used})
+        expected = sess.run(y, {f: feeds[f] for f in used})
+        assert got.dtype == expected.dtype, k
+        np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg=str(k))
+    unknown = tf.placeholder(tf.float32, name="unknown")
+    with pytest.raises(onnx_io.OnnxError, match="placeholder 'unknown' .* has no known rank"):
+        onnx_io.export(unknown * 2, [unknown], tmp_path / "u.onnx")
 
 
 # ----------------------------------------------------------------------------------

@@ -131,7 +131,6 @@ class _Importer:
     """The state of one import: ONNX tensor name -> Node, and the static values."""
 
     def __init__(self, model: Any, source: str, initializers: str) -> None:
-        onnx = _onnx()
         self.graph = model.graph
         self.source = source
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
@@ -139,7 +138,7 @@ class _Importer:
         self.as_variables = initializers == "variables"
         self.env: dict[str, Node] = {}
         self.static: dict[str, np.ndarray] = {
-            t.name: onnx.numpy_helper.to_array(t) for t in self.graph.initializer}
+            t.name: _initializer_value(t, source) for t in self.graph.initializer}
         self.variables: dict[str, Node] = {}
         self.values: dict[Node, np.ndarray] = {}
         self.assigns: list[Node] = []
@@ -187,6 +186,24 @@ class _Importer:
         return self.static[names[index]]
 
 
+def _initializer_value(tensor: Any, source: str) -> np.ndarray:
+    """An initializer's array; one whose data does not fit its dims (or that lives in
+    an external file not found) is an OnnxError naming it."""
+    try:
+        return _onnx().numpy_helper.to_array(tensor)
+    except Exception as err:  # numpy's reshape error, onnx's ValidationError, OSError
+        raise OnnxError(f"{source}: initializer {tensor.name!r} of dims {list(tensor.dims)} "
+                        f"cannot be read: {err}") from None
+
+
+def _axis(im: _Importer, axis: int, rank: int, what: str = "axis") -> int:
+    """An ONNX axis in [-rank, rank) as a dimension; anything else is an error (ONNX
+    Runtime refuses it too), not taken modulo the rank."""
+    if not -rank <= axis < rank:
+        raise im.fail(f"{what} {axis} is out of range for an input of rank {rank}")
+    return axis % rank
+
+
 def _attrs(node: Any) -> dict[str, Any]:
     onnx = _onnx()
     values = {}
@@ -215,13 +232,37 @@ def _rank(im: _Importer, x: Node) -> int:
 def _elementwise(op: str) -> Callable:
     def translate(im: _Importer, attrs: dict) -> Node:
         inputs = [im.input(i) for i in range(len(im.node.input))]
-        if op in ("maximum", "minimum") and len(inputs) > 2:
-            result = inputs[0]
+        if op in ("maximum", "minimum") and len(inputs) != 2:
+            result = inputs[0]     # Max and Min of one input (or more than two)
             for x in inputs[1:]:
                 result = ops.make(op, result, x)
             return result
         return ops.make(op, *inputs)
     return translate
+
+
+def _div(im: _Importer, attrs: dict) -> Node:
+    # ONNX's Div of integers truncates; TinyFlow's div is numpy's true division (a
+    # float). Refused rather than answered with fractions.
+    a, b = im.input(0), im.input(1)
+    if a.dtype is not None and np.dtype(a.dtype).kind in "iub":
+        raise im.fail(f"Div of {np.dtype(a.dtype)} (integer division, truncating) is not "
+                      "supported; Cast the inputs to a float type first")
+    return ops.div(a, b)
+
+
+def _pow(im: _Importer, attrs: dict) -> Node:
+    # ONNX's Pow has the base's type (float32 ** int64 is float32); numpy promotes.
+    base = im.input(0)
+    return _as_dtype(ops.power(base, im.input(1)), base.dtype)
+
+
+def _as_dtype(node: Node, dtype: Any) -> Node:
+    """`node` cast to `dtype` when numpy's promotion gave it another (ONNX keeps the
+    input's type where numpy widens: Pow, ReduceSum and ReduceMean of ints)."""
+    if dtype is None or node.dtype is None or np.dtype(node.dtype) == np.dtype(dtype):
+        return node
+    return ops.cast(node, dtype)
 
 
 def _gemm(im: _Importer, attrs: dict) -> Node:
@@ -254,7 +295,7 @@ def _softmax(op: str) -> Callable:
     def translate(im: _Importer, attrs: dict) -> Node:
         x = im.input(0)
         rank = _rank(im, x)
-        axis = attrs.get("axis", -1 if im.opset >= 13 else 1) % rank
+        axis = _axis(im, int(attrs.get("axis", -1 if im.opset >= 13 else 1)), rank)
         if axis == rank - 1:
             return ops.make(op, x)
         if im.opset < 13:  # old opsets: softmax of x flattened to 2-D at `axis`
@@ -363,7 +404,11 @@ def _reshape(im: _Importer, attrs: dict) -> Node:
 
 def _flatten(im: _Importer, attrs: dict) -> Node:
     x = im.input(0)
-    axis = attrs.get("axis", 1) % (_rank(im, x) or 1)
+    rank = _rank(im, x)
+    axis = int(attrs.get("axis", 1))
+    if not -rank <= axis <= rank:   # (axis == rank is allowed: a (size, 1) result)
+        raise im.fail(f"axis {axis} is out of range for an input of rank {rank}")
+    axis = axis + rank if axis < 0 else axis
     if axis == 0:
         return shape_ops.reshape(x, (1, -1))
     lead = x.shape[:axis]
@@ -386,10 +431,16 @@ def _concat(im: _Importer, attrs: dict) -> Node:
 def _slice(im: _Importer, attrs: dict) -> Node:
     x = im.input(0)
     rank = _rank(im, x)
-    starts, ends = im.constant(1, "starts"), im.constant(2, "ends")
-    axes = im.constant(3, "axes")
-    steps = im.constant(4, "steps")
-    axes = range(len(starts)) if axes is None else [int(a) % rank for a in axes]
+    if im.opset < 10:   # opsets 1-9: starts, ends and axes are attributes; no steps
+        starts, ends, axes = attrs.get("starts"), attrs.get("ends"), attrs.get("axes")
+        steps = None
+        if starts is None or ends is None:
+            raise im.fail("Slice needs the starts and ends attributes (opset < 10)")
+    else:
+        starts, ends = im.constant(1, "starts"), im.constant(2, "ends")
+        axes = im.constant(3, "axes")
+        steps = im.constant(4, "steps")
+    axes = range(len(starts)) if axes is None else [_axis(im, int(a), rank) for a in axes]
     steps = [1] * len(starts) if steps is None else steps
     index = [slice(None)] * rank
     for axis, start, end, step in zip(axes, starts, ends, steps):
@@ -403,7 +454,7 @@ def _slice(im: _Importer, attrs: dict) -> Node:
 def _gather(im: _Importer, attrs: dict) -> Node:
     params, indices = im.input(0), im.input(1)
     rank = _rank(im, params)
-    axis = int(attrs.get("axis", 0)) % rank
+    axis = _axis(im, int(attrs.get("axis", 0)), rank)
     if axis == 0:
         return shape_ops.gather(params, indices)
     # Bring `axis` to the front, gather rows, then move the index dims back to `axis`.
@@ -431,11 +482,13 @@ def _expand(im: _Importer, attrs: dict) -> Node:
 
 def _reduce(op: str) -> Callable:
     def translate(im: _Importer, attrs: dict) -> Node:
-        axes = _axes(im, attrs)
-        if axes is not None and not axes and attrs.get("noop_with_empty_axes", 0):
-            return im.input(0)
-        return ops.make(op, im.input(0), axis=axes or None,
-                        keepdims=bool(attrs.get("keepdims", 1)))
+        axes, x = _axes(im, attrs), im.input(0)
+        if not axes and attrs.get("noop_with_empty_axes", 0):
+            return x      # no axes (empty or not given) with this flag: the identity
+        # (ONNX keeps an int input's type: a sum of int32 stays int32 and a mean of
+        # ints is truncated; numpy's are int64 and a float)
+        return _as_dtype(ops.make(op, x, axis=axes or None,
+                                  keepdims=bool(attrs.get("keepdims", 1))), x.dtype)
     return translate
 
 
@@ -484,7 +537,11 @@ def _dropout(im: _Importer, attrs: dict) -> Node:
 def _softmax_xent(im: _Importer, attrs: dict) -> Node:
     if im.input(2) is not None or "ignore_index" in attrs or len(im.node.output) > 1:
         raise im.fail("weights, ignore_index and the log_prob output are not supported")
-    loss = nn_ops.softmax_cross_entropy(im.input(0), im.input(1))
+    scores = im.input(0)
+    rank = _rank(im, scores)
+    if rank > 2:   # ONNX's classes are axis 1 of (N, C, d1, ...); TinyFlow's the last
+        scores = shape_ops.transpose(scores, (0, *range(2, rank), 1))
+    loss = nn_ops.softmax_cross_entropy(scores, im.input(1))
     reduction = attrs.get("reduction", "mean")
     return {"none": loss, "mean": ops.reduce_mean(loss), "sum": ops.reduce_sum(loss)}[reduction]
 
@@ -492,6 +549,7 @@ def _softmax_xent(im: _Importer, attrs: dict) -> Node:
 # The table: ONNX operator -> its translation. Everything TinyFlow can import is here.
 IMPORTERS: dict[str, Callable[[_Importer, dict], Node]] = {
     **{onnx_op: _elementwise(op) for onnx_op, op in ELEMENTWISE.items()},
+    "Div": _div, "Pow": _pow,
     "Gemm": _gemm, "MatMul": _matmul, "Gelu": _gelu,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"),
     "Conv": _conv, "MaxPool": _pool("max_pool2d"), "AveragePool": _pool("avg_pool2d"),
@@ -509,6 +567,10 @@ IMPORTERS: dict[str, Callable[[_Importer, dict], Node]] = {
 
 def _placeholder(value_info: Any) -> Node:
     onnx = _onnx()
+    if value_info.type.WhichOneof("value") != "tensor_type":
+        raise OnnxError(f"input {value_info.name!r} is a "
+                        f"{value_info.type.WhichOneof('value') or 'typeless value'}; "
+                        "only tensor inputs are supported")
     tensor = value_info.type.tensor_type
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
     shape = None
@@ -545,7 +607,50 @@ def _read_model(path: Any) -> tuple[Any, str]:
             return onnx.load_from_string(path), "<model>"
         except Exception as err:
             raise OnnxError(f"not a readable ONNX model ({err})") from None
+    if not isinstance(path, onnx.ModelProto):
+        raise OnnxError(f"load takes a path, bytes or an onnx.ModelProto, got "
+                        f"{type(path).__name__}")
     return path, "<model>"
+
+
+def _check_model(model: Any, source: str) -> None:
+    """What ONNX Runtime refuses before running and the translations assume: a graph
+    with outputs (an empty file parses as a model without one), every node with as
+    many inputs and outputs as its operator's schema allows, and every tensor
+    written once. (Not onnx.checker: it also refuses models ORT runs, e.g. an output
+    declared without a shape.)"""
+    onnx = _onnx()
+    if not model.graph.output:
+        raise OnnxError(f"{source}: the model has no graph outputs (an empty or "
+                        "truncated file?)")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                 DEFAULT_OPSET)
+    written = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
+    for node in model.graph.node:
+        label = f"{source}: {node.op_type} node {node.name or node.output[0]!r}"
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+        except Exception:    # not a standard operator: _check_supported names it
+            continue
+        inputs = len(node.input) - _trailing_empty(node.input)
+        if not schema.min_input <= inputs <= schema.max_input:
+            raise OnnxError(f"{label} has {inputs} inputs; {node.op_type} takes "
+                            f"{schema.min_input} to {schema.max_input}")
+        for name in node.output:
+            if name and name in written:
+                raise OnnxError(f"{label} writes tensor {name!r}, which is already "
+                                "written (by another node, an input or an initializer)")
+            written.add(name)
+
+
+def _trailing_empty(names: Sequence[str]) -> int:
+    """How many of `names` at the end are "" (optional inputs left out)."""
+    count = 0
+    for name in reversed(names):
+        if name:
+            break
+        count += 1
+    return count
 
 
 def _check_supported(model: Any) -> None:
@@ -597,6 +702,7 @@ def load(path: Any, initializers: str = "variables") -> OnnxModel:
     if initializers not in ("variables", "constants"):
         raise ValueError(f"initializers must be 'variables' or 'constants', got {initializers!r}")
     model, source = _read_model(path)
+    _check_model(model, source)
     _check_supported(model)
     im = _Importer(model, source, initializers)
     base = os.path.basename(source)
@@ -664,8 +770,29 @@ class _Writer:
 
 # -- One function per TinyFlow op: (writer, node, input names, output name) -> name --
 
+_COMPARISONS = frozenset(["Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"])
+
+
 def _ex_elementwise(onnx_op: str) -> Callable:
-    return lambda w, n, ins, out: w.emit(onnx_op, ins, out, n)
+    def write(w: _Writer, n: Node, ins: list[str], out: str) -> str:
+        # ONNX wants one input type where numpy promotes (int32 / int32 is float64,
+        # float32 ** int64 float64 in TinyFlow): the inputs are cast to the type
+        # TinyFlow computes in first, which gives TinyFlow's values exactly.
+        first = 1 if onnx_op == "Where" else 0          # (Where's condition stays bool)
+        target = np.result_type(*[i.dtype for i in n.inputs[first:]]) \
+            if onnx_op in _COMPARISONS else np.dtype(n.dtype)
+        ins = ins[:first] + [_cast_to(w, n, name, x.dtype, target)
+                             for name, x in zip(ins[first:], n.inputs[first:])]
+        return w.emit(onnx_op, ins, out, n)
+    return write
+
+
+def _cast_to(w: _Writer, n: Node, name: str, dtype: Any, target: Any) -> str:
+    """Tensor `name` (of `dtype`) cast to `target`, when they differ."""
+    if np.dtype(dtype) == np.dtype(target):
+        return name
+    to = _onnx().helper.np_dtype_to_tensor_dtype(np.dtype(target))
+    return w.emit("Cast", [name], None, n, to=to)
 
 
 def _ex_matmul(w: _Writer, n: Node, ins: list[str], out: str) -> str:
@@ -695,6 +822,9 @@ def _ex_bias_add(w: _Writer, n: Node, ins: list[str], out: str) -> str:
 def _ex_reduce(onnx_op: str) -> Callable:
     def write(w: _Writer, n: Node, ins: list[str], out: str) -> str:
         axis, keep = n.attrs.get("axis"), int(bool(n.attrs.get("keepdims")))
+        # numpy's sum of int32 is int64 and its mean of ints a float; ONNX keeps the
+        # input's type, so the input is cast to the result's type first.
+        ins = [_cast_to(w, n, ins[0], n.inputs[0].dtype, n.dtype)]
         if axis is None:
             return w.emit(onnx_op, ins[:1], out, n, keepdims=keep)
         axes = [axis] if isinstance(axis, int) else list(axis)
@@ -762,7 +892,8 @@ def _ex_transpose(w: _Writer, n: Node, ins: list[str], out: str) -> str:
     axes = n.attrs.get("axes")
     if axes is None:
         return w.emit("Transpose", ins, out, n)
-    return w.emit("Transpose", ins, out, n, perm=[int(a) for a in axes])
+    rank = n.inputs[0].ndim   # (ONNX's perm has no negative axes)
+    return w.emit("Transpose", ins, out, n, perm=[int(a) % rank for a in axes])
 
 
 def _ex_broadcast_to(w: _Writer, n: Node, ins: list[str], out: str) -> str:
@@ -832,10 +963,14 @@ def _ex_constant(w: _Writer, n: Node, ins: list[str], out: str) -> str:
 
 
 def _ex_xent(w: _Writer, n: Node, ins: list[str], out: str) -> str:
-    labels = ins[1]
+    labels, logits = ins[1], ins[0]
     if n.inputs[1].dtype != np.int64:
         labels = w.emit("Cast", [labels], None, n, to=7)  # int64: the labels ONNX takes
-    return w.emit("SoftmaxCrossEntropyLoss", [ins[0], labels], out, n, reduction="none")
+    rank = n.inputs[0].ndim
+    if rank > 2:   # TinyFlow's classes are the last axis, ONNX's axis 1: (N, C, d1, ...)
+        logits = w.emit("Transpose", [logits], None, n,
+                        perm=[0, rank - 1, *range(1, rank - 1)])
+    return w.emit("SoftmaxCrossEntropyLoss", [logits, labels], out, n, reduction="none")
 
 
 # The table: TinyFlow op -> how to write it in ONNX.
@@ -913,6 +1048,10 @@ def to_model(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict,
             w.names[id(node)] = w.unique(node.name)
             declared = node.attrs.get("shape", node.shape) if node.op == "placeholder" \
                 else node.shape
+            if declared is None:
+                raise OnnxError(f"placeholder {node.name!r} ({node.where}) has no known "
+                                "rank; ONNX inputs need one: give it a shape (None for "
+                                "a dim of any size)")
             graph_inputs.append(_value_info(w.names[id(node)], declared, node.dtype, True))
         elif node.op == "variable":
             w.names[id(node)] = w.unique(node.name)
