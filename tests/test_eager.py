@@ -1301,3 +1301,71 @@ def test_create_graph_records_the_backward_even_inside_no_grad():
     x.grad = None
     first.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), [6.0, 12.0])
+
+
+def _grad_three_ways(step, eager_inputs, graph_build):
+    """x.grad of `step` eager and traced (default and plain options), and the graph's."""
+    got = [step(*eager_inputs()).numpy(),
+           tf.function(step)(*eager_inputs()).numpy(),
+           tf.function(step, passes=[], memory=None)(*eager_inputs()).numpy()]
+    fetch, feeds = graph_build()
+    got.append(np.asarray(tf.Session(passes=[], memory=None).run(fetch, feeds)))
+    for value in got[1:]:
+        assert value.dtype == got[0].dtype and np.array_equal(value, got[0]), got
+    return got[0]
+
+
+def test_eager_backward_types_a_rules_literals_by_the_incoming_gradient():
+    # Review (differential test): erf of a float16 x read by a float64 consumer gets
+    # a float64 gradient; eager built erf's rule for a float16 gradient, so its
+    # literal 2/sqrt(pi) was float16 (1.1279296875): 1.28544 where the graph,
+    # traced and eager-by-hand give 1.28596.
+    xv, iv = np.array(-0.75, np.float16), np.array([0], np.int64)
+
+    def step(x, i):
+        y = tf.erf(x)
+        loss = tf.reduce_sum(tf.cast(y, tf.float64)) + tf.reduce_sum(y - tf.reduce_sum(i))
+        loss.backward()
+        return x.grad
+
+    def graph():
+        x, i = tf.placeholder(tf.float16, ()), tf.placeholder(tf.int64, (1,))
+        y = tf.erf(x)
+        (g,) = tf.gradients(tf.reduce_sum(tf.cast(y, tf.float64))
+                            + tf.reduce_sum(y - tf.reduce_sum(i)), [x])
+        return g, {x: xv, i: iv}
+
+    grad = _grad_three_ways(step, lambda: (E.tensor(xv, requires_grad=True), E.tensor(iv)),
+                            graph)
+    assert grad.dtype == np.float64 and grad == pytest.approx(1.28595555, abs=1e-8)
+
+
+def test_a_cast_to_the_same_dtype_is_the_tensor_itself():
+    # tf.cast(x, x.dtype) returned x in the graph but recorded a cast eagerly and
+    # when traced; traced, its gradient then came back float32 where eager and the
+    # graph give float64, and the graph summed gradients in another order.
+    xv, dv = np.array([0.5, 1.5], np.float32), np.array([0.1, 0.3])
+    x = E.tensor(xv, requires_grad=True)
+    assert tf.cast(x, tf.float32) is x
+
+    def step(x, d):
+        (tf.reduce_sum(tf.cast(x, tf.float32) * d)).backward()
+        return x.grad
+
+    def graph():
+        x, d = tf.placeholder(tf.float32, (2,)), tf.placeholder(tf.float64, (2,))
+        (g,) = tf.gradients(tf.reduce_sum(tf.cast(x, tf.float32) * d), [x])
+        return g, {x: xv, d: dv}
+
+    grad = _grad_three_ways(step, lambda: (E.tensor(xv, requires_grad=True), E.tensor(dv)),
+                            graph)
+    np.testing.assert_array_equal(grad, dv)
+
+
+def test_softmax_of_a_scalar_is_refused_when_built():
+    # It built, then failed at run time with an IndexError from inside numpy.
+    for build in (tf.nn.softmax, tf.nn.log_softmax):
+        with pytest.raises(tf.ShapeError, match="rank >= 1"):
+            build(tf.constant(1.0))
+        with pytest.raises(tf.ShapeError, match="rank >= 1"):
+            build(E.tensor(np.float32(1.0)))

@@ -175,3 +175,74 @@ def test_subtracting_negative_zero_is_not_simplified_away(dtype):
     want = tf.Session(passes=[]).run(fetch, {x: xv})
     got = tf.Session().run(fetch, {x: xv})
     assert _same_bits(got, want) and not np.signbit(got[0])
+
+
+def _every_option_agrees(fetch, feeds, option_sets=({}, {"passes": ["simplify"]},
+                                                   {"passes": ["cse"]}, {"passes": ["fold"]})):
+    with np.errstate(all="ignore"):
+        want = tf.Session(passes=[], memory=None).run(fetch, feeds)
+        for options in option_sets:
+            got = tf.Session(**options).run(fetch, feeds)
+            assert _same_bits(np.asarray(got), np.asarray(want)), (options, got, want)
+            assert np.array_equal(np.signbit(got), np.signbit(want)), (options, got, want)
+
+
+def test_add_of_a_negated_operand_of_another_dtype_is_not_a_subtraction():
+    # Review (random-graph differential test): neg(y) wraps in y's dtype before the
+    # add promotes, -uint8(1) = 255; sub(x, y) promotes first. int8 + neg(uint8) gave
+    # [-1, 3, -203] where the program gives [255, 259, 53].
+    x = tf.placeholder(tf.int8, (3,))
+    y = tf.placeholder(tf.uint8, (3,))
+    z = tf.placeholder(tf.int32, (2,))
+    u = tf.placeholder(tf.uint8, (2,))
+    f = tf.placeholder(tf.float32, (2,))
+    i = tf.placeholder(tf.int8, (2,))
+    feeds = {x: np.array([0, 5, -3], np.int8), y: np.array([1, 2, 200], np.uint8),
+             z: np.array([9, 10], np.int32), u: np.array([0, 0], np.uint8) + [0, 0],
+             f: np.array([0.0, 1.0], np.float32), i: np.array([-128, -1], np.int8)}
+    feeds[u] = np.array([1, 0], np.uint8)
+    for fetch in (x + ops.neg(y), ops.neg(y) + x, f - ops.neg(i), z + (0 - u)):
+        _every_option_agrees(fetch, feeds)
+
+
+@pytest.mark.parametrize("exponent, dtype", [(2.0, np.float32), (2.0, np.float64),
+                                             (0.5, np.float32), (0.5, np.float64),
+                                             (1.0, np.float32)])
+def test_pow_of_an_array_of_equal_exponents_is_not_rewritten(exponent, dtype):
+    # numpy's power takes its exact shortcuts (x*x, sqrt, x) only for a scalar
+    # exponent; an array of 2s runs the general pow: x ** full(2) differs from x * x
+    # in the last bit (32 of 256 float32 values), ** full(0.5) from sqrt at -0, -inf.
+    rng = np.random.default_rng(3)
+    values = np.concatenate([[-0.0, -np.inf, 4.0, 9.0, 4.753258],
+                             rng.standard_normal(N - 5) * 3]).astype(dtype)
+    if exponent == 0.5:
+        values = np.where(values < 0, -0.0, values).astype(dtype)
+        values[1] = -np.inf
+    x = tf.placeholder(dtype, values.shape)
+    fetch = x ** tf.constant(np.full(values.shape, exponent, dtype))
+    assert not _fired(fetch, x, tf.placeholder(dtype, values.shape), np.dtype(dtype))
+    _every_option_agrees(fetch, {x: values})
+
+
+def test_cse_keeps_maximum_and_minimum_with_swapped_operands_apart():
+    # numpy's maximum(+0, -0) is -0 and maximum(-0, +0) is +0: CSE took them as
+    # commutative and merged maximum(y, x) into maximum(x, y).
+    x = tf.placeholder(tf.float64, (2,))
+    y = tf.placeholder(tf.float64, (2,))
+    feeds = {x: np.array([0.0, -0.0]), y: np.array([-0.0, 0.0])}
+    for op in (tf.maximum, tf.minimum):
+        pair = [op(x, y), op(y, x)]
+        _every_option_agrees(pair[1], feeds)
+        _every_option_agrees(tf.stack(pair), feeds)
+
+
+def test_folded_transpose_is_summed_in_the_order_the_run_sums_it():
+    # fold kept a folded transpose in Fortran order; the executor makes every result
+    # C-contiguous, so a sum or a product over the folded constant added the same
+    # numbers in another order (other last bits).
+    rng = np.random.default_rng(0)
+    c = tf.constant(rng.standard_normal((50, 40)).astype(np.float32))
+    x = tf.placeholder(tf.float32, (50, 5))
+    feeds = {x: rng.standard_normal((50, 5)).astype(np.float32)}
+    _every_option_agrees(tf.reduce_sum(tf.transpose(c), 1), feeds)
+    _every_option_agrees(tf.matmul(tf.transpose(c), x), feeds)

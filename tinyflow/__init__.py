@@ -53,7 +53,7 @@ from tinyflow.graph import FeedError, Graph, Node, ShapeError, TinyFlowError
 from tinyflow.nn import linear, relu  # the original TinyFlow's top-level names
 from tinyflow.shape_ops import pad
 from tinyflow.sublinear import checkpoint
-from tinyflow.ops import (abs, cast, constant, exp, greater, greater_equal, less, less_equal,
+from tinyflow.ops import (abs, cast, constant, erf, exp, greater, greater_equal, less, less_equal,
                           log, matmul, maximum, minimum, not_equal, ones_like, pow, sigmoid,
                           sqrt, stop_gradient, tanh, where, zeros_like)
 from tinyflow.shape_ops import (broadcast_to, concat, expand_dims, gather, reshape, squeeze,
@@ -78,7 +78,7 @@ __all__ = [
     "Program", "Session", "InteractiveSession", "get_default_session", "compile",
     "checkpoint", "linear", "relu", "pad",
     "ArgumentError", "FeedError", "Graph", "Node", "ShapeError",
-    "TinyFlowError", "abs", "broadcast_to", "cast", "concat", "constant", "exp",
+    "TinyFlowError", "abs", "broadcast_to", "cast", "concat", "constant", "erf", "exp",
     "expand_dims", "gather", "greater", "greater_equal", "less", "less_equal", "log",
     "matmul", "maximum", "minimum", "not_equal", "ones_like", "pow", "reshape",
     "sigmoid", "sqrt", "squeeze", "stop_gradient", "tanh", "transpose", "where",

@@ -926,18 +926,23 @@ _rule_cache: dict[tuple, _RuleGraph] = {}
 MAX_RULE_GRAPHS = 4096  # distinct (op, attrs, shapes) seen; plenty for one model
 
 
-def _rule_graph(t: Tensor, needed: tuple[bool, ...]) -> _RuleGraph:
+def _rule_graph(t: Tensor, needed: tuple[bool, ...], grad_dtype: np.dtype) -> _RuleGraph:
+    """`t`'s op's gradient rule over stand-ins typed as this call's values: the
+    inputs, the output, and the incoming gradient (whose dtype may differ from the
+    output's when a wider consumer promoted it: the rule's literals are typed by it,
+    as in the graph)."""
     inputs = t._inputs
     key = (t._op, tuple(sorted((k, v) for k, v in t._attrs.items() if k != "generators")),
-           tuple((i.shape, i.dtype.str) for i in inputs), t.shape, t.dtype.str, needed)
+           tuple((i.shape, i.dtype.str) for i in inputs), t.shape, t.dtype.str, needed,
+           grad_dtype.str)
     rule = _rule_cache.get(key)
     if rule is not None:
         return rule
     leaves = [Node("placeholder", (), {"shape": i.shape, "dtype": i.dtype.name},
                    shape=i.shape, dtype=i.dtype, where="<eager>") for i in inputs]
     output = Node(t._op, leaves, t._attrs, shape=t.shape, dtype=t.dtype, where="<eager>")
-    grad = Node("placeholder", (), {"shape": t.shape, "dtype": t.dtype.name},
-                shape=t.shape, dtype=t.dtype, where="<eager>")
+    grad = Node("placeholder", (), {"shape": t.shape, "dtype": grad_dtype.name},
+                shape=t.shape, dtype=grad_dtype, where="<eager>")
     opdef = REGISTRY[t._op]
     if opdef.gradient is None:
         raise EagerError(f"op {t._op} has no gradient, but it lies between the Tensors "
@@ -960,7 +965,7 @@ def _rule_graph(t: Tensor, needed: tuple[bool, ...]) -> _RuleGraph:
 def _input_grads(t: Tensor, grad: Tensor) -> list[Tensor | None]:
     """The gradients of `t`'s inputs, by evaluating its op's rule on Tensors."""
     needed = t._needed
-    rule = _rule_graph(t, needed)
+    rule = _rule_graph(t, needed, grad.dtype)
     _check_versions(t, rule.reads)
     values: dict[Node, Tensor] = dict(zip(rule.leaves, [*t._inputs, t, grad]))
     for node in rule.order:

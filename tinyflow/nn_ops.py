@@ -145,9 +145,18 @@ def _infer_float(shapes, dtypes, attrs):
     return tuple(shapes[0]), float_dtype(dtypes[0])
 
 
-register(OpDef("softmax", _softmax_compute, _infer_float, _softmax_grad,
+def _infer_classes(shapes, dtypes, attrs):
+    """As _infer_float, for an input with a last axis (the classes): a scalar has
+    none (it built, then failed inside numpy at run time)."""
+    if len(shapes[0]) == 0:
+        raise Mismatch("needs an input of rank >= 1 (its last axis holds the classes), "
+                       "got a scalar")
+    return _infer_float(shapes, dtypes, attrs)
+
+
+register(OpDef("softmax", _softmax_compute, _infer_classes, _softmax_grad,
                doc="exp(x) / sum(exp(x)) over the last axis"))
-register(OpDef("log_softmax", _log_softmax_compute, _infer_float, _log_softmax_grad,
+register(OpDef("log_softmax", _log_softmax_compute, _infer_classes, _log_softmax_grad,
                doc="x - log(sum(exp(x))) over the last axis"))
 
 

@@ -317,7 +317,10 @@ class ConstValue:
     __slots__ = ("array", "_key")
 
     def __init__(self, array: np.ndarray) -> None:
-        self.array = np.array(array)          # a private copy ...
+        # A private copy, C-ordered: the executor makes every computed array
+        # C-contiguous, and a folded transpose kept in Fortran order made sums and
+        # products over it run in another order (other last bits) than unfolded.
+        self.array = np.array(array, order="C")
         self.array.flags.writeable = False    # ... nobody may change behind our back
         self._key = (self.array.shape, self.array.dtype.str, self.array.tobytes())
 
@@ -572,14 +575,17 @@ _binary("div", "divide",
         lambda n, g: [unbroadcast(g / n.inputs[1], n.inputs[0]),
                       unbroadcast(neg(g) * n / n.inputs[1], n.inputs[1])],
         doc="a / b")
+# maximum and minimum are not commutative: numpy's maximum(+0, -0) is -0 and
+# maximum(-0, +0) is +0 (it returns its second input on ties), and the gradient of a
+# tie goes to a. So CSE must not merge max(a, b) with max(b, a).
 _binary("maximum", "maximum",
         lambda n, g: [unbroadcast(g * cast(n.inputs[0] >= n.inputs[1], g.dtype), n.inputs[0]),
                       unbroadcast(g * cast(n.inputs[0] < n.inputs[1], g.dtype), n.inputs[1])],
-        commutative=True, doc="elementwise max (ties send the gradient to a)")
+        doc="elementwise max (ties send the gradient to a)")
 _binary("minimum", "minimum",
         lambda n, g: [unbroadcast(g * cast(n.inputs[0] <= n.inputs[1], g.dtype), n.inputs[0]),
                       unbroadcast(g * cast(n.inputs[0] > n.inputs[1], g.dtype), n.inputs[1])],
-        commutative=True, doc="elementwise min (ties send the gradient to a)")
+        doc="elementwise min (ties send the gradient to a)")
 
 
 def _pow_grad(n, g):
@@ -1044,7 +1050,11 @@ pow = power  # noqa: A001 - the `**` operator and tf.pow
 
 def cast(x: Operand, dtype: DType) -> Node:
     dtype = dtype_attr("cast", dtype)
-    if isinstance(x, Node) and x.dtype == dtype:
+    # A cast to x's own dtype is x itself, for a Node and an eager Tensor alike (as
+    # PyTorch's x.to(x.dtype) is x): a no-op cast in eager mode but not in the graph
+    # gave backward another summation order, and its gradient another dtype traced.
+    if (isinstance(x, Node) or getattr(x, "__tinyflow_tensor__", False)) \
+            and x.dtype == dtype:
         return x
     return make("cast", x, dtype=dtype.name)
 

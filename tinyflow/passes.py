@@ -217,7 +217,10 @@ def fold(graph: Graph, ctx: PassContext) -> Graph:
             with np.errstate(all="ignore"):  # the run would give the same inf/nan
                 value = opdef.compute(np, *[values[id(i)] for i in node.inputs],
                                       **node.attrs)
-            value = np.asarray(value)
+            # C order, as the executor holds every result (see executor._materialize):
+            # a folded transpose kept as a Fortran-ordered view made the sum over it
+            # add in another order than the unfolded run.
+            value = np.asarray(value, order="C")
         except Exception:
             return node
         if value.shape != tuple(node.shape):

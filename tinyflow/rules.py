@@ -144,10 +144,16 @@ _SQRT_POWERS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _rule_pow(exponent: float, op: str | None) -> Callable[[Node], Node | None]:
-    """pow(x, exponent) -> x (op None), mul(x, x) or sqrt(x)."""
+    """pow(x, exponent) -> x (op None), mul(x, x) or sqrt(x).
+
+    Only for an exponent of one element (broadcast): numpy's power takes its exact
+    shortcuts (x*x, sqrt) only for a scalar exponent; against an array of 2s (or of
+    0.5s, or 1s) it runs its general pow, which differs from x*x in the last bit for
+    about one float32 in ten."""
     def rule(node: Node) -> Node | None:
         x, p = node.inputs
-        if not _is(p, exponent) or not same_type(node, x):
+        if not _is(p, exponent) or not same_type(node, x) or p.shape is None \
+                or math.prod(p.shape) != 1:
             return None
         if op == "sqrt" and node.dtype not in _SQRT_POWERS:
             return None
@@ -167,20 +173,29 @@ def _rule_inverse(inner_op: str) -> Callable[[Node], Node | None]:
     return rule
 
 
+def _negated(node: Node, operand: Node) -> Node | None:
+    """y when `operand` is neg(y) in `node`'s own dtype. (neg(y) of another dtype
+    wraps in y's dtype before the promotion: -uint8(1) is 255, so int8 0 + neg(y)
+    is 255 where 0 - y is -1.)"""
+    if operand.op == "neg" and operand.inputs[0].dtype == node.dtype:
+        return operand.inputs[0]
+    return None
+
+
 def _rule_add_neg(node: Node) -> Node | None:
     """add(x, neg(y)) -> sub(x, y) (either order)."""
     a, b = node.inputs
-    if b.op == "neg":
-        return new_node("sub", [a, b.inputs[0]], {}, node, (b,))
-    if a.op == "neg":
-        return new_node("sub", [b, a.inputs[0]], {}, node, (a,))
+    if _negated(node, b) is not None:
+        return new_node("sub", [a, _negated(node, b)], {}, node, (b,))
+    if _negated(node, a) is not None:
+        return new_node("sub", [b, _negated(node, a)], {}, node, (a,))
     return None
 
 
 def _rule_sub_neg(node: Node) -> Node | None:
     a, b = node.inputs
-    if b.op == "neg":
-        return new_node("add", [a, b.inputs[0]], {}, node, (b,))
+    if _negated(node, b) is not None:
+        return new_node("add", [a, _negated(node, b)], {}, node, (b,))
     return None
 
 
