@@ -1369,3 +1369,77 @@ def test_softmax_of_a_scalar_is_refused_when_built():
             build(tf.constant(1.0))
         with pytest.raises(tf.ShapeError, match="rank >= 1"):
             build(E.tensor(np.float32(1.0)))
+
+
+def test_eager_tensors_hold_numbers_only():
+    # Review (adversarial probe): an object array (None, Fraction, 10**30, a ragged
+    # list) became a Tensor; written into the allocator's recycled float memory its
+    # "pointers" crashed the interpreter (segmentation fault). tf.constant refuses them.
+    E.tensor(np.full(4, 1.5, np.float32))     # (memory for the next one to reuse)
+    for value in (None, 10**30, [None, None], np.array([1, 2], dtype=object), "1.5"):
+        with pytest.raises(tf.ArgumentError, match="tensor: needs numbers"):
+            E.tensor(value)
+    with pytest.raises(tf.ArgumentError, match="not an array of numbers"):
+        E.tensor([[1, 2], [3]])               # (and no "Exception ignored in __del__")
+    with pytest.raises(EagerError, match="cannot require grad"):
+        E.tensor([1, 2], requires_grad=True)  # PyTorch: only float Tensors can
+
+
+def test_eager_checks_attributes_as_the_graph_does():
+    # Eager ops ran the shape rule but not the attribute checks: a pool stride of 0
+    # reached the kernel as a ZeroDivisionError, a reshape to (-1, -1) numpy's
+    # "negative dimensions"; `t + 10**400` an OverflowError from the literal cache.
+    x = E.tensor(np.zeros((1, 2, 4, 4), np.float32))
+    with pytest.raises(tf.ShapeError, match="max_pool2d: stride .* must be >= 1"):
+        tf.nn.max_pool(x, ksize=[1, 1, 1, 1], strides=[1, 1, 0, 1], padding="VALID")
+    with pytest.raises(tf.ShapeError, match="more than one -1"):
+        tf.reshape(x, [-1, -1])
+    with pytest.raises(tf.ShapeError, match="add: operand"):
+        x + 10**400
+    with pytest.raises(tf.ShapeError, match="add: operand"):
+        x + (-10**400)
+    with pytest.raises(EagerError, match="item\\(\\) needs a Tensor of one element"):
+        x.item()
+
+
+def test_backward_of_many_elements_needs_a_gradient():
+    # backward() on a non-scalar seeded ones silently (PyTorch refuses: "grad can be
+    # implicitly created only for scalar outputs").
+    w = E.tensor(np.ones(3), requires_grad=True)
+    with pytest.raises(EagerError, match="implicit \\(ones\\) only for one element"):
+        (w * 2).backward()
+    (w * 2).backward(np.ones(3))             # explicit: fine
+    np.testing.assert_array_equal(w.grad.numpy(), [2.0, 2.0, 2.0])
+    (w * 2).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [4.0, 4.0, 4.0])
+
+
+@pytest.mark.parametrize("make_optimizer, message", [
+    (lambda p: E.Adam(p, lr=float("nan")), "lr must be a finite number"),
+    (lambda p: E.SGD(p, lr=-1.0), "lr must be >= 0"),
+    (lambda p: E.SGD(p, lr=0.1, momentum=float("nan")), "momentum must be a finite"),
+    (lambda p: E.Adam(p, beta1=1.0), "beta1 must be in \\[0, 1\\)"),
+])
+def test_eager_optimizers_check_their_hyperparameters(make_optimizer, message):
+    # A NaN learning rate made every weight NaN; a negative one climbed the loss
+    # (the graph's optimizers and PyTorch's refuse both).
+    with pytest.raises(tf.ArgumentError, match=message):
+        make_optimizer([E.tensor(np.ones(3), requires_grad=True)])
+
+
+def test_one_hot_and_where_check_their_inputs():
+    # one_hot(idx, -1) gave an empty last axis; float indices matched nothing;
+    # tf.where took a float condition as "nonzero" (TF1 refuses all three).
+    idx = tf.constant([0, 2])
+    with pytest.raises(tf.ArgumentError, match="depth must be >= 0"):
+        tf.one_hot(idx, -1)
+    with pytest.raises(tf.ArgumentError, match="indices must be integers"):
+        tf.one_hot(tf.constant([0.5]), 3)
+    x = tf.constant([1.0, -2.0])
+    with pytest.raises(tf.ShapeError, match="the condition must be boolean"):
+        tf.where(x, x, -x)
+    with pytest.raises(tf.ShapeError, match="the condition must be boolean"):
+        tf.where(E.tensor([1.0, 0.0]), E.tensor([1.0, 2.0]), E.tensor([3.0, 4.0]))
+    # a literal condition is a boolean constant of its own
+    np.testing.assert_array_equal(tf.Session().run(tf.where([True, False], x, -x)),
+                                  [1.0, 2.0])

@@ -384,10 +384,16 @@ def one_hot(indices, depth, on_value=1.0, off_value=0.0, axis=-1, dtype=np.float
     position, off_value elsewhere (an index outside [0, depth) gives a row of
     off_value, as in TF1)."""
     depth = int_attr("one_hot", "depth", depth)
+    if depth < 0:
+        raise argument_error("one_hot", f"depth must be >= 0, got {depth}")
     if axis != -1:
         raise argument_error("one_hot", f"only axis=-1 (a new last axis) is supported, "
                                         f"got {axis!r}")
     indices = shape_ops.index_operand(indices)
+    kind = np.dtype(indices.dtype).kind if getattr(indices, "dtype", None) is not None else "i"
+    if kind not in "iu":   # (TF1 too: 0.5 would silently match no position)
+        raise argument_error("one_hot", f"indices must be integers, got {indices.dtype} "
+                                        "(cast them first)")
     dtype = dtype_attr("one_hot", dtype)
     hit = ops.equal(ops.expand_dims(indices, -1), constant(np.arange(depth, dtype=np.int64)))
     return make("where", hit, constant(on_value, dtype), constant(off_value, dtype),

@@ -53,7 +53,7 @@ from tinyflow.allocator import Block, CachingAllocator
 from tinyflow.eager_record import EagerLog
 from tinyflow.registry import source_kind
 from tinyflow.graph import Node, TinyFlowError, topological_order, user_source_line
-from tinyflow.ops import REGISTRY, Mismatch, shape_error
+from tinyflow.ops import REGISTRY
 from tinyflow.optim import one_minus
 
 _allocator = CachingAllocator(record=False)
@@ -158,6 +158,7 @@ class Tensor:
     _version = 0
     _versions: tuple | None = None  # the inputs' versions when the op ran
     _written_at: str | None = None  # a computed Tensor written in place: where
+    _block: Block | None = None     # (None until its memory is taken: see __del__)
     __tinyflow_tensor__ = True   # ops.make routes ops on these to `apply`
     __array_priority__ = 1000    # numpy defers `array + tensor` to our operators
 
@@ -171,8 +172,10 @@ class Tensor:
             self.requires_grad, self._grad = False, None
             self._op = self._inputs = self._attrs = None
             return
-        array = np.asarray(value.numpy() if isinstance(value, Tensor) else value,
-                           dtype=dtype)
+        array = _numbers(value.numpy() if isinstance(value, Tensor) else value, dtype)
+        if requires_grad and array.dtype.kind not in "fc":
+            raise EagerError(f"a Tensor of {array.dtype} cannot require grad (PyTorch: "
+                             "only floating point Tensors can); make it a float first")
         self.data, self._block, self._alloc = _new_array(array.shape, array.dtype)
         self.data[...] = array
         self.node = None
@@ -247,6 +250,9 @@ class Tensor:
 
     def item(self) -> Any:
         self._need_value("item()")
+        if self.data.size != 1:
+            raise EagerError(f"item() needs a Tensor of one element, this one has shape "
+                             f"{self.shape} (PyTorch says so too)")
         return self.data.item()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -474,6 +480,21 @@ class Tensor:
 _new_object = object.__new__
 
 
+def _numbers(value: Any, dtype: Any) -> np.ndarray:
+    """`value` as an array of numbers (of `dtype`, when given), as tf.constant takes
+    it. Objects, strings, None and ragged lists are refused: an object array is
+    pointers, and one written into the allocator's recycled memory crashed Python."""
+    try:
+        array = np.asarray(value, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as err:   # ragged, or not a number
+        raise ops.argument_error("tensor", f"value is not an array of numbers: "
+                                           f"{err}") from None
+    if array.dtype.kind not in "biufc":
+        raise ops.argument_error("tensor", f"needs numbers or an array of numbers, got "
+                                           f"{value!r} (dtype {array.dtype})")
+    return array
+
+
 def _free_when_unused(array: np.ndarray, block: Block, alloc: CachingAllocator) -> None:
     """Free `block` once `array`, the view of it that outlived its Tensor, is gone
     (at the allocator's next malloc: the array may die in a garbage collection
@@ -541,7 +562,17 @@ def _literal_key(value: Any, like: Any) -> tuple | None:
     `x * -0.0` must give -0.0 where `x * 0.0` gives 0.0."""
     if value.__class__ not in _NUMBER_TYPES:
         return None
-    return (value.__class__, value, like, math.copysign(1.0, value))
+    return (value.__class__, value, like, _sign(value))
+
+
+def _sign(number: Any) -> float:
+    """1.0 or -1.0, the sign of a number, -0.0's included. (copysign wants a float:
+    a Python int beyond float's range, 10**400, would overflow in it.)"""
+    if number > 0:
+        return 1.0
+    if number < 0:
+        return -1.0
+    return math.copysign(1.0, number)    # a zero: +0.0 or -0.0 (or a NaN's sign)
 
 
 def _literal(op: str, value: Any, like: Any) -> Tensor:
@@ -576,8 +607,8 @@ def _with_literals(op: str, inputs: Sequence[Any]) -> tuple[list[Tensor], list]:
             tensor, number = b, a
         array = tensor.data if isinstance(tensor, Tensor) else None   # (None: symbolic)
         if array is not None and number.__class__ in _NUMBER_TYPES:
-            # (_literal_key's sign: it tells only zeros apart, and copysign is a call)
-            sign = 1.0 if number > 0 else math.copysign(1.0, number)
+            # (_literal_key's sign: it tells only zeros apart, and a call costs)
+            sign = 1.0 if number > 0 else _sign(number)
             literal = _literals.get((number.__class__, number, array.dtype, sign))
             if literal is not None:
                 if tensor is a:
@@ -654,11 +685,10 @@ def _symbolic_outside_trace(op: str) -> EagerError:
 
 def _new_kernel(op: str, arrays: list, attrs: dict) -> tuple:
     opdef = REGISTRY[op]
-    shapes = [a.shape for a in arrays]
-    try:
-        shape, dtype = opdef.infer(shapes, [a.dtype for a in arrays], attrs)
-    except Mismatch as why:
-        raise shape_error(op, shapes, str(why), user_source_line()) from None
+    # The graph's checks, with its messages: the attributes (opdef.check: a stride
+    # of 0 reached the kernel as a ZeroDivisionError), then the shape rule.
+    shape, dtype = ops.infer_node(op, (), attrs, user_source_line(),
+                                  [a.shape for a in arrays], [a.dtype for a in arrays])
     shape, dtype = tuple(shape), np.dtype(dtype)
     ufunc = getattr(np, opdef.ufunc) if opdef.ufunc and not attrs else None
     # One tuple object per layout, whichever op asks: a block's kept view is then
@@ -996,6 +1026,11 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
         raise EagerError("backward() on a Tensor that does not require grad (no input "
                          "of its ops had requires_grad=True, or it was made under no_grad)")
     if gradient is None:
+        if root.data is not None and root.data.size != 1:
+            raise EagerError(f"backward() at {user_source_line()} of a Tensor of shape "
+                             f"{root.shape}: the gradient is implicit (ones) only for "
+                             "one element (PyTorch's rule); sum it first, or pass "
+                             "backward(gradient=...)")
         seed = Tensor(np.ones(root.shape, root.dtype))
     else:
         seed = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=root.dtype)
@@ -1150,7 +1185,9 @@ class Optimizer:
 
     def __init__(self, params: Sequence[Tensor], lr: float) -> None:
         self.params = list(params)
-        self.lr = lr
+        # (as the graph's optimizers and PyTorch's check: a NaN step poisons every
+        # weight, a negative one climbs the loss)
+        self.lr = ops.float_attr(type(self).__name__, "lr", lr, low=0.0)
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -1171,7 +1208,7 @@ class SGD(Optimizer):
 
     def __init__(self, params: Sequence[Tensor], lr: float, momentum: float = 0.0) -> None:
         super().__init__(params, lr)
-        self.momentum = momentum
+        self.momentum = ops.float_attr("SGD", "momentum", momentum, low=0.0)
         self.velocity = [Tensor(np.zeros(p.shape, p.dtype)) for p in self.params] \
             if momentum else []
 
@@ -1190,7 +1227,11 @@ class Adam(Optimizer):
     def __init__(self, params: Sequence[Tensor], lr: float = 1e-3, beta1: float = 0.9,
                  beta2: float = 0.999, eps: float = 1e-8) -> None:
         super().__init__(params, lr)
-        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        for name, beta in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 <= ops.float_attr("Adam", name, beta) < 1.0:
+                raise ops.argument_error("Adam", f"{name} must be in [0, 1), got {beta!r}")
+        self.beta1, self.beta2 = beta1, beta2
+        self.eps = ops.float_attr("Adam", "eps", eps, low=0.0)
         dtype = self.params[0].dtype if self.params else np.float32
         self.t = Tensor(np.zeros((), dtype))
         self.m = [Tensor(np.zeros(p.shape, p.dtype)) for p in self.params]

@@ -739,9 +739,17 @@ def _where_grad(n, g):
             unbroadcast(make("where", cond, zero, g), b)]
 
 
+def _where_check(attrs: dict, dtypes: list) -> None:
+    """The condition is boolean, as TF1 requires: a float condition was read as
+    "nonzero", where the user likely meant a comparison."""
+    if dtypes[0] is not None and dtypes[0].kind != "b":
+        raise Mismatch(f"the condition must be boolean, got {dtypes[0]} (compare it, "
+                       "e.g. x > 0, or cast it to tf.bool)")
+
+
 register(OpDef("where", _where_compute,
                lambda s, d, a: (broadcast_shapes(*s), result_dtype(d[1:])),
-               _where_grad, elementwise=True, doc="cond ? a : b"))
+               _where_grad, elementwise=True, doc="cond ? a : b", check=_where_check))
 
 
 def _zeros_like_compute(xp, x, out=None):
@@ -1021,6 +1029,10 @@ def where(cond: Operand, a: Operand, b: Operand) -> Node:
     and TF1's rule for a vector condition beside values of higher rank: it picks
     whole rows, cond[i] choosing a[i] or b[i] (read as shaped (n, 1, ..., 1)).
     Broadcasting alone would have matched it against the last axis instead."""
+    if isinstance(cond, (bool, np.bool_, list, tuple, np.ndarray)):
+        # A literal condition is a boolean constant of its own (typed beside the
+        # values, [True, False] would become float32 ones and zeros).
+        cond = constant(np.asarray(cond), np.asarray(cond).dtype)
     rank = max(_rank(a), _rank(b))
     if _rank(cond) == 1 and rank > 1:
         length = cond.shape[0] if hasattr(cond, "shape") else len(cond)   # (a list)
