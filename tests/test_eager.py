@@ -1443,3 +1443,15 @@ def test_one_hot_and_where_check_their_inputs():
     # a literal condition is a boolean constant of its own
     np.testing.assert_array_equal(tf.Session().run(tf.where([True, False], x, -x)),
                                   [1.0, 2.0])
+
+
+def test_a_literal_too_large_for_the_dtype_is_refused_and_a_huge_int_is_a_float():
+    # x * 1e300 on float32 gave inf (numpy's "overflow encountered in cast" warning
+    # from inside ops.py), where a feed of 1e300 into float32 is refused; 10**30, which
+    # float32 holds, was refused as "not a number" (numpy makes it an object).
+    for x in (tf.placeholder(tf.float32, (2,)), E.tensor(np.ones(2, np.float32))):
+        with pytest.raises(tf.ShapeError, match="too large for float32 \\(it would be inf"):
+            x * 1e300
+        y = x + 10**30
+        value = y.numpy() if isinstance(y, Tensor) else tf.Session().run(y, {x: [1, 2]})
+        np.testing.assert_array_equal(value, np.float32(1e30))

@@ -215,6 +215,9 @@ def python_dtype(array: np.ndarray) -> np.dtype:
 def _literal(op: str, value: Any, like: Any, where: str) -> Node:
     """A literal operand of `op` as a constant node; a named error if it cannot be one."""
     try:
+        if value.__class__ is int and like is not None and like.kind == "f" \
+                and not -2**63 <= value < 2**63:
+            value = float(value)   # 10**30 beside float32: a float (numpy: an object)
         dtype = literal_dtype(value, like)
         array = np.asarray(value)
         if dtype.kind in "iu" and array.dtype.kind in "iu" and array.size:
@@ -222,7 +225,13 @@ def _literal(op: str, value: Any, like: Any, where: str) -> Node:
             if array.min() < info.min or array.max() > info.max:
                 raise TypeError(f"{array.max() if array.max() > info.max else array.min()}"
                                 f" is out of range for {dtype}")
-        array = array.astype(dtype)
+        with np.errstate(over="ignore"):
+            converted = array.astype(dtype)
+        if dtype.kind == "f" and array.dtype.kind in "iuf" and \
+                np.any(np.isfinite(array) & ~np.isfinite(converted)):
+            # (as a feed of 1e300 into float32 is refused: inf is not the number meant)
+            raise TypeError(f"{value!r} is too large for {dtype} (it would be inf)")
+        array = converted
     except (TypeError, ValueError, OverflowError) as err:
         raise ShapeError(f"{op}: operand {value!r} cannot be a tensor beside "
                          f"{like or 'the other inputs'}: {err} (at {where})") from None
