@@ -47,45 +47,23 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
     first_written = _first_written(order, fetches, sources)
     first_writers = set(first_written.values())   # (a set: asked once per node)
     for node in order:
-        name = node.name
-        # (a name ending in ":scratch" is the memory plan's for a kernel's scratch,
-        # memory.scratch_name: a user's "c:scratch" would be taken for conv c's)
-        while name in taken or name.endswith(SCRATCH_SUFFIX):
-            taken[node.name] = taken.get(node.name, 0) + 1
-            name = f"{node.name}_{taken[node.name]}"
-        taken[name] = 0
-        unique[id(node)] = name
+        name = unique[id(node)] = _unique_name(node.name, taken)
         if node in sources:
-            shape, dtype = sources[node]
-            kind = source_kind(node)
-            op = "variable" if kind == "variable" and id(node) not in fed else "placeholder"
-            clone = Node(op, (), {"shape": tuple(shape), "dtype": dtype.name}, name=name,
-                         shape=shape, dtype=dtype, where=node.where, provenance=node.provenance,
-                         phase=node.phase)
-        elif source_kind(node) == "feed":
-            needed = ", ".join(f.name for f in fetches[:3])
-            raise FeedError(f"placeholder {node.name!r} (created at {node.where}) must be "
-                            f"fed: computing {needed} needs it")
-        elif source_kind(node) == "variable":
-            if id(node) not in first_written:
-                raise FeedError(f"variable {node.name!r} (created at {node.where}) has no "
-                                "value and no known shape; run "
-                                "tf.global_variables_initializer() or assign it first")
-            continue  # only written here: cloned with the shape of the value written
+            clones[node] = _source_clone(node, sources[node], id(node) in fed, name)
+        elif source_kind(node) in ("feed", "variable"):
+            # unfed, or a variable only written here: then it is cloned below, with
+            # the shape of the value its first writer writes
+            _check_unset(node, fetches, first_written)
         else:
             if id(node) in first_writers:
                 target = node.inputs[0]
-                value = clones[node.inputs[1]]
-                clones[target] = Node("variable", (), {"shape": value.shape,
-                                      "dtype": np.dtype(target.dtype or value.dtype).name},
-                                      name=unique[id(target)], shape=value.shape,
-                                      dtype=target.dtype or value.dtype, where=target.where,
-                                      provenance=target.provenance, phase=target.phase)
+                clones[target] = _written_variable(target, clones[node.inputs[1]],
+                                                   unique[id(target)])
             inputs = [clones[i] for i in node.inputs]
             clone = Node(node.op, inputs, node.attrs, name=name, where=node.where,
                          provenance=node.provenance, phase=node.phase)
             clone.shape, clone.dtype = infer_node(node.op, inputs, node.attrs, node.where)
-        clones[node] = clone
+            clones[node] = clone
     # The clones mirror the nodes (a source or a fed node has no inputs in either
     # graph), so a depth-first walk of the clones visits them in `order`, unless
     # variable writers add ordering edges, which a fed variable (a placeholder in
@@ -93,6 +71,49 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
     if any(written_variable(node) is not None for node in order):
         return Graph([clones[f] for f in fetches]), clones
     return Graph([clones[f] for f in fetches], order=[clones[n] for n in order]), clones
+
+
+def _unique_name(name: str, taken: dict[str, int]) -> str:
+    """`name`, or `name_1`, `name_2`... when taken (and recorded as taken). Never one
+    ending in ":scratch", the memory plan's name for a kernel's scratch
+    (memory.scratch_name): a user's "c:scratch" would be taken for conv c's."""
+    unique = name
+    while unique in taken or unique.endswith(SCRATCH_SUFFIX):
+        taken[name] = taken.get(name, 0) + 1
+        unique = f"{name}_{taken[name]}"
+    taken[unique] = 0
+    return unique
+
+
+def _source_clone(node: Node, layout: tuple[tuple, Any], fed: bool, name: str) -> Node:
+    """The clone of a fed node or a variable with a value: a placeholder (fed) or a
+    variable of this run's (shape, dtype)."""
+    shape, dtype = layout
+    op = "variable" if source_kind(node) == "variable" and not fed else "placeholder"
+    return Node(op, (), {"shape": tuple(shape), "dtype": dtype.name}, name=name,
+                shape=shape, dtype=dtype, where=node.where, provenance=node.provenance,
+                phase=node.phase)
+
+
+def _check_unset(node: Node, fetches: list[Node], first_written: dict[int, int]) -> None:
+    """A placeholder not fed, or a variable with no value that nothing writes first,
+    is a FeedError naming it."""
+    if source_kind(node) == "feed":
+        needed = ", ".join(f.name for f in fetches[:3])
+        raise FeedError(f"placeholder {node.name!r} (created at {node.where}) must be "
+                        f"fed: computing {needed} needs it")
+    if id(node) not in first_written:
+        raise FeedError(f"variable {node.name!r} (created at {node.where}) has no "
+                        "value and no known shape; run "
+                        "tf.global_variables_initializer() or assign it first")
+
+
+def _written_variable(target: Node, value: Node, name: str) -> Node:
+    """The clone of a variable that its first writer gives its shape: `value`'s."""
+    dtype = target.dtype or value.dtype
+    return Node("variable", (), {"shape": value.shape, "dtype": np.dtype(dtype).name},
+                name=name, shape=value.shape, dtype=dtype, where=target.where,
+                provenance=target.provenance, phase=target.phase)
 
 
 def _first_written(order: list[Node], fetches: list[Node], sources: dict) -> dict[int, int]:
