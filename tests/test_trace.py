@@ -423,3 +423,89 @@ def test_a_gzip_bomb_is_refused_without_inflating_it_all(tmp_path, monkeypatch):
     assert path.stat().st_size < 100_000
     with pytest.raises(trace.RecordError, match="inflates to more than 1 MiB"):
         trace.load(path)
+
+
+# -- regression tests for probes of bad input ---------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path, kind):
+    # A FIFO blocked trace.load forever (and `debug --check`); /dev/zero never ended.
+    path = {"fifo": tmp_path / "fifo", "device": "/dev/zero", "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    message = "is a directory" if kind == "directory" else "not a regular file"
+    with pytest.raises(trace.RecordError, match=message):
+        trace.load(path)
+    assert message in trace.check_file(path)[0]
+
+
+def test_a_live_lines_file_that_is_a_fifo_is_refused(tmp_path, record):
+    path = tmp_path / "live.json"
+    trace.save(record, path)
+    os.mkfifo(trace.live_path(path))
+    with pytest.raises(trace.RecordError, match="not a regular file"):
+        trace.load_live(path)
+
+
+@pytest.mark.parametrize("old,new", [
+    ('"end":', '"end":1e999,"x":'),
+    ('"max":', '"max":-1e999,"x":'),
+], ids=["event_end", "summary_max"])
+def test_a_number_too_large_for_a_float_is_refused(record, old, new):
+    # 1e999 parsed as inf and was accepted (or reported as `null is not of type
+    # "number"`); the Perfetto export then wrote the invalid JSON `Infinity`.
+    text = json.dumps(record).replace(old, new, 1)
+    with pytest.raises(trace.RecordError, match=r"the number '-?1e999' at line 1, column "
+                                                r"\d+ is too large in magnitude for a float"):
+        trace.loads(text, "r.json")
+
+
+def test_a_scalar_value_too_large_for_a_float_is_refused(record):
+    text = json.dumps(record)
+    text = text.replace('"scalars": {', '"scalars": {"big": [[0, 1e999]], ', 1)
+    assert "1e999" in text
+    with pytest.raises(trace.RecordError, match="too large in magnitude"):
+        trace.loads(text, "r.json")
+
+
+def test_a_file_of_one_garbage_character_is_not_json_not_truncated(tmp_path):
+    path = tmp_path / "onechar.json"
+    path.write_text("x")
+    with pytest.raises(trace.RecordError, match="the file is not JSON .it starts with 'x'"):
+        trace.load(path)
+    path.write_text('{"format": 1} x')  # a whole value, then more: not truncated either
+    with pytest.raises(trace.RecordError, match="Extra data"):
+        trace.load(path)
+
+
+def _live(tmp_path, record, lines="", **extra):
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps({**record, **extra}))
+    (tmp_path / ("live.json" + trace.LIVE_SUFFIX)).write_text(lines)
+    return path
+
+
+@pytest.mark.parametrize("count", ["3", {}, None, -5, True])
+def test_live_lines_that_is_not_a_count_is_a_record_error(tmp_path, record, count):
+    # It was compared with an int: a bare TypeError, which --follow did not catch.
+    path = _live(tmp_path, record, live_lines=count)
+    with pytest.raises(trace.RecordError, match="live_lines must be a whole number >= 0"):
+        trace.load_live(path)
+
+
+@pytest.mark.parametrize("step,value", [(10**400, 1), (-10**300, 1), (2**53, 1),
+                                        (1, 10**400)])
+def test_a_live_scalar_out_of_a_float_range_is_a_record_error(tmp_path, record, step, value):
+    # A step of 10**400 passed LiveReader and overflowed in the curves view.
+    line = json.dumps({"kind": "scalar", "name": "loss", "step": step, "value": value})
+    path = _live(tmp_path, record, line + "\n")
+    with pytest.raises(trace.RecordError, match="a scalar line needs name"):
+        trace.load_live(path)
+
+
+def test_a_live_scalar_at_the_bounds_is_read(tmp_path, record):
+    lines = trace.live_scalar_lines([("loss", 2**53 - 1, 1e300), ("loss", -(2**53 - 1), -1e300)])
+    path = _live(tmp_path, record, lines)
+    assert trace.load_live(path)["scalars"]["loss"][-2:] == [[2**53 - 1, 1e300],
+                                                             [-(2**53 - 1), -1e300]]

@@ -43,6 +43,7 @@ import json
 import math
 import os
 import re
+import stat
 import zlib
 from typing import Any
 
@@ -467,6 +468,27 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")  # NaN / Infinity: JSON has no such number
 
 
+class _NotFinite(ValueError):
+    """A JSON number too large for a float, such as 1e999 (`_finite_float`)."""
+
+    def __init__(self, literal: str) -> None:
+        super().__init__(literal)
+        self.literal = literal
+
+
+def _finite_float(literal: str) -> float:
+    """json's parse_float: a number literal as a float, refusing one that overflows.
+
+    JSON has no infinity, so a record holds none; but float("1e999") is inf, which
+    would pass where a NaN literal is refused, and come out of an export as the
+    invalid JSON ``Infinity``.
+    """
+    value = float(literal)
+    if math.isinf(value):
+        raise _NotFinite(literal)
+    return value
+
+
 def parse(data: bytes | str, name: str = "record") -> Any:
     """The JSON value in `data` (gzip or plain bytes, or text), not yet validated.
 
@@ -484,21 +506,41 @@ def parse(data: bytes | str, name: str = "record") -> Any:
     if not data.strip():
         raise RecordError(f"{name}: the file is empty")
     try:
-        return json.loads(data, parse_constant=_refuse_constant)
+        return json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as err:
-        text = data.strip()
-        # A record is one JSON object: one that never closes was cut off.
-        if err.pos >= len(text) - 1 or (text.startswith("{") and not text.endswith("}")):
-            raise RecordError(f"{name}: the file is truncated (JSON ends early at line "
-                              f"{err.lineno}, column {err.colno}); was it still being "
-                              "written?") from None
-        raise RecordError(f"{name}: not a DebugRecord: invalid JSON at line {err.lineno}, "
-                          f"column {err.colno}: {err.msg}") from None
+        raise RecordError(f"{name}: {_json_problem(data, err)}") from None
     except RecursionError:
         raise RecordError(f"{name}: not a DebugRecord: the JSON is nested too deeply"
                           ) from None
+    except _NotFinite as err:
+        line, column = _position(data, data.find(err.literal))
+        raise RecordError(f"{name}: the number {_show(err.literal)} at line {line}, column "
+                          f"{column} is too large in magnitude for a float (it would read "
+                          "as infinity; JSON has no infinity)") from None
     except ValueError as err:  # an integer of thousands of digits, a NaN literal
         raise RecordError(f"{name}: not a DebugRecord: {err}") from None
+
+
+def _json_problem(data: str, err: json.JSONDecodeError) -> str:
+    """What is wrong with `data`, which json could not parse: not JSON at all, cut
+    off (a record is one JSON object: one that never closes was cut off), or
+    invalid somewhere inside."""
+    text = data.strip()
+    first = len(data) - len(data.lstrip())  # where the first non-blank character is
+    if err.pos == first and err.msg == "Expecting value":  # not even the start of one
+        return (f"not a DebugRecord: invalid JSON at line {err.lineno}, column "
+                f"{err.colno}: the file is not JSON (it starts with {_show(text[:20])})")
+    cut_off = err.pos >= len(data.rstrip()) - 1 or not text.endswith(("}", "]"))
+    if cut_off and err.msg != "Extra data":  # extra data: something after a whole value
+        return (f"the file is truncated (JSON ends early at line {err.lineno}, column "
+                f"{err.colno}); was it still being written?")
+    return f"not a DebugRecord: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}"
+
+
+def _position(text: str, offset: int) -> tuple[int, int]:
+    """(line, column), both from 1, of character `offset` of `text`."""
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
 
 
 def loads(data: bytes | str, name: str = "record") -> dict:
@@ -523,17 +565,36 @@ def read_file(path: str | os.PathLike) -> bytes:
     """The bytes of the record file at `path`; RecordError when it cannot be read."""
     path = os.fspath(path)
     try:
-        if os.path.getsize(path) > MAX_RECORD_BYTES:
-            raise RecordError(f"{path}: larger than {MAX_RECORD_BYTES >> 20} MiB; refusing "
-                              "to read it")
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
+            if os.fstat(f.fileno()).st_size > MAX_RECORD_BYTES:
+                raise RecordError(f"{path}: larger than {MAX_RECORD_BYTES >> 20} MiB; "
+                                  "refusing to read it")
             return f.read()
     except FileNotFoundError:
         raise RecordError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise RecordError(f"{path}: is a directory, not a record file") from None
     except OSError as err:
         raise RecordError(f"{path}: cannot read: {err.strerror}") from None
+
+
+def open_regular(path: str) -> Any:
+    """`path` opened for reading in binary, refused unless it is a regular file.
+
+    A FIFO would block the open (or the read) until another process writes to it,
+    and /dev/zero never ends. O_NONBLOCK lets the open of a FIFO return at once, so
+    the check is made on what was opened (fstat), not on a name that could change in
+    between; for a regular file the flag changes nothing. Raises RecordError for a
+    directory or a special file, OSError (FileNotFoundError, ...) as open() would.
+    """
+    if "\0" in path:  # open() would raise a bare ValueError
+        raise RecordError(f"{path!r}: a file name cannot contain a NUL character")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = ("is a directory, not a record file" if stat.S_ISDIR(mode) else
+                "not a regular file (a device, FIFO or socket cannot hold a record)")
+        raise RecordError(f"{path}: {what}")
+    return os.fdopen(fd, "rb")
 
 
 def load(path: str | os.PathLike) -> dict:
@@ -637,6 +698,7 @@ class LiveReader:
         stamp = self._stamp()
         if stamp is not None and stamp != self._doc_stamp:
             self.record = load(self.path)
+            _check_live_lines(self.record, self.path)
             self._doc_stamp = stamp
             self._offset = self._lines = 0     # re-apply the lines after its own
             changed = True
@@ -649,11 +711,13 @@ class LiveReader:
 
     def _read_lines(self) -> bool:
         try:
-            with open(self.lines_path, "rb") as f:
+            with open_regular(self.lines_path) as f:
                 f.seek(self._offset)
                 data = f.read()
         except FileNotFoundError:
             return False
+        except OSError as err:
+            raise RecordError(f"{self.lines_path}: cannot read: {err.strerror}") from None
         end = data.rfind(b"\n")
         if end < 0:
             return False
@@ -682,11 +746,11 @@ class LiveReader:
 
     def _apply_scalar(self, line: dict, where: str) -> None:
         name, step, value = line.get("name"), line.get("step"), line.get("value")
-        number = (int, float)
-        if not isinstance(name, str) or isinstance(step, bool) or not isinstance(step, int) \
-                or isinstance(value, bool) or not (value is None or isinstance(value, number)):
+        if not (isinstance(name, str) and _is_step(step) and _is_value(value)):
             raise RecordError(f"{where}: a scalar line needs name (text), step (a whole "
-                              f"number) and value (a number or null), got {_brief(line)}")
+                              f"number of at most {_MAX_STEP}) and value (a number of "
+                              f"magnitude at most {_MAX_VALUE:g}, or null), got "
+                              f"{_brief(line)}")
         self.record["scalars"].setdefault(name, []).append([step, value])
         self.scalars_seen += 1
 
@@ -702,6 +766,30 @@ class LiveReader:
         except RecordError as err:
             raise RecordError(f"{where}: {err}") from None
         record["timelines"] = (record["timelines"] + [timeline])[-self.max_runs:]
+
+
+# The bounds record.schema.json puts on a scalar's step and value, so that a reader
+# can turn them into floats (a step of 10**400 made the curves view overflow).
+_MAX_STEP = 2**53 - 1
+_MAX_VALUE = 1e300
+
+
+def _is_step(step: Any) -> bool:
+    return type(step) is int and -_MAX_STEP <= step <= _MAX_STEP  # type(): not True
+
+
+def _is_value(value: Any) -> bool:
+    return value is None or (type(value) in (int, float) and -_MAX_VALUE <= value
+                             <= _MAX_VALUE)
+
+
+def _check_live_lines(record: dict, path: str) -> None:
+    """The document's ``live_lines`` (how many lines it already holds) must be a
+    count; anything else would break the reader in the middle of a comparison."""
+    count = record.get("live_lines", 0)
+    if type(count) is not int or count < 0:
+        raise RecordError(f"{path}: live_lines must be a whole number >= 0 (the lines of "
+                          f"{live_path(path)} the document holds), got {_brief(count)}")
 
 
 def _brief(value: Any) -> str:
