@@ -532,3 +532,151 @@ def test_pytorch_reads_a_tinyflow_checkpoint_and_tinyflow_reads_pytorchs(tmp_pat
     np.testing.assert_array_equal(sess.variables[variables[0]],
                                   np.arange(6).reshape(2, 3) * 10)
     assert float(sess.run(variables[2])) == 5.0
+
+
+# -- regression tests for probes of bad input -------------------------------------------
+
+
+def test_a_big_endian_variable_saves_a_file_that_restores(tmp_path):
+    # Its checksum was taken over big-endian bytes while safetensors wrote
+    # little-endian ones: the save replaced a good file with one restore refused.
+    v = tf.Variable(np.arange(3, dtype=">f4"), name="be_v")
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    path = Saver([v]).save(sess, tmp_path / "be.safetensors")
+    np.testing.assert_array_equal(read_checkpoint(path)["be_v"], [0, 1, 2])
+    assert read_checkpoint(path)["be_v"].dtype == np.dtype("<f4")
+    sess.run(tf.assign(v, np.full(3, 7, ">f4")))
+    Saver([v]).restore(sess, path)
+    np.testing.assert_array_equal(sess.run(v), [0, 1, 2])
+
+
+def test_a_big_endian_npz_member_restores_as_float32(tmp_path):
+    sess, variables = _model()
+    w = variables[0]
+    old = tmp_path / "old.npz"
+    big_endian = (np.arange(6) + 1).astype(">f4").reshape(2, 3)  # (arithmetic: native)
+    _write_v1_npz(old, [("ck_w", big_endian)])
+    Saver([w]).restore(sess, old)
+    np.testing.assert_array_equal(sess.variables[w], np.arange(6).reshape(2, 3) + 1)
+    assert read_checkpoint(old)["ck_w"].dtype == np.dtype("<f4")
+
+
+def test_an_npz_with_a_member_twice_is_refused(tmp_path):
+    sess, variables = _model()
+    path = tmp_path / "twice.npz"
+    _write_v1_npz(path, [("ck_w", np.zeros((2, 3), np.float32))])
+    with zipfile.ZipFile(path, "a") as archive, pytest.warns(UserWarning):
+        archive.writestr("v0.npy", _npy_bytes(np.ones((2, 3), np.float32)))
+    _refused_without_change(sess, variables, path, "'v0.npy' appears twice")
+
+
+def _npy_bytes(array):
+    out = io.BytesIO()
+    np.lib.format.write_array(out, array)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path, kind):
+    # A FIFO blocked the restore forever; /dev/zero was read without end.
+    sess, variables = _model()
+    path = "/dev/zero" if kind == "device" else tmp_path / "fifo"
+    if kind == "fifo":
+        os.mkfifo(path)
+    _refused_without_change(sess, variables, path, "not a regular file")
+
+
+def test_saver_var_list_that_is_not_variables(tmp_path):
+    sess, variables = _model()
+    for bad in (["ck_w"], [1], "ck_w", 5):
+        with pytest.raises(CheckpointError, match="not a Variable|var_list must be"):
+            Saver(bad)
+    single = Saver(variables[0])  # one Variable is taken as a list of one
+    assert list(single.variables) == ["ck_w"]
+
+
+@pytest.mark.parametrize("step", ["abc", float("nan"), 1.7, True])
+def test_global_step_must_be_a_whole_number(tmp_path, step):
+    sess, variables = _model()
+    with pytest.raises(CheckpointError, match="global_step must be a whole number"):
+        Saver(variables).save(sess, tmp_path / "m.safetensors", global_step=step)
+    assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_global_step_takes_numpy_integers(tmp_path):
+    sess, variables = _model()
+    path = Saver(variables).save(sess, tmp_path / "m.safetensors", global_step=np.int64(7))
+    assert read_metadata(path)["step"] == "7"
+
+
+def test_a_path_with_nul_and_a_name_with_a_surrogate_are_refused(tmp_path):
+    sess, variables = _model()
+    with pytest.raises(CheckpointError, match="NUL"):
+        Saver(variables).save(sess, str(tmp_path / "m\0.safetensors"))
+    with pytest.raises(CheckpointError, match="NUL"):
+        Saver(variables).restore(sess, str(tmp_path / "m\0.safetensors"))
+    with pytest.raises(CheckpointError, match="UTF-8"):
+        Saver({"x\udcffy": variables[0]}).save(sess, tmp_path / "m.safetensors")
+
+
+def test_a_long_legal_file_name_saves(tmp_path):
+    # The temporary name added the pid and mkstemp's suffix: 250 + ~25 > NAME_MAX.
+    sess, variables = _model()
+    for name in ("x" * 250, "é" * 127):  # 250 and 254 bytes
+        path = Saver(variables).save(sess, tmp_path / name)
+        assert set(read_checkpoint(path)) == {"ck_w", "ck_b", "ck_step"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["x" * 250, "é" * 127])
+
+
+def test_a_stale_temporary_of_a_name_with_glob_characters_is_removed(tmp_path):
+    sess, variables = _model()
+    stale = tmp_path / ".m[1].safetensors.999999999.abcd.tmp"  # no such pid
+    stale.write_bytes(b"half a file")
+    Saver(variables).save(sess, tmp_path / "m[1].safetensors")
+    assert not stale.exists()
+
+
+def test_saving_under_a_file_names_the_file(tmp_path):
+    sess, variables = _model()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(CheckpointError, match="afile .* is a file, not a folder"):
+        Saver(variables).save(sess, tmp_path / "afile" / "m.safetensors")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(),
+                    reason="runs a child as nobody: needs root and setpriv")
+def test_a_folder_that_cannot_be_entered_gives_a_checkpoint_error():
+    # path.is_dir() raised a bare PermissionError for a folder of mode 000.
+    import shutil
+    import tempfile
+    import tinyflow
+    outer = Path(tempfile.mkdtemp(prefix="tinyflow-closed-"))  # pytest's tmp is 0700
+    closed = outer / "closed"
+    try:
+        outer.chmod(0o755)
+        closed.mkdir()
+        sess, variables = _model()
+        Saver(variables).save(sess, closed / "m.safetensors")
+        closed.chmod(0o000)
+        script = (
+            "import numpy as np, sys, tinyflow as tf\n"
+            "v = tf.Variable(np.ones(3, np.float32), name='v')\n"
+            "s = tf.Session(); s.run(tf.global_variables_initializer())\n"
+            "for act in ('save', 'restore'):\n"
+            "    try:\n"
+            "        getattr(tf.train.Saver([v]), act)(s, sys.argv[1])\n"
+            "    except tf.TinyFlowError as e:\n"
+            "        print(act, type(e).__name__, e)\n")
+        env = dict(os.environ, PYTHONPATH=str(Path(tinyflow.__file__).parents[1]))
+        done = subprocess.run(
+            ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             sys.executable, "-c", script, str(closed / "m.safetensors")],
+            capture_output=True, text=True, timeout=60, cwd="/", env=env)
+    finally:
+        closed.chmod(0o755)
+        shutil.rmtree(outer)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("save CheckpointError") and "Permission denied" in lines[0]
+    assert lines[1].startswith("restore CheckpointError") and "Permission denied" in lines[1]

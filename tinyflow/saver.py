@@ -49,22 +49,30 @@ Three choices make checkpoints safe to hand around:
 * checked restores: the header, the checksum, and the names, shapes and dtypes the
   Variables expect are all checked before any Variable is touched, and every failure
   (a corrupt or truncated file, a header that claims more bytes than the file has, a
-  missing Variable, a shape mismatch) is a `CheckpointError` that names the file and
-  the problem, never a library's exception.
+  missing Variable, a shape mismatch, a path that is not a regular file, such as a
+  FIFO or /dev/zero, which would block or never end) is a `CheckpointError` that
+  names the file and the problem, never a library's exception.
+
+Values are written little-endian, as the format says, whatever their byte order in
+the Session (a big-endian array is converted before its checksum is taken), and a
+big-endian Variable restores from them: byte order is not a difference of dtype.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import json
 import math
 import mmap
+import operator
 import os
+import stat
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -110,22 +118,21 @@ class Saver:
     """Save and restore Variables (TF1's tf.train.Saver).
 
     var_list: the Variables to save: a list (each saved under its node name), or a
-    dict {name in the file: Variable}. None (the default) takes every Variable
+    dict {name in the file: Variable}; a single Variable is a list of one (TF1
+    refuses it). None (the default) takes every Variable
     created so far, trainable or not (so an optimizer's slots, such as Adam's
     moments, are saved too and training can resume where it stopped). As in TF1,
     Variables created after the Saver are not included.
     """
 
-    def __init__(self, var_list: Sequence[Node] | Mapping[str, Node] | None = None) -> None:
-        if var_list is None:
-            var_list = api.global_variables()
-        if isinstance(var_list, Mapping):
-            pairs = [(str(name), var) for name, var in var_list.items()]
-        else:
-            pairs = [(var.name, var) for var in var_list]
+    def __init__(self, var_list: Sequence[Node] | Mapping[str, Node] | Node | None = None
+                 ) -> None:
         seen: dict[str, Node] = {}
-        for name, var in pairs:
-            if not isinstance(var, Node) or source_kind(var) != "variable":
+        for name, var in _named_variables(var_list):
+            if not isinstance(var, Node):  # a name or a number where a Variable goes
+                raise CheckpointError(f"Saver: var_list holds {_brief(var)}, which is not "
+                                      "a Variable (the graph node tf.Variable returns)")
+            if source_kind(var) != "variable":
                 raise CheckpointError(f"Saver: {name!r} is not a Variable ({var!r})")
             if name in seen:
                 raise CheckpointError(
@@ -145,10 +152,11 @@ class Saver:
         to the file name instead; read it back with `read_metadata`). The write is
         atomic: a crash at any point leaves the previous file at `path` whole.
         """
-        path = Path(path)
-        if not str(path) or path.is_dir():
+        path = _checked_path(path, "save to")
+        if not str(path) or _is_dir(path):
             raise CheckpointError(f"cannot save to {str(path)!r}: it is a directory; "
                                   "give a file name such as model.safetensors")
+        step = _step_text(path, global_step)
         tensors: dict[str, np.ndarray] = {}
         for name, var in self.variables.items():
             value = session.variables.get(var)
@@ -156,9 +164,8 @@ class Saver:
                 raise CheckpointError(
                     f"cannot save {path}: Variable {name!r} (created at {var.where}) has "
                     "no value in this session; run tf.global_variables_initializer() first")
-            # np.array, not np.ascontiguousarray: the latter turns 0-d values into (1,).
-            tensors[name] = np.array(_to_numpy(value), order="C", copy=True)
-        metadata = _metadata(path, tensors, global_step)
+            tensors[name] = _little_endian_copy(_to_numpy(value))
+        metadata = _metadata(path, tensors, step)
         _write_atomically(path, tensors, metadata)
         return str(path)
 
@@ -173,7 +180,7 @@ class Saver:
         """
         # Read-only views of the mapped file, already checked against its checksum:
         # the loop below copies each one once, straight into its Variable's buffer.
-        values, _ = _load(Path(path))
+        values, _ = _load(_checked_path(path, "restore"))
         problems = []
         for name, var in self.variables.items():
             if name not in values:
@@ -185,7 +192,7 @@ class Saver:
             if want_shape is not None and tuple(saved.shape) != want_shape:
                 problems.append(f"Variable {name!r}: the file has shape {tuple(saved.shape)}, "
                                 f"the model expects {want_shape}")
-            if var.dtype is not None and saved.dtype != var.dtype:
+            if var.dtype is not None and not _same_numbers(saved.dtype, var.dtype):
                 problems.append(f"Variable {name!r}: the file has dtype {saved.dtype}, "
                                 f"the model expects {var.dtype}")
         if problems:
@@ -193,6 +200,86 @@ class Saver:
 
         for name, var in self.variables.items():
             _assign_host(session, var, values[name])
+
+
+def _named_variables(var_list: Any) -> list[tuple[Any, Any]]:
+    """(name in the file, Variable) pairs of a Saver's `var_list`, not yet checked.
+
+    TF1 takes a list or a dict; a single Variable is taken as a list of one (TF1
+    refuses it, but it cannot mean anything else). Anything else (a name, a number)
+    is refused here, before `.name` or iteration could fail on it.
+    """
+    if var_list is None:
+        var_list = api.global_variables()
+    if isinstance(var_list, Node):
+        var_list = [var_list]
+    if isinstance(var_list, Mapping):
+        return [(str(name), var) for name, var in var_list.items()]
+    if isinstance(var_list, (str, bytes)) or not isinstance(var_list, Iterable):
+        raise CheckpointError(f"Saver: var_list must be a list of Variables or a dict "
+                              f"{{name: Variable}}, got {_brief(var_list)}")
+    # A list item that is not a graph node has no .name (the caller refuses it).
+    return [(getattr(var, "name", None), var) for var in var_list]
+
+
+def _brief(value: Any) -> str:
+    """repr(value), cut to 60 characters, for an error message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _checked_path(path: Any, action: str) -> Path:
+    """`path` as a Path, refusing what no file system can hold (a NUL character),
+    which Python would report as a bare ValueError from deep inside open()."""
+    text = os.fspath(path)
+    if ("\0" if isinstance(text, str) else b"\0") in text:
+        raise CheckpointError(f"cannot {action} {text!r}: a file name cannot contain a "
+                              "NUL character (\\0)")
+    return Path(os.fsdecode(text))
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether `path` is a folder; False when it cannot be looked at (a folder on
+    the way that we may not enter): the write that follows then says why."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _step_text(path: Path, global_step: Any) -> str | None:
+    """`global_step` as the metadata's decimal text; None when not given.
+
+    Only whole numbers (int, numpy integers) are taken: int(1.7) would quietly store
+    1, and int("abc") or int(nan) would fail with a bare ValueError.
+    """
+    if global_step is None:
+        return None
+    try:
+        if isinstance(global_step, bool):
+            raise TypeError  # True is an int to Python, but never a step
+        return str(operator.index(global_step))
+    except TypeError:
+        raise CheckpointError(f"cannot save {path}: global_step must be a whole number, "
+                              f"got {_brief(global_step)}") from None
+
+
+def _little_endian_copy(value: np.ndarray) -> np.ndarray:
+    """A C-ordered copy of `value` with little-endian bytes, as safetensors stores.
+
+    A big-endian array (data read from a FITS file, say) would otherwise have its
+    checksum computed on big-endian bytes while safetensors writes little-endian
+    ones: a file that no restore accepts. (np.array, not np.ascontiguousarray: the
+    latter turns 0-d values into (1,).)
+    """
+    return np.array(value, dtype=value.dtype.newbyteorder("<"), order="C", copy=True)
+
+
+def _same_numbers(a: np.dtype, b: Any) -> bool:
+    """Whether dtypes `a` and `b` hold the same numbers, whatever their byte order
+    (">f4" and "<f4" are both float32: assigning one to the other converts)."""
+    a, b = np.dtype(a), np.dtype(b)
+    return a.newbyteorder("<") == b.newbyteorder("<")
 
 
 def _expected_shape(session: Any, var: Node) -> tuple | None:
@@ -221,27 +308,38 @@ def _assign_host(session: Any, var: Node, value: np.ndarray) -> None:
     if getattr(session, "device", "cpu") == "cuda":
         from tinyflow.backend import cuda_array_module
         session.variables[var] = cuda_array_module().asarray(value)
-    else:
-        session.variables[var] = value.copy()
+    else:  # a copy in the Variable's own dtype: its byte order may be ">" (the file's is "<")
+        session.variables[var] = value.astype(var.dtype or value.dtype)
 
 
 def _metadata(path: Path, tensors: dict[str, np.ndarray],
-              global_step: int | None) -> dict[str, str]:
+              step: str | None) -> dict[str, str]:
     """The header's ``__metadata__`` for `tensors`, after checking safetensors can hold
     them."""
     from tinyflow.version import VERSION as __version__
     metadata = {"format": FORMAT, "version": str(VERSION), "tinyflow_version": __version__}
-    if global_step is not None:
-        metadata["step"] = str(int(global_step))
+    if step is not None:
+        metadata["step"] = step
     for name, array in tensors.items():
         if name == "__metadata__":
             raise CheckpointError(f"cannot save {path}: '__metadata__' is reserved by the "
                                   "safetensors format; rename that Variable")
+        if not _is_utf8(name):  # the header is JSON text in UTF-8
+            raise CheckpointError(f"cannot save {path}: Variable name {name!r} cannot be "
+                                  "written as UTF-8 (it holds a lone surrogate); rename it")
         if array.dtype.hasobject or array.dtype.kind not in "biuf":
             raise CheckpointError(f"cannot save {path}: Variable {name!r} has dtype "
                                   f"{array.dtype}, which safetensors cannot hold")
     metadata["crc32"] = _digest("crc32", tensors, metadata)  # last: it covers the rest
     return metadata
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _Crc32:
@@ -299,11 +397,15 @@ def _write_atomically(path: Path, tensors: dict[str, np.ndarray],
     import safetensors.numpy
 
     directory = path.parent if str(path.parent) else Path(".")
+    stem = _temporary_stem(path.name)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temporaries(directory, path.name)
-        handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.",
+        _remove_stale_temporaries(directory, stem)
+        handle, tmp_name = tempfile.mkstemp(prefix=f".{stem}.{os.getpid()}.",
                                             suffix=".tmp", dir=directory)
+    except (FileExistsError, NotADirectoryError):  # mkdir met a file on the way
+        raise CheckpointError(f"cannot save {path}: {directory} (or a folder above it) is "
+                              "a file, not a folder") from None
     except OSError as err:
         raise CheckpointError(f"cannot save {path}: {err.strerror or err}") from None
     try:
@@ -326,10 +428,28 @@ def _write_atomically(path: Path, tensors: dict[str, np.ndarray],
         raise
 
 
-def _remove_stale_temporaries(directory: Path, name: str) -> None:
-    """Delete `.NAME.PID.*.tmp` files in `directory` whose writer PID no longer runs."""
-    for leftover in directory.glob(f".{name}.*.tmp"):
-        pid_text = leftover.name[len(name) + 2:].split(".", 1)[0]
+# File names are limited to 255 bytes (NAME_MAX); the temporary name adds about 25
+# (dot, pid, mkstemp's letters, ".tmp") to the target's, so a legal long target name
+# would make an illegal temporary one. Names longer than this are shortened.
+_MAX_STEM_BYTES = 120
+
+
+def _temporary_stem(name: str) -> str:
+    """The part of a temporary file's name that stands for the target `name`: the
+    name itself, or for a long one its start and a checksum of the whole (so two long
+    names that start alike still get their own temporaries)."""
+    encoded = os.fsencode(name)
+    if len(encoded) <= _MAX_STEM_BYTES:
+        return name
+    # 40 characters are at most 160 bytes, even if every one takes four.
+    return f"{name[:40]}~{zlib.crc32(encoded):08x}"
+
+
+def _remove_stale_temporaries(directory: Path, stem: str) -> None:
+    """Delete `.STEM.PID.*.tmp` files in `directory` whose writer PID no longer runs."""
+    # glob.escape: a name such as "model[1]" must match itself, not "model1".
+    for leftover in directory.glob(f".{glob.escape(stem)}.*.tmp"):
+        pid_text = leftover.name[len(stem) + 2:].split(".", 1)[0]
         if not pid_text.isdigit() or _process_alive(int(pid_text)):
             continue
         leftover.unlink(missing_ok=True)
@@ -393,10 +513,8 @@ def _map(path: Path) -> mmap.mmap | bytes:
     a tool that truncated a file in place while it was mapped would crash the reader
     (SIGBUS), as it would numpy's or safetensors' own memory-mapped readers.
     """
-    if path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is a directory, not a file")
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             try:
                 return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError):  # an empty file, or one mmap cannot map
@@ -406,6 +524,24 @@ def _map(path: Path) -> mmap.mmap | bytes:
     except OSError as err:
         raise CheckpointError(f"cannot read checkpoint {path}: {err.strerror or err}"
                               ) from None
+
+
+def _open_regular(path: Path) -> io.BufferedReader:
+    """`path` opened for reading, refused unless it is a regular file.
+
+    A FIFO would block the open (or the read) until some other process writes, and
+    /dev/zero never ends: neither can hold a checkpoint. O_NONBLOCK makes the open of
+    a FIFO return at once, so the check is made on what was opened (fstat), not on a
+    name that could change in between; for a regular file the flag does nothing.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):
+        os.close(fd)
+        what = ("a directory, not a file" if stat.S_ISDIR(kind) else "not a regular file "
+                "(a device, FIFO or socket cannot hold a checkpoint)")
+        raise CheckpointError(f"checkpoint {path} is {what}")
+    return os.fdopen(fd, "rb")
 
 
 def _unreadable(path: Path, problem: str) -> CheckpointError:
@@ -546,8 +682,12 @@ def _read_npz(path: Path, data: bytes) -> dict[str, np.ndarray]:
                 if info.compress_type != zipfile.ZIP_STORED or info.file_size > len(data):
                     raise CheckpointError(f"{path}: member {info.filename!r} is compressed "
                                           "or larger than the file; not a TinyFlow .npz")
-                entries[info.filename.removesuffix(".npy")] = _npy_array(
-                    path, info.filename, archive.read(info))
+                key = info.filename.removesuffix(".npy")
+                if key in entries:  # a zip may list a name twice; which one is meant?
+                    raise CheckpointError(f"{path}: member {info.filename!r} appears twice; "
+                                          "not a checkpoint TinyFlow wrote (damaged or "
+                                          "edited)")
+                entries[key] = _npy_array(path, info.filename, archive.read(info))
     except CheckpointError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError,
@@ -573,6 +713,8 @@ def _npy_array(path: Path, member: str, raw: bytes) -> np.ndarray:
     """One .npy member, checked: a plain dtype and exactly as many bytes as declared.
 
     The array is a read-only view of `raw`, like the safetensors tensors; its users copy.
+    A big-endian member (np.savez keeps the byte order it was given) is converted to
+    little-endian, the order of every other checkpoint, so that it matches float32.
     """
     stream = io.BytesIO(raw)
     version = np.lib.format.read_magic(stream)
@@ -591,7 +733,8 @@ def _npy_array(path: Path, member: str, raw: bytes) -> np.ndarray:
     if count * dtype.itemsize != len(body):
         raise CheckpointError(f"{path}: member {member!r} declares shape {shape} "
                               f"({count * dtype.itemsize} bytes) but holds {len(body)}")
-    return np.frombuffer(body, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    array = np.frombuffer(body, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    return array.astype(dtype.newbyteorder("<"), copy=False)
 
 
 def _npz_manifest(path: Path, raw: np.ndarray | None) -> tuple[list, list, list]:
