@@ -723,3 +723,35 @@ def test_min_and_argmin_export_and_import_through_onnx_runtime(tmp_path):
     sess.run(imported.initializer)
     np.testing.assert_array_equal(sess.run(imported.output, {imported.input: value}),
                                   expected)
+
+
+@pytest.mark.parametrize("opset", [5, 0, -5, 99999, 18.0, True])
+def test_an_opset_out_of_range_is_an_onnx_error(tmp_path, opset):
+    # 5, 0 and -5 were a bare ValueError; 99999 wrote a model no reader opens.
+    x = tf.placeholder(tf.float32, (None, 4), name="x")
+    with pytest.raises(onnx_io.OnnxError, match=f"opset {opset!r} is out of range"):
+        onnx_io.export(tf.nn.relu(x), [x], tmp_path / "m.onnx", opset=opset)
+    assert not (tmp_path / "m.onnx").exists()
+    onnx_io.check_opset(onnx.defs.onnx_opset_version())  # the newest is taken
+    onnx_io.check_opset(np.int64(onnx_io.MIN_OPSET))
+
+
+def test_export_to_a_path_that_cannot_be_written_is_an_onnx_error(tmp_path):
+    x = tf.placeholder(tf.float32, (None, 4), name="x")
+    (tmp_path / "afile").write_text("")
+    for path, reason in ((tmp_path / "afile" / "m.onnx", "Not a directory"),
+                         (tmp_path, "Is a directory")):
+        with pytest.raises(onnx_io.OnnxError, match=f"cannot write .*{reason}"):
+            onnx_io.export(tf.nn.relu(x), [x], path)
+
+
+def test_cli_refuses_an_opset_out_of_range_before_exporting(tmp_path, capsys):
+    record = Path(__file__).parent / "fixtures" / "mlp.record.json"
+    for opset in ("5", "0", "-5", "99999"):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["export", str(record), "--onnx", str(tmp_path / "m.onnx"),
+                      "--opset", opset])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--opset: opset {opset} is out of range" in err and "Traceback" not in err
+    assert not (tmp_path / "m.onnx").exists()

@@ -58,6 +58,21 @@ def _onnx():
     return onnx
 
 
+def check_opset(opset: int) -> None:
+    """Refuse an opset this exporter cannot write (OnnxError, a ValueError).
+
+    The floor is ours (LayerNormalization arrived in opset 17); the ceiling is the
+    newest opset the installed onnx package knows: a model claiming a later one
+    would be written, then refused by every reader.
+    """
+    newest = _onnx().defs.onnx_opset_version()
+    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)) or not (
+            MIN_OPSET <= opset <= newest):
+        raise OnnxError(f"opset {opset!r} is out of range: TinyFlow exports opsets "
+                        f"{MIN_OPSET} (LayerNormalization) to {newest} (the newest the "
+                        f"installed onnx {_onnx().__version__} knows)")
+
+
 def _unsupported(kind: str, found: dict[str, list[str]], known: Sequence[str]) -> OnnxError:
     lines = [f"  {op}: {', '.join(names[:8])}" + (f" (+{len(names) - 8} more)"
                                                    if len(names) > 8 else "")
@@ -1022,8 +1037,7 @@ def to_model(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict,
              variables_as: str = "initializers", name: str = "tinyflow") -> Any:
     """The ONNX ModelProto of the graph from `feeds` to `fetches` (see `export`)."""
     onnx = _onnx()
-    if opset < MIN_OPSET:
-        raise ValueError(f"opset {opset} is too old: LayerNormalization needs {MIN_OPSET}")
+    check_opset(opset)
     if variables_as not in ("initializers", "inputs"):
         raise ValueError(f"variables_as must be 'initializers' or 'inputs', got "
                          f"{variables_as!r}")
@@ -1168,7 +1182,10 @@ def export(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict, path: A
             onnx.checker.check_model(model, full_check=True)
         except Exception as err:  # checker's ValidationError, inference errors
             raise OnnxError(f"the exported model fails onnx.checker: {err}") from None
-    onnx.save(model, os.fspath(path))
+    try:
+        onnx.save(model, os.fspath(path))
+    except OSError as err:  # a missing folder, a folder in the way, no permission
+        raise OnnxError(f"cannot write {os.fspath(path)}: {err.strerror or err}") from None
     return model
 
 
