@@ -353,3 +353,18 @@ def test_debug_run_keeps_the_users_check_numerics(tmp_path):
                           text=True, timeout=120)
     assert "NO ERROR" not in done.stdout
     assert "NumericsError" in done.stderr and "check_numerics" in done.stderr
+
+
+@pytest.mark.parametrize("fetch,shown", [
+    (None, "None"), ("y", "'y'"), (3, "3"), (np.ones(3), "a numpy array of shape (3,)"),
+    ({"a": None}, "None"),
+])
+def test_fetching_what_is_not_a_node_is_an_argument_error(fetch, shown):
+    # A plain TypeError before; ArgumentError is one too, and a TinyFlowError.
+    x = tf.placeholder(tf.float32, (None, 3))
+    with pytest.raises(tf.ArgumentError, match="Session.run: cannot fetch ") as info:
+        tf.Session().run(fetch)
+    assert f"cannot fetch {shown}:" in str(info.value)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, tf.TinyFlowError)
+    with pytest.raises(tf.ArgumentError, match="a set has no order: use a list"):
+        tf.Session().run({tf.reduce_sum(x)})

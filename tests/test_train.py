@@ -105,6 +105,38 @@ def test_synthetic_regression_has_the_stated_answer():
     np.testing.assert_allclose(y, x @ w + b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("call,message", [
+    (lambda: load_digits(seed=-1), "load_digits: seed must be >= 0, got -1"),
+    (lambda: load_digits(seed=1.5), "load_digits: seed must be a whole number, got 1.5"),
+    (lambda: load_digits(test_fraction="0.2"), "test_fraction must be a number, got '0.2'"),
+    (lambda: load_digits(test_fraction=float("nan")), "test_fraction must be a finite"),
+    (lambda: load_digits(layout="nhwc"), "layout must be 'flat' or 'nchw'"),
+    (lambda: minibatches(np.ones((10, 3)), np.arange(10), 2.5), "batch_size must be a whole"),
+    (lambda: minibatches(np.ones((10, 3)), np.arange(10), "4"), "batch_size must be a whole"),
+    (lambda: minibatches(np.ones((10, 3)), np.arange(10), True), "batch_size must be a whole"),
+    (lambda: minibatches(np.ones((10, 3)), np.arange(10), 0), "batch_size must be >= 1"),
+    (lambda: minibatches(np.ones((10, 3)), np.arange(3), 2), "differ in length"),
+    (lambda: char_corpus(2.5), "char_corpus: max_chars must be a whole number, got 2.5"),
+    (lambda: synthetic_regression(n=-1), "synthetic_regression: n must be >= 1, got -1"),
+    (lambda: synthetic_regression(n=2.5), "n must be a whole number"),
+    (lambda: synthetic_regression(in_dim=0), "in_dim must be >= 1"),
+    (lambda: synthetic_regression(noise=-1.0), "noise must be >= 0"),
+    (lambda: CharVocab("abc").encode("abz"), "'z' is not in the vocabulary"),
+])
+def test_data_arguments_are_argument_errors(call, message):
+    # They were errors from inside numpy (seed=-1, n=-1), bare TypeErrors ("0.2", 2.5),
+    # or quietly taken (minibatches(..., True) gave batches of one).
+    import tinyflow as tf
+    with pytest.raises(tf.ArgumentError, match=message) as info:
+        call()
+    assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
+
+
+def test_minibatches_takes_lists_and_numpy_integers():
+    batches = list(minibatches([[1]] * 10, list(range(10)), np.int64(4), seed=np.int64(2)))
+    assert [len(b[1]) for b in batches] == [4, 4, 2]
+
+
 # ----------------------------------------------------------------------------------
 # Training scripts
 # ----------------------------------------------------------------------------------

@@ -18,13 +18,47 @@ them into shuffled batches with a seed of its own, so a run is reproducible.
 from __future__ import annotations
 
 import ast
+import math
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from tinyflow.errors import ArgumentError
+
 __all__ = ["load_digits", "minibatches", "char_corpus", "CharVocab", "synthetic_regression"]
+
+
+# ----------------------------------------------------------------------------------
+# Argument checks: a bad argument is an ArgumentError naming the function and the
+# argument (a TypeError and a ValueError both, so older except clauses still catch
+# it), never an error from deep inside numpy or a quiet misreading (True as 1).
+# ----------------------------------------------------------------------------------
+
+def _whole(function: str, name: str, value: Any, minimum: int) -> int:
+    """`value` as an int, refused unless it is a whole number >= `minimum`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentError(f"{function}: {name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ArgumentError(f"{function}: {name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _seed(function: str, value: Any) -> int | None:
+    """A seed numpy's default_rng takes: None (fresh entropy) or a whole number >= 0."""
+    return None if value is None else _whole(function, "seed", value, 0)
+
+
+def _number(function: str, name: str, value: Any) -> float:
+    """`value` as a finite float, refused unless it is a real number (not text)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                     np.floating)):
+        raise ArgumentError(f"{function}: {name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ArgumentError(f"{function}: {name} must be a finite number, got {value}")
+    return float(value)
 
 
 # ----------------------------------------------------------------------------------
@@ -44,9 +78,11 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0, layout: str = "flat"
     convolutions (TinyFlow's conv2d is NCHW, like the original TinyFlow's).
     """
     if layout not in ("flat", "nchw"):
-        raise ValueError(f"layout must be 'flat' or 'nchw', got {layout!r}")
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        raise ArgumentError(f"load_digits: layout must be 'flat' or 'nchw', got {layout!r}")
+    if not 0.0 < _number("load_digits", "test_fraction", test_fraction) < 1.0:
+        raise ArgumentError(f"load_digits: test_fraction must be in (0, 1), got "
+                            f"{test_fraction}")
+    seed = _seed("load_digits", seed)
     try:
         from sklearn.datasets import load_digits as sklearn_digits
     except ImportError:
@@ -88,13 +124,26 @@ def minibatches(x: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool = T
     number mixed into the seed to get a new order each epoch). The last batch is
     smaller when the sizes don't divide, unless `drop_last`; note that a new batch
     size makes `Session.run` compile (and cache) a second program.
+
+    The arguments are checked when it is called, not at the first batch (a generator
+    function would run no line of its body before the loop asks for a batch).
     """
+    batch_size = _whole("minibatches", "batch_size", batch_size, 1)
+    seed = _seed("minibatches", seed)
+    x, y = np.asarray(x), np.asarray(y)  # lists too: they are indexed by arrays below
+    if x.ndim == 0 or y.ndim == 0:
+        raise ArgumentError(f"minibatches: x and y must be arrays of examples, got shapes "
+                            f"{x.shape} and {y.shape}")
     if len(x) != len(y):
-        raise ValueError(f"x and y differ in length: {len(x)} vs {len(y)}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise ArgumentError(f"minibatches: x and y differ in length: {len(x)} vs {len(y)}")
     order = np.random.default_rng(seed).permutation(len(x)) if shuffle else np.arange(len(x))
     stop = len(x) - len(x) % batch_size if drop_last else len(x)
+    return _batches(x, y, order, batch_size, stop)
+
+
+def _batches(x: np.ndarray, y: np.ndarray, order: np.ndarray, batch_size: int, stop: int
+             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The batches of `minibatches`: rows order[start:start + batch_size] of x and y."""
     for start in range(0, stop, batch_size):
         index = order[start:start + batch_size]
         yield x[index], y[index]
@@ -134,8 +183,7 @@ def char_corpus(max_chars: int = 300_000) -> str:
     Python version. Characters outside printable ASCII (and newline) become "?",
     which keeps the vocabulary small (about 95 symbols).
     """
-    if max_chars < 1:
-        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    max_chars = _whole("char_corpus", "max_chars", max_chars, 1)
     pieces: list[str] = []
     total = 0
     for path in _stdlib_modules():
@@ -175,7 +223,8 @@ class CharVocab:
             return np.fromiter((self.index[ch] for ch in text), dtype=np.int64,
                                count=len(text))
         except KeyError as err:
-            raise ValueError(f"character {err.args[0]!r} is not in the vocabulary") from None
+            raise ArgumentError(f"CharVocab.encode: character {err.args[0]!r} is not in "
+                                "the vocabulary") from None
 
     def decode(self, ids: np.ndarray | list[int]) -> str:
         return "".join(self.chars[int(i)] for i in np.asarray(ids).reshape(-1))
@@ -192,7 +241,12 @@ def synthetic_regression(n: int = 256, in_dim: int = 8, out_dim: int = 1,
     Returns (x, y) float32 arrays of shapes (n, in_dim) and (n, out_dim); with
     `return_weights`, (x, y, w, b) so a test can compare what it learned.
     """
-    rng = np.random.default_rng(seed)
+    name = "synthetic_regression"
+    n, in_dim, out_dim = (_whole(name, arg, value, 1) for arg, value in
+                          (("n", n), ("in_dim", in_dim), ("out_dim", out_dim)))
+    if _number(name, "noise", noise) < 0:
+        raise ArgumentError(f"{name}: noise must be >= 0, got {noise}")
+    rng = np.random.default_rng(_seed(name, seed))
     x = rng.standard_normal((n, in_dim)).astype(np.float32)
     w = rng.standard_normal((in_dim, out_dim)).astype(np.float32)
     b = rng.standard_normal(out_dim).astype(np.float32)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyflow.errors import ArgumentError
 from tinyflow.executor import DEBUG_HOOKS, Program, check_feed, compile, validate_options
 from tinyflow.graph import OPERATOR_BUILDERS, FeedError, Node, TinyFlowError
 from tinyflow.ops import REGISTRY
@@ -251,7 +252,22 @@ def _flatten(fetches: Any, out: list[Node]) -> Any:
         return ("dict", {k: _flatten(v, out) for k, v in fetches.items()})
     if isinstance(fetches, (list, tuple)):
         return (type(fetches).__name__, [_flatten(v, out) for v in fetches])
-    raise TypeError(f"cannot fetch {fetches!r}: fetch graph nodes, or lists/dicts of them")
+    # ArgumentError is a TypeError too: code that caught the TypeError this once was
+    # still catches it.
+    raise ArgumentError(f"Session.run: cannot fetch {_describe(fetches)}: fetch graph "
+                        "nodes, or lists/tuples/dicts of them")
+
+
+def _describe(value: Any) -> str:
+    """A short description of a fetch that is not a node, for an error message: an
+    array by its shape (its repr could be megabytes), anything else by its repr."""
+    if isinstance(value, np.ndarray):
+        return f"a numpy array of shape {value.shape}"
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    if isinstance(value, (set, frozenset)):
+        return f"{text} (a set has no order: use a list)"
+    return text
 
 
 def _unflatten(structure: Any, results) -> Any:
