@@ -298,3 +298,151 @@ def test_tinyflow_trace_in_a_missing_folder_is_refused_up_front(tmp_path):
     assert f"TINYFLOW_TRACE={tmp_path / 'missing' / 'x.json'}: no such folder" in done.stderr
     assert "Exception ignored" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["script.py"]  # no temp file
+
+
+# -- probes of bad input: output paths checked up front, children die with tinyflow ------
+
+@pytest.mark.parametrize("where,message", [
+    ("afile/x.safetensors", "afile is a file, not a folder"),
+    (".", "'.' is a folder, not a file name"),
+])
+def test_train_checkpoint_path_is_checked_before_training(tmp_path, monkeypatch, capsys,
+                                                          where, message):
+    # It trained the whole run, then failed to save with a traceback.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["train", "mlp", "--quick", "--checkpoint", where])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    assert "tinyflow: error: --checkpoint: " in captured.err and message in captured.err
+    assert "final_loss" not in captured.out  # refused before any training
+
+
+def test_checkpoint_file_takes_missing_folders_and_no_checkpoint(tmp_path):
+    assert cli.checkpoint_file("") == ""  # the scripts' "no checkpoint"
+    deep = str(tmp_path / "new" / "deeper" / "m.safetensors")
+    assert cli.checkpoint_file(deep) == deep  # Saver.save makes the folders
+    cli._check_outputs(["--quick", f"--checkpoint={deep}"])  # the = form is checked
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(cli.CommandError, match="afile is a file"):
+        cli._check_outputs([f"--checkpoint={tmp_path / 'afile' / 'm.safetensors'}"])
+
+
+def test_train_live_trace_under_a_file_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    # open(FILE.log) raised a bare NotADirectoryError.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name, *a: object())
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["train", "mlp", "--trace", "afile/x.json", "--live"])
+    assert stop.value.code == 2
+    assert "--trace: cannot write afile/x.json: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option,where,message", [
+    ("--onnx", "afile/x.onnx", "afile is a file, not a folder"),
+    ("--onnx", ".", "'.' is a folder, not a file name"),
+    ("--dot", "afile/x.dot", "afile is a file, not a folder"),
+    ("--perfetto", "afile/x.json", "afile is a file, not a folder"),
+    ("--tensorboard", "afile/sub", "afile is a file, not a folder"),
+    ("--tensorboard", "afile", "afile is a file, not a folder"),
+])
+def test_export_output_paths_are_checked_up_front(tmp_path, monkeypatch, capsys, option,
+                                                  where, message):
+    # --onnx, --tensorboard: NotADirectoryError / IsADirectoryError tracebacks.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["export", str(FIXTURES / "mlp.record.json"), option, where])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: " in err and message in err and "Traceback" not in err
+
+
+def test_debug_check_checks_every_file_given(tmp_path, capsys):
+    # A second FILE was silently ignored.
+    bad = tmp_path / "bad.json"
+    bad.write_text("x")
+    good = str(FIXTURES / "mlp.record.json")
+    assert cli.main(["debug", "--check", good, str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "a valid DebugRecord" in out and f"{bad}: not a DebugRecord" in out
+    assert cli.main(["debug", "--check", good, good]) == 0
+    assert capsys.readouterr().out.count("a valid DebugRecord") == 2
+
+
+def test_input_that_is_not_a_regular_file_is_refused(tmp_path, capsys):
+    import os
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for argv in (["debug", str(fifo)], ["diff", str(fifo), str(fifo)],
+                 ["export", str(fifo), "--dot", str(tmp_path / "g.dot")]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert "is not a regular file" in capsys.readouterr().err
+
+
+_FAKE_VIZ = """\
+import os, sys, time
+open(os.environ["PIDS"] + ".viz", "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+
+_FAKE_TRAINING = """\
+import os, time
+open(os.environ["PIDS"] + ".train", "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie waiting for PID 1 to reap it does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_train_live_children_die_with_tinyflow(tmp_path, signal_name):
+    """`train NAME --trace F --live`: the training script and the debugger were
+    re-parented to PID 1 and ran on after tinyflow was terminated."""
+    import os
+    import signal
+    import time
+    # A stand-in debugger (`python -m viz`, found first from the working folder) and
+    # training script, each writing its pid and sleeping.
+    (tmp_path / "viz").mkdir()
+    (tmp_path / "viz" / "__init__.py").write_text("")
+    (tmp_path / "viz" / "__main__.py").write_text(_FAKE_VIZ)
+    (tmp_path / "train_fake.py").write_text(_FAKE_TRAINING)
+    pids = tmp_path / "pid"
+    env = dict(os.environ, PIDS=str(pids),
+               PYTHONPATH=f"{tmp_path}{os.pathsep}{Path(cli.__file__).parents[1]}")
+    code = ("import sys; from pathlib import Path; from tinyflow import cli; "
+            "sys.exit(cli._train_live(Path('train_fake.py'), "
+            "['--trace', 'run.json', '--live']))")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (Path(f"{pids}.viz").exists() and Path(f"{pids}.train").exists()):
+            assert time.monotonic() < deadline and parent.poll() is None, "did not start"
+            time.sleep(0.05)
+        time.sleep(0.1)  # the pid files are written: their content too
+        children = [int(Path(f"{pids}.{kind}").read_text()) for kind in ("viz", "train")]
+        parent.send_signal(getattr(signal, signal_name))
+        parent.wait(30)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in children if _alive(pid)]
+        for pid in left:  # clean up before failing
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"children outlived tinyflow ({signal_name}): {left}"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

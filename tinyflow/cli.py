@@ -12,7 +12,7 @@
     tinyflow export FILE --perfetto OUT   the timelines as Perfetto / chrome://tracing JSON
     tinyflow export FILE --onnx OUT.onnx  the recorded forward graph as ONNX (no weights)
     tinyflow export FILE --tensorboard DIR  the scalar series as TensorBoard event files
-    tinyflow debug --check FILE           list every problem of a DebugRecord, by JSON path
+    tinyflow debug --check FILE [FILE_B]  list every problem of a DebugRecord, by JSON path
     tinyflow debug MODEL.onnx [--batch N] import an ONNX model, run it recorded, open it
     tinyflow launch -n N [--trace FILE] SCRIPT [args]
                                           N ranks running SCRIPT (one merged record)
@@ -30,6 +30,7 @@ import importlib.util
 import os
 import runpy
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from pathlib import Path
 import tinyflow
 
 __all__ = ["main", "tutorials_dir", "training_scripts", "positive_int", "positive_float",
-           "writable_file"]
+           "writable_file", "checkpoint_file", "writable_folder"]
 
 _VIZ_MISSING = ("the debugger and exporters are in the viz extra, which is not installed: "
                 "pip install 'tinyflow[viz]'")
@@ -96,16 +97,74 @@ def writable_file(text: str) -> str:
     Checked up front so a run's result cannot be lost at the end to a typo in the
     folder name.
     """
-    path = Path(text)
-    folder = path.resolve().parent
-    if not text or path.is_dir():
+    path = Path(os.path.abspath(text)) if text else Path()
+    if not text or _is_dir(path):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file name")
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"no such folder: {folder}")
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists()
+    if not _is_dir(path.parent):
+        _refuse_a_file_on_the_way(text, path.parent)
+        _need_write_access(text, path, _nearest_existing(path.parent))  # not a typo?
+        raise argparse.ArgumentTypeError(f"no such folder: {path.parent}")
+    _need_write_access(text, path, path.parent)
+    return text
+
+
+def checkpoint_file(text: str) -> str:
+    """argparse type: where a checkpoint will be saved at the end of a run ("" for
+    none). Saver.save creates missing folders, so they may be missing now; but a
+    folder at the path itself, or a file where a folder must go, would fail only
+    after the whole run: refused up front, saying which."""
+    if not text:
+        return text
+    path = Path(os.path.abspath(text))
+    if _is_dir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file name (give "
+                                         "one such as model.safetensors)")
+    _refuse_a_file_on_the_way(text, path.parent)
+    _need_write_access(text, path, _nearest_existing(path.parent))
+    return text
+
+
+def writable_folder(text: str) -> str:
+    """argparse type: a folder to write files into, made if missing (TensorBoard's
+    logdir); refused when it, or a folder on the way to it, is a file."""
+    path = Path(os.path.abspath(text)) if text else Path()
+    if not text:
+        raise argparse.ArgumentTypeError("expected a folder name, got ''")
+    _refuse_a_file_on_the_way(text, path)
+    _need_write_access(text, path, _nearest_existing(path))
+    return text
+
+
+def _is_dir(path: Path) -> bool:
+    """Path.is_dir, False where we may not look (a folder of mode 000 on the way)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` or its nearest ancestor that exists (the root, at worst)."""
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            return candidate
+    return Path(path.anchor)
+
+
+def _refuse_a_file_on_the_way(text: str, folder: Path) -> None:
+    """Refuse `text` when `folder`, which must be (or become) a folder, or the
+    nearest of its ancestors that exists, is a file: nothing can be written there."""
+    existing = _nearest_existing(folder)
+    if not _is_dir(existing):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {existing} is a file, not "
+                                         "a folder")
+
+
+def _need_write_access(text: str, path: Path, folder: Path) -> None:
+    """Refuse `text` when we may not create files in `folder` or replace `path`."""
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.lexists(path)
                                                     and not os.access(path, os.W_OK)):
         raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
-    return text
 
 
 # ----------------------------------------------------------------------------------
@@ -124,9 +183,38 @@ def _train(args: argparse.Namespace) -> int:
                                "not with the wheel)")
         raise CommandError(f"no training script named {args.name!r}; available: "
                            f"{', '.join(scripts)}")
+    _check_outputs(args.script_args)
     if "--live" in args.script_args:
         return _train_live(scripts[args.name], list(args.script_args))
     return _run_script(scripts[args.name], args.script_args)
+
+
+# The training scripts' options that name a file written after the run, and the
+# check each needs: a bad --checkpoint would fail only once the whole run is done.
+# (The scripts check --trace themselves; `_train_live` checks it before opening
+# FILE.log.)
+_OUTPUT_OPTIONS = {"--checkpoint": checkpoint_file}
+
+
+def _check_outputs(script_args: Sequence[str]) -> None:
+    """Refuse a training script's output path that cannot be written (CommandError)."""
+    for k, arg in enumerate(script_args):
+        option, equals, value = arg.partition("=")   # --checkpoint=F or --checkpoint F
+        if option not in _OUTPUT_OPTIONS:
+            continue
+        if not equals:
+            if k + 1 == len(script_args):
+                continue  # the script's own argparse says the value is missing
+            value = script_args[k + 1]
+        _check_path(option, value, _OUTPUT_OPTIONS[option])
+
+
+def _check_path(option: str, value: str, kind: Any) -> None:
+    """`kind(value)` (an argparse type above), its refusal as a CommandError."""
+    try:
+        kind(value)
+    except argparse.ArgumentTypeError as err:
+        raise CommandError(f"{option}: {err}") from None
 
 
 def _train_live(path: Path, script_args: list[str]) -> int:
@@ -138,21 +226,60 @@ def _train_live(path: Path, script_args: list[str]) -> int:
                        if a == "--trace"), None)
     if trace_file is None:
         raise CommandError("--live needs --trace FILE (the record the debugger follows)")
+    _check_path("--trace", trace_file, writable_file)
     if importlib.util.find_spec("viz") is None:
         raise CommandError(_VIZ_MISSING)
     log_path = trace_file + ".log"
     env = dict(os.environ, TINYFLOW_LIVE="1")
     with open(log_path, "w") as log:
         child = subprocess.Popen([sys.executable, str(path), *script_args], env=env,
-                                 stdout=log, stderr=subprocess.STDOUT)
-        print(f"tinyflow: training in process {child.pid} (output: {log_path})",
-              file=sys.stderr)
-        status = _viz([trace_file, "--follow"])
-        if child.poll() is None:
-            print("tinyflow: the debugger closed; waiting for training to finish "
-                  "(Ctrl-C stops it)", file=sys.stderr)
-        code = child.wait()
+                                 stdout=log, stderr=subprocess.STDOUT,
+                                 preexec_fn=_die_with_parent())
+        try:
+            print(f"tinyflow: training in process {child.pid} (output: {log_path})",
+                  file=sys.stderr)
+            status = _viz([trace_file, "--follow"])
+            if child.poll() is None:
+                print("tinyflow: the debugger closed; waiting for training to finish "
+                      "(Ctrl-C stops it)", file=sys.stderr)
+            code = child.wait()
+        finally:  # Ctrl-C, or an error here: training must not go on without us
+            _stop_child(child)
     return code or status
+
+
+def _die_with_parent() -> Any:
+    """A Popen `preexec_fn` that makes the child get SIGTERM when this process dies.
+
+    A child started with a plain Popen outlives a `tinyflow` that is killed (SIGTERM
+    from a supervisor, SIGKILL), re-parented to PID 1: a training run, or a debugger
+    that no one sees, going on alone. `launch` asks the kernel for the same signal
+    for its ranks (Linux's PR_SET_PDEATHSIG); this is its helper. SIGTERM, not
+    SIGKILL, so that the debugger can restore the terminal on its way out.
+    """
+    from tinyflow.launcher import _die_with_parent as die_with_parent
+    return die_with_parent()
+
+
+def _stop_child(child: subprocess.Popen) -> None:
+    """Terminate `child` if it still runs (SIGTERM, then SIGKILL after a grace)."""
+    from tinyflow.launcher import _stop
+    _stop([child])
+
+
+def _need_file(path: str) -> None:
+    """Refuse (CommandError) an input `path` that is not a regular file we can read:
+    missing, a folder, or a FIFO or device (which would block or never end)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise CommandError(f"no such file: {path}") from None
+    except OSError as err:  # a folder on the way we may not enter, a loop of links
+        raise CommandError(f"cannot read {path}: {err.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise CommandError(f"{path} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise CommandError(f"{path} is not a regular file (a FIFO, device or socket)")
 
 
 def _run_script(path: Path, script_args: Sequence[str]) -> int:
@@ -174,7 +301,9 @@ def _viz(arguments: Sequence[str]) -> int:
     if importlib.util.find_spec("viz") is None:
         raise CommandError(_VIZ_MISSING)
     env = dict(os.environ, VIZ_PROG="tinyflow")   # messages say `tinyflow export: ...`
-    return subprocess.call([sys.executable, "-m", "viz", *arguments], env=env)
+    # subprocess.call kills the child if waiting is interrupted (Ctrl-C, an error).
+    return subprocess.call([sys.executable, "-m", "viz", *arguments], env=env,
+                           preexec_fn=_die_with_parent())
 
 
 def _view_options(args: argparse.Namespace) -> list[str]:
@@ -201,8 +330,10 @@ def _check(path: str) -> int:
 def _debug(args: argparse.Namespace) -> int:
     if args.check:
         if args.file is None or args.run is not None:
-            raise CommandError("debug --check needs one record FILE")
-        return _check(args.file)
+            raise CommandError("debug --check needs a record FILE (or two)")
+        # Each file given is checked: a second one was once silently ignored.
+        statuses = [_check(path) for path in (args.file, args.other) if path is not None]
+        return max(statuses)
     if args.run is None:
         return _debug_files(args)
     return _debug_run(args)
@@ -218,8 +349,8 @@ def _debug_files(args: argparse.Namespace) -> int:
             raise CommandError("--follow takes one record")
         return _viz([args.file, "--follow", *_view_options(args)])
     for path in (args.file, args.other):
-        if path is not None and not Path(path).is_file():
-            raise CommandError(f"no such file: {path}")
+        if path is not None:
+            _need_file(path)
     if args.file.endswith(".onnx"):
         return _debug_onnx(args)
     return _viz([args.file, *([args.other] if args.other else []), *_view_options(args)])
@@ -247,7 +378,8 @@ def _debug_run(args: argparse.Namespace) -> int:
         env = dict(os.environ, TINYFLOW_TRACE=str(trace))
         if args.check_numerics:   # trace values and stop at the first NaN/Inf
             env["TINYFLOW_CHECK_NUMERICS"] = "1"
-        status = subprocess.call([sys.executable, str(script), *script_args], env=env)
+        status = subprocess.call([sys.executable, str(script), *script_args], env=env,
+                                 preexec_fn=_die_with_parent())
         if not trace.is_file():
             raise CommandError(f"{script} wrote no trace to {trace} (exit status {status}); "
                                "did it run a tf.Session?")
@@ -260,8 +392,7 @@ def _debug_run(args: argparse.Namespace) -> int:
 
 def _diff(args: argparse.Namespace) -> int:
     for path in (args.a, args.b):
-        if not Path(path).is_file():
-            raise CommandError(f"no such file: {path}")
+        _need_file(path)
     return _viz(["diff", args.a, args.b])
 
 
@@ -291,12 +422,15 @@ def _debug_onnx(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    if not Path(args.file).is_file():
-        raise CommandError(f"no such file: {args.file}")
+    _need_file(args.file)
     if args.tensorboard is not None:
         return _export_tensorboard(args.file, args.tensorboard)
     if args.onnx is not None:
         onnx_io = _onnx_io()
+        try:
+            onnx_io.check_opset(args.opset)
+        except tinyflow.TinyFlowError as err:
+            raise CommandError(f"--opset: {err}") from None
         try:
             onnx_io.export_record(args.file, args.onnx, opset=args.opset)
         except tinyflow.TinyFlowError as err:
@@ -340,8 +474,8 @@ def _launch(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise CommandError(f"launch needs tinyflow.allreduce, which failed to import: {err}"
                            ) from None
-    if args.trace is not None and not Path(args.trace).resolve().parent.is_dir():
-        raise CommandError(f"--trace: no such folder: {Path(args.trace).parent}")
+    if args.trace is not None:
+        _check_path("--trace", args.trace, writable_file)
     extra = {} if args.trace is None else {"trace": args.trace}
     status = launch(args.n, args.script, list(args.script_args), **extra)
     return status if isinstance(status, int) else 0
@@ -405,13 +539,17 @@ def build_parser() -> argparse.ArgumentParser:
         "export", help="export a DebugRecord as Graphviz DOT, Perfetto JSON, ONNX or TensorBoard")
     export.add_argument("file", metavar="FILE")
     target = export.add_mutually_exclusive_group(required=True)
-    target.add_argument("--dot", metavar="OUT", help="write the graph as DOT")
-    target.add_argument("--perfetto", metavar="OUT", help="write the timelines as "
-                        "Perfetto (chrome://tracing) JSON")
-    target.add_argument("--onnx", metavar="OUT", help="write the forward graph as ONNX "
-                        "(Variables as inputs: a record keeps no weights)")
-    target.add_argument("--tensorboard", metavar="DIR", help="write the scalar series "
-                        "(loss, ...) as TensorBoard event files in DIR")
+    # Output paths are checked before anything is read or computed (writable_file).
+    target.add_argument("--dot", metavar="OUT", type=writable_file,
+                        help="write the graph as DOT")
+    target.add_argument("--perfetto", metavar="OUT", type=writable_file,
+                        help="write the timelines as Perfetto (chrome://tracing) JSON")
+    target.add_argument("--onnx", metavar="OUT", type=writable_file, help="write the "
+                        "forward graph as ONNX (Variables as inputs: a record keeps no "
+                        "weights)")
+    target.add_argument("--tensorboard", metavar="DIR", type=writable_folder,
+                        help="write the scalar series (loss, ...) as TensorBoard event "
+                        "files in DIR")
     export.add_argument("--opset", type=int, default=20, help="ONNX opset (--onnx)")
     export.add_argument("--after", metavar="PASS", help="the graph after this pass "
                         "(default: the last)")
