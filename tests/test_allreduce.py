@@ -482,7 +482,12 @@ def _launch_then_signal(child, tmp_path, n, sig, use_mpi):
     pids = [int(p.name[3:]) for p in tmp_path.glob("pid*")]
     assert len(pids) == n, "the ranks did not start"
     os.kill(launcher.pid, sig)
-    launcher.wait(timeout=30)
+    try:
+        launcher.wait(timeout=30)
+    finally:   # (a launcher that hangs must not outlive the test either)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
     deadline = time.monotonic() + 15
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -633,3 +638,22 @@ def test_cli_style_launch_runs_a_script(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("r*of*")) == ["r0of2", "r1of2"]
     assert subprocess.run([sys.executable, str(script), str(tmp_path)]).returncode == 0
     assert (tmp_path / "r0of1").exists()
+
+
+def test_the_launchers_signal_handler_only_notes_the_signal():
+    # A SIGTERM handler that raised could land inside Popen.poll between its lock's
+    # acquire and its try: the lock stayed held, the next wait() on a rank blocked
+    # forever, and the launcher hung with its dead ranks unreaped (seen under load:
+    # this file's signalled-launcher test left such a launcher behind). The handler
+    # now only notes the signal; the wait loop returns 128 + signal.
+    from tinyflow import launcher
+    with launcher._signals_noted() as noted:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.getsignal(sig)(sig, None)     # must not raise
+        assert noted == [signal.SIGTERM, signal.SIGINT]
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert launcher._watch([sleeper], tempfile.mkdtemp(), [signal.SIGTERM]) == 143
+        assert sleeper.wait(timeout=10) is not None   # stopped and reaped
+    finally:
+        sleeper.kill()

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +159,16 @@ def _launch_mpi(n: int, script: str, args: Sequence[str], child_env: dict[str, s
     # The ranks' wait board (who waits for whom), so a timeout names the late rank.
     board = tempfile.mkdtemp(prefix="tinyflow-board-")
     try:
-        with _terminate_as_exit():
+        with _signals_noted() as signals:
             process = subprocess.Popen(_mpiexec_command(mpiexec, n) + argv,
                                        env={**child_env, ENV_BOARD: board},
                                        preexec_fn=_die_with_parent())
             try:
-                return process.wait()
+                while (code := process.poll()) is None:
+                    if signals:
+                        return 128 + signals[0]
+                    time.sleep(POLL_SECONDS)
+                return code
             finally:
                 _stop([process])  # a SIGTERM to us: mpiexec stops its ranks on SIGTERM
     finally:
@@ -210,26 +214,34 @@ def _die_with_parent(sig: int = signal.SIGTERM) -> Any:
     return in_child
 
 
-class _Terminated(SystemExit):
-    """SIGTERM to the launcher, raised as an exception so that `finally` runs."""
+# How often the launcher looks at its ranks (and at signals noted meanwhile).
+POLL_SECONDS = 0.02
 
 
 @contextlib.contextmanager
-def _terminate_as_exit() -> Any:
-    """Within the block, SIGTERM raises _Terminated (exit status 143) instead of
-    killing the process outright (main thread only: Python runs handlers there)."""
+def _signals_noted() -> Iterator[list[int]]:
+    """Within the block, SIGTERM and Ctrl-C (SIGINT) are noted in the list it yields
+    instead of ending the process; the wait loops look at it and stop the ranks,
+    returning 128 + the signal. (Main thread only: Python runs handlers there.)
+
+    The handler only notes: it used to raise, and an exception that arrives inside
+    Popen.poll between its lock's acquire and its `try` leaves that lock held, so
+    the next wait() on the rank blocked forever: the launcher hung, its ranks dead
+    but never reaped."""
+    noted: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield noted
         return
 
-    def handler(signum: int, frame: Any) -> None:
-        raise _Terminated(128 + signum)
+    def note(signum: int, frame: Any) -> None:
+        noted.append(signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield noted
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def spawn_local(n: int, argv: Sequence[str], env: dict[str, str] | None = None,
@@ -250,14 +262,14 @@ def spawn_local(n: int, argv: Sequence[str], env: dict[str, str] | None = None,
 
 def _launch_local(n: int, argv: Sequence[str], env: dict[str, str],
                   rank_env: Sequence[dict[str, str]] | None = None) -> int:
-    with _terminate_as_exit():
+    with _signals_noted() as signals:
         procs, addr = spawn_local(n, argv, env, rank_env=rank_env)
-        return _watch(procs, addr)
+        return _watch(procs, addr, signals)
 
 
-def _watch(procs: Sequence[subprocess.Popen], addr: str) -> int:
-    """Wait for the ranks; stop them all at the first failure (or when we are
-    interrupted or terminated) and remove the socket folder."""
+def _watch(procs: Sequence[subprocess.Popen], addr: str, signals: list[int]) -> int:
+    """Wait for the ranks; stop them all at the first failure (or when a signal was
+    noted: Ctrl-C, SIGTERM) and remove the socket folder."""
     try:
         while True:
             codes = [p.poll() for p in procs]
@@ -266,9 +278,9 @@ def _watch(procs: Sequence[subprocess.Popen], addr: str) -> int:
                 return failed[0] if failed[0] > 0 else 128 - failed[0]
             if all(c == 0 for c in codes):
                 return 0
-            time.sleep(0.02)
-    except KeyboardInterrupt:
-        return 130
+            if signals:
+                return 128 + signals[0]
+            time.sleep(POLL_SECONDS)
     finally:
         _stop(procs)
         shutil.rmtree(addr, ignore_errors=True)
