@@ -298,10 +298,11 @@ async def test_timeline_select_a_bar_and_see_its_node(model):
         run = app.run_index
         await pilot.press("r")
         assert app.run_index == (run + 1) % len(model.timelines)
-        # One run number in the header: the program's own, with the position in words.
+        # One run number in the header: the program's own, said as such (it is not the
+        # training step), with the position in words.
         header = timeline.render().plain.split("\n")[0]
-        label = model.timelines[app.run_index]["label"]
-        assert header.startswith(f"{label} (timeline {app.run_index + 1} of "
+        number = model.timelines[app.run_index]["run"]
+        assert header.startswith(f"program run {number} (timeline {app.run_index + 1} of "
                                  f"{len(model.timelines)})")
         await pilot.press("R")                # and back
         assert app.run_index == run

@@ -120,17 +120,21 @@ async def test_curves_view_draws_series_toggles_and_moves_the_step_cursor():
 
 
 @pilot_test
-async def test_a_step_on_the_curve_selects_that_runs_timeline():
+async def test_a_step_on_the_curve_selects_the_timeline_tied_to_that_step():
+    """The cursor selects a timeline only where the record ties it to the step (a
+    "step" key); a program run whose number equals the step is not that step."""
     record = trace.load(MLP)
     runs = [t["run"] for t in record["timelines"]]
     record["scalars"] = {"loss": [[r, 1.0 / (r + 1)] for r in range(max(runs) + 1)]}
+    for timeline in record["timelines"]:
+        timeline["step"] = timeline["run"]       # as tinyflow would need to record it
     app = DebuggerApp(record=record, view="curves")
     async with app.run_test(size=(120, 40)) as pilot:
         await opened(pilot)
         assert app.run_index == len(runs) - 1
         await pilot.press("left")
         step = int(app.query_one(CurvesView).cursor_step)
-        assert record["timelines"][app.run_index]["run"] == step
+        assert record["timelines"][app.run_index]["step"] == step
 
 
 # -- live records ------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from rich.text import Text
 from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Container, Vertical
+from textual.containers import Container, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import ContentSwitcher, Footer, Input, Static
 
@@ -46,24 +46,27 @@ from viz.timeline_view import TimelineView
 
 VIEWS = ("graph", "timeline", "memory", "curves", "compare")
 FOLLOW_SECONDS = 0.25   # how often --follow looks for new lines
+STALE_SECONDS = 5.0     # --follow: no new data for this long is worth saying
 WIDE = 140   # from this many columns on, the inspector goes beside the views
 
 HELP = """\
 [b]tinyflow debug[/b]: five views of a DebugRecord, one shared cursor.
 A node selected in one view is selected in the others.
+(↑ ↓ PgUp PgDn Home End scroll this help; escape closes it.)
 
 [b]Views[/b]
-  1  graph     overview: layers and phases as boxes (×N = N repeated layers
-               folded into one box); z: k-hop neighbourhood of one node
+  1  graph     overview: layers and phases as boxes (×N = N repeated
+               layers folded into one box); z: neighbourhood of a node
   2  timeline  lanes per stream, ━ critical path; below: the per-op table
   3  memory    the arena, offset by step; ▓ = shared the selected bytes
   4  curves    every scalar series (loss, accuracy, ...), smoothed
-  5  compare   two records (tinyflow debug A B): graphs, memory, timelines
+  5  compare   two records (tinyflow debug A B): graphs, memory, runs
 
 [b]Everywhere[/b]
   ↑ ↓ ← →   move the cursor (graph: ↑ input, ↓ consumer, ← → same row)
   [ ]       previous / next pass (no-op passes are skipped; f shows them)
-  /         search nodes by name, op or source line; n next match
+  /         search nodes by name, op, source line or memory label
+            ("scratch", "variable"); n next match
   N         jump to the first node whose value held a NaN or Inf
   r R       next / previous run (when the record holds several)
   d         dark / light theme
@@ -71,8 +74,23 @@ A node selected in one view is selected in the others.
 
 [b]Graph[/b]     z  overview / neighbourhood   enter  expand/collapse a box
            + -  more / fewer hops   o  outline   f  show no-op passes
-[b]Timeline[/b]  + -  zoom   , .  pan   0  fit   a  op table: this run / all runs
-[b]Curves[/b]    ↑ ↓  series   ← →  step cursor (selects that run)
+[b]Timeline[/b]  + -  zoom   , .  pan   0  fit   a  op table: this run/all
+  A cell is shaded by how busy its column was: █ ▓ ▒ ░ (7/8, 5/8, 3/8 of
+  its time, less); "busy N%" under a lane is its share of the run.
+  ━ critical path: the chain of events that decided the run's length;
+  "busy" is the work on it, the rest of the run it spent waiting. In a
+  parallel run (lanes rank<r>/...) the chain crosses ranks where one
+  received from another (pipeline F/B, ring steps); "F0@rank1" names the
+  event of one rank. "program run N" counts runs of one compiled program:
+  not the training step (an epoch's short last batch is another program).
+[b]Memory[/b]    ← →  previous / next block in time   ↑ ↓  block above / below
+           at the same step; click a block to select it
+  █ a block of the plan  · bytes free at that step (used at others)
+  ░ bytes no block of the record ever used: what held them is not recorded
+  naive: every tensor its own bytes · lower bound / peak live: the most
+  bytes alive at once (sizes aligned as planned) · reuse: naive / arena
+[b]Curves[/b]    ↑ ↓  series   ← →  step cursor (selects the timeline the record
+           ties to that step, if it ties one)
            space  show/hide series   s  smoothing (EMA weight)
 Mouse: click a box, a bar or a block to select it.
 Values are traced (min/max/mean/NaN per node) with
@@ -81,16 +99,20 @@ Values are traced (min/max/mean/NaN per node) with
 
 
 class HelpScreen(ModalScreen):
+    """The help, scrollable: at 80x24 it is taller than the screen."""
+
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Vertical { width: 80; max-width: 100%; height: auto; max-height: 100%;
-                            border: round $accent; padding: 0 1; background: $surface; }
+    HelpScreen > VerticalScroll { width: 80; max-width: 100%; height: auto;
+                                  max-height: 100%; border: round $accent; padding: 0 1;
+                                  background: $surface; }
     HelpScreen Static { width: 100%; }
     """
 
     def compose(self) -> ComposeResult:
-        with Vertical():
+        # A scroll container takes the focus, so ↑ ↓ PgUp PgDn Home End scroll it.
+        with VerticalScroll():
             yield Static(HELP)
 
 
@@ -174,6 +196,8 @@ class DebuggerApp(App):
         self.pass_index = 0
         self.run_index = 0
         self.load_seconds = 0.0
+        self.last_change = time.monotonic()   # --follow: when the record last grew
+        self._shown_quiet = ""
         if theme is not None:
             self.theme = "textual-light" if theme == "light" else "textual-dark"
 
@@ -333,7 +357,10 @@ class DebuggerApp(App):
             self.notify(f"live record: {err}", severity="error", timeout=6)
             return
         if not changed:
+            if self._quiet_label() != self._shown_quiet:   # once a second at most
+                self.update_status()
             return
+        self.last_change = time.monotonic()
         model = RecordModel(self.reader.record, self.path or "")
         if self.model is None:   # the file we were waiting for appeared
             self.open_model(model)
@@ -391,7 +418,13 @@ class DebuggerApp(App):
             text.append(f" [{mode}]", styles["key"])
         text.append(f" {model.meta['title']}", styles["near"])
         if self.follow:
-            text.append(" · following", styles["ok"])
+            # The record has no "run finished" mark, so say what is known: how long
+            # nothing arrived (a run that ended looked like one still following).
+            self._shown_quiet = self._quiet_label()
+            if self._shown_quiet:
+                text.append(f" · {self._shown_quiet}", styles["warn"])
+            else:
+                text.append(" · following", styles["ok"])
         if model.graphs:
             p = model.passes[self.pass_index]
             text.append(f" · pass {p.index}/{model.last} {p.name}", styles["dim"])
@@ -400,6 +433,13 @@ class DebuggerApp(App):
                         styles["dim"])
         # One row whatever the text (CSS height 1): a repaint, no layout pass.
         self.query_one("#status", Static).update(text, layout=False)
+
+    def _quiet_label(self) -> str:
+        """"" while a followed record grows; else how long nothing arrived."""
+        quiet = time.monotonic() - self.last_change
+        if quiet < STALE_SECONDS:
+            return ""
+        return f"no new data for {quiet:.0f}s (run ended?)"
 
     # -- actions ---------------------------------------------------------------------
 
@@ -533,8 +573,8 @@ class DebuggerApp(App):
         """Select the first node whose id, op or source line contains `query`."""
         self.matches = self.model.search(query, self.pass_index) if self.model else []
         if not self.matches:
-            self.notify(f"no node matches {query!r} (ids, ops and file:line are searched)",
-                        timeout=4)
+            self.notify(f"no node matches {query!r} (ids, ops, file:line and memory labels "
+                        "such as scratch are searched)", timeout=4)
         else:
             self.notify(f"{len(self.matches)} match{'es' if len(self.matches) > 1 else ''}"
                         f" for {query!r}; n: next", timeout=3)

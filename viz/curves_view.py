@@ -7,13 +7,17 @@ Is it learning? Loss, accuracy, learning rate and whatever a script logs with
 Several series share the plot (space toggles one), each drawn as a faint raw line
 under its smoothed line (``s`` cycles the EMA weight, computed on the full data).
 NaN/Inf points are marked by red vertical lines and spikes by ``▲``; ``← →`` move a
-step cursor along the selected series, and when a timeline of that step's run was
-recorded, the cursor selects it (``2`` then shows it). In a compare session the
+step cursor along the selected series, and when the record ties a timeline to that
+training step, the cursor selects it (``2`` then shows it). tinyflow numbers
+timelines by the runs of one compiled program, which is not the training step (see
+`RecordModel.timeline_at_step`), so without that tie nothing is selected and the
+series list says so. In a compare session the
 second record's series are overlaid, dashed in the legend as ``B:``.
 """
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -174,13 +178,13 @@ class CurvesView(Widget):
         return None
 
     def _select_run_at(self, step: int) -> None:
-        """Selecting a point selects the timeline of that run, where one was recorded
-        (the training step's Session.run count is the scalar's step)."""
+        """Selecting a point selects the timeline the record ties to that training
+        step, if it ties one (never a timeline whose program run merely has the
+        same number)."""
         app = self.tapp
-        for k, timeline in enumerate(app.model.timelines):
-            if timeline["run"] == step:
-                app.run_index = k
-                return
+        found = app.model.timeline_at_step(step)
+        if found is not None:
+            app.run_index = found
 
     # -- drawing -------------------------------------------------------------------------
 
@@ -215,14 +219,40 @@ class CurvesView(Widget):
                     continue
                 series = self.cache.series(label, name, scalars[name])
                 text.append(self._summary(label, series), styles["dim"])
+        text.append_text(self._timelines_note(styles))
         if self.cursor_step is not None:
             text.append(f"\ncursor: step {self.cursor_step:g}\n", styles["edge_sel"])
+            found = self.tapp.model.timeline_at_step(int(self.cursor_step))
+            if found is not None:
+                text.append(f"  timeline {found + 1} (2 shows it)\n", styles["ok"])
             for label, scalars in self.sources():
                 series = self._series_of_source(label, scalars)
                 if series is not None and len(series.steps):
                     k = min(int(np.searchsorted(series.steps, self.cursor_step)),
                             len(series.steps) - 1)
                     text.append(f"  {label or series.name} = {series.values[k]:.5g}\n")
+        return text
+
+    def _timelines_note(self, styles: dict) -> Text:
+        """Which timelines the record holds and whether the step cursor can pick
+        them: only those tied to a training step (`RecordModel.timeline_at_step`)."""
+        timelines = self.tapp.model.timelines
+        text = Text(end="")
+        if not timelines:
+            return text
+        tied = [t["step"] for t in timelines if isinstance(t.get("step"), int)]
+        if tied:
+            text.append(f"\ntimelines at steps {min(tied)}–{max(tied)}: the cursor "
+                        "selects them\n", styles["dim"])
+            return text
+        runs = [t["run"] for t in timelines]
+        span = f"{min(runs)}–{max(runs)}" if len(runs) > 1 else f"{runs[0]}"
+        note = (f"timelines: program run {span}, not linked to steps (the record does "
+                "not say which training step each run was)")
+        # Wrapped to the list (34 columns, 26 at 80), so no word is cut.
+        width = 22 if self.has_class("tiny") else 30
+        text.append("\n" + "\n".join(textwrap.wrap(note, width, subsequent_indent="  "))
+                    + "\n", styles["dim"])
         return text
 
     def _series_of_source(self, label: str, scalars: dict) -> Series | None:
@@ -234,8 +264,8 @@ class CurvesView(Widget):
         if not len(series.values):
             return prefix + "empty\n"
         line = f"{prefix}{len(series.values)} pts"
-        if series.finite_min is not None:
-            line += f" last {series.values[-1]:.4g} min {series.finite_min:.4g}"
+        if series.finite_min is not None:   # two lines: 26 columns cut "min 0.4…"
+            line += f" last {series.values[-1]:.4g}\n   min {series.finite_min:.4g}"
         bad = len(series.bad_steps)
         if bad:
             line += f"\n   ⚠ {bad} NaN/Inf from step {series.bad_steps[0]:g}"

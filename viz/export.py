@@ -163,8 +163,8 @@ def to_overview_dot(record: dict, after_pass: str | int | None = None) -> str:
     which dot lays out in a second where the full 1,146-node graph takes a minute."""
     import graphviz
 
-    from viz.overview import Overview
-    overview = Overview(record["graphs"][pass_index(record, after_pass)])
+    from viz.overview import overview_of
+    overview = overview_of(record["graphs"], pass_index(record, after_pass))
     overview.draw(lambda i: "node", None)   # fills last_edges
     dot = graphviz.Digraph("tinyflow", graph_attr={"rankdir": "TB", "fontname": "Helvetica"},
                            node_attr={"shape": "box", "style": "rounded", "fontsize": "10"})

@@ -34,7 +34,7 @@ from textual.widgets import Static
 
 from viz import layout, palette
 from viz.model import RecordModel, fmt_shape, fmt_time
-from viz.overview import Overview
+from viz.overview import Overview, layers
 
 if TYPE_CHECKING:
     from viz.app import DebuggerApp
@@ -247,6 +247,7 @@ class GraphView(Widget):
         self.overview_mode = True
         self.outline_mode = False
         self._overviews: dict[tuple, Overview] = {}
+        self._origins: dict[tuple, dict[str, str]] = {}
         self.show_all_passes = False
         self._cache: OrderedDict[tuple, layout.Canvas] = OrderedDict()
         self.canvas: layout.Canvas | None = None
@@ -254,7 +255,11 @@ class GraphView(Widget):
         self._panel_key: tuple | None = None
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(id="passes-panel"):
+        # Not focusable: focused (Textual focuses the first focusable widget), it took
+        # the arrow keys from the app whenever its list overflowed (80x24), so ↓
+        # scrolled the pass list instead of moving the cursor in the drawing. The
+        # mouse wheel still scrolls it.
+        with VerticalScroll(id="passes-panel", can_focus=False):
             yield Static(id="pass-list")
             yield Static(id="rewrites")
         with Vertical(id="graph-side"):
@@ -288,11 +293,20 @@ class GraphView(Widget):
             return None
         key = (id(model), app.pass_index)
         if key not in self._overviews:
-            overview = Overview(model.graphs[app.pass_index])
+            overview = self._new_overview(model, app.pass_index)
             overview.expanded = {k for k in getattr(self, "_keep_expanded", set())
                                  if k in overview.groups}
             self._overviews[key] = overview
         return self._overviews[key]
+
+    def _new_overview(self, model: RecordModel, index: int) -> Overview:
+        """The overview of pass `index`, its layers judged on the input graph (see
+        overview.layers), which is judged once per record."""
+        key = (id(model), "origin")
+        if key not in self._origins:
+            self._origins = {key: layers(model.graphs[0])}   # one record at a time
+        origin = self._origins[key] if index > 0 else None
+        return Overview(model.graphs[index], origin)
 
     def show_node(self, node_id: str) -> None:
         """Make `node_id` visible in the overview: expand the box that holds it."""
@@ -329,12 +343,19 @@ class GraphView(Widget):
         # The layout does not depend on the selection: draw it once per set of
         # expanded boxes, then restyle only the selected box (a cursor move costs a
         # copy of three rows, not a layout).
+        # A selected node past the first nodes an expanded box draws is drawn too
+        # (the view scrolls to it); only then does the selection change the layout.
+        group = overview.group_of.get(app.selected) if app.selected else None
+        keep = app.selected if group in overview.expanded and app.selected not in \
+            overview.shown_members(overview.groups[group]) else None
         key = ("overview", id(model), app.pass_index, frozenset(overview.expanded),
-               app.run_index)
+               app.run_index, keep)
         base = self._cache.get(key)
         if base is None:
             scene = GraphScene(model, app.pass_index, "", 1, app.run_index)
-            base = self._cache[key] = overview.draw(scene.kind, None)
+            base = self._cache[key] = overview.draw(scene.kind, None, keep)
+            if len(self._cache) > 32:
+                self._cache.popitem(last=False)
         canvas = layout.with_box_kind(base, selected, "sel") if selected in base.boxes \
             else base
         self.canvas = canvas

@@ -19,6 +19,7 @@ from textual.widgets import Static
 from viz import palette
 from viz.memory_view import where_text
 from viz.model import fmt_bytes, fmt_shape, fmt_time
+from viz.timeline_view import TimelineView
 
 if TYPE_CHECKING:
     from viz.app import DebuggerApp
@@ -60,8 +61,8 @@ class Inspector(Static):
                 if node is not None:
                     break
         if node is None:
-            text.append(f"{app.selected}: not in this record", styles["dim"])
-            return text
+            return self._event(text, model, styles) or \
+                Text(f"{app.selected}: not in this record", styles["dim"], end="")
         sep = "\n"
         text.append(node["id"], styles["edge_sel"])
         text.append(f"  {node['op']}", styles["title"])
@@ -134,4 +135,32 @@ class Inspector(Static):
         check = model.record.get("check")
         if check and check["node"] == final:
             text.append(check["message"], styles["nan"])
+        return text
+
+    def _event(self, text: Text, model, styles: dict) -> Text | None:
+        """A bar of the timeline that is no node of the graph (a parallel run's F0 on
+        rank 1, a ring step): what the record says about that event."""
+        event = self.tapp.query_one(TimelineView).current_event()
+        if event is None:
+            return None
+        run = self.tapp.run_index
+        t0 = model.span(run)[0]
+        text.append(model.event_name(event, run), styles["edge_sel"])
+        text.append(f"  {event['op']}", styles["title"])
+        text.append("  event, not a graph node\n", styles["dim"])
+        text.append("ran ", styles["dim"])
+        text.append(f"on {model.streams.get(event['stream'])} · "
+                    f"{fmt_time(event['end'] - event['start'])}")
+        text.append(f" at {fmt_time(event['start'] - t0)}\n", styles["dim"])
+        if event["bytes"]:
+            text.append("bytes ", styles["dim"])
+            text.append(f"{fmt_bytes(event['bytes'])}\n")
+        facts = model.event_facts(event)
+        if facts:
+            text.append(" · ".join(facts) + "\n")
+        for source in model.received(run).get(id(event), []):
+            text.append("received from ", styles["dim"])
+            text.append(model.event_name(source, run) + "\n")
+        if id(event) in model.critical_path(run):
+            text.append("on the critical path\n", styles["crit"])
         return text

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 LABEL = 9    # columns for the offset labels
 SPARK = "▁▂▃▄▅▆▇█"
+UNLISTED = "░"   # bytes no block of the record used: what held them is not known
 NO_LIVE = "not recorded: the record has no step schedule"
 
 
@@ -98,10 +99,12 @@ class MemoryView(palette.TextLines, Widget):
                         styles["dim"])
             return text
         per_rank = held_per_rank(stats)
+        width = self.size.width
         if per_rank is None:
-            self._plan_header(text, model, stats, styles)
+            self._plan_header(text, model, stats, styles, width)
         else:
-            self._ranks_header(text, model, per_rank, styles)
+            self._ranks_header(text, model, per_rank, styles, width)
+        header_rows = text.plain.count("\n")
 
         tensor = self.selected_tensor()
         blame = model.blame(tensor["node"]) if tensor else None
@@ -111,8 +114,8 @@ class MemoryView(palette.TextLines, Widget):
         steps = max(model.steps, 1)
         width = max(self.size.width - LABEL, 8)
         cols = width   # steps are spread over the whole width (to scale)
-        # 3 rows above the map (sizes, strategies, axis), the curve and the info below.
-        rows = max(self.size.height - 3 - 1 - (info.plain.count("\n") + 1), 3)
+        # The header and the axis above the map, the curve and the info below.
+        rows = max(self.size.height - header_rows - 1 - 1 - (info.plain.count("\n") + 1), 3)
         arena = max(stats["arena"], 1)
         per_row = arena / rows
         grid: list[list[dict | None]] = [[None] * cols for _ in range(rows)]
@@ -136,6 +139,7 @@ class MemoryView(palette.TextLines, Widget):
                 for c in range(c0, c1 + 1):
                     grid[r][c] = tensor
         self._grid = grid
+        unused = self._never_used_rows(model, rows, per_row, cols)
 
         text.append("step →".rjust(LABEL - 1) + " ", styles["dim"])
         axis = [" "] * cols
@@ -146,10 +150,14 @@ class MemoryView(palette.TextLines, Widget):
                 for k, ch in enumerate(label[: cols - c]):
                     axis[c + k] = ch
         text.append("".join(axis) + "\n", styles["axis"])
-        self._map_top = 3
+        self._map_top = header_rows + 1
         for r, line in enumerate(grid):
             label = fmt_bytes(r * per_row).replace(" ", "") if r % 2 == 0 else ""
             text.append(f"{label:>{LABEL - 1}} ", styles["axis"])
+            if r in unused:   # bytes no block of the record ever used: not "free"
+                text.append(unused[r][:cols].ljust(cols, UNLISTED), styles["dim"])
+                text.append("\n")
+                continue
             c = 0
             while c < cols:
                 owner = line[c]
@@ -187,36 +195,85 @@ class MemoryView(palette.TextLines, Widget):
         return text
 
     @staticmethod
-    def _plan_header(text: Text, model, stats: dict, styles: dict) -> None:
-        """Two lines over a compiled program's plan: its sizes, then the arena
-        sizes the other strategies would have needed."""
-        text.append("arena ", styles["dim"])
-        text.append(fmt_bytes(stats["arena"]), styles["title"])
-        text.append(" · naive ", styles["dim"])
-        text.append(fmt_bytes(stats["naive"]), styles["title"])
-        text.append(" · lower bound ", styles["dim"])
-        text.append(fmt_bytes(stats["lower_bound"]), styles["title"])
-        text.append(" · reuse ", styles["dim"])
-        text.append(f"{stats['reuse']:.2f}x", styles["ok"])
-        text.append(f" · peak live {peak_live(model)} · {stats['strategy']}\n",
-                    styles["dim"])
-        others = " · ".join(f"{name} {fmt_bytes(size)}"
-                            for name, size in sorted(stats["strategies"].items(),
-                                                     key=lambda kv: kv[1]))
-        text.append(f"strategies: {others}\n", styles["dim"])
+    def _plan_header(text: Text, model, stats: dict, styles: dict, width: int) -> None:
+        """The plan's sizes, then the arena sizes the other strategies would have
+        needed, each wrapped between figures (never cut inside a number)."""
+        title, dim = styles["title"], styles["dim"]
+        figure = lambda name, size: [(f"{name} ", dim), (fmt_bytes(size), title)]
+        if stats["unlisted"]:
+            groups = MemoryView._allocator_figures(stats, styles)
+        else:
+            # Peak live is counted with the plan's aligned sizes, as its lower bound.
+            groups = [figure("arena", stats["arena"]),
+                      figure("naive", stats["naive"]),
+                      figure("lower bound", stats["lower_bound"]),
+                      [("reuse ", dim), (f"{stats['reuse']:.2f}x", styles["ok"])],
+                      [(f"peak live {peak_live(model)}", dim)]]
+        groups.append([(stats["strategy"], dim)])
+        palette.wrap_parts(text, groups, width, sep_style=dim)
+        shown = {stats["bound_name"], "caching allocator (reserved)"} if stats["unlisted"] \
+            else set()
+        others = [figure(name, size) for name, size in
+                  sorted(stats["strategies"].items(), key=lambda kv: kv[1])
+                  if name not in shown]
+        if others:
+            others[0].insert(0, ("strategies: ", dim))
+            palette.wrap_parts(text, others, width, sep_style=dim)
 
     @staticmethod
-    def _ranks_header(text: Text, model, per_rank: dict[str, int], styles: dict) -> None:
+    def _allocator_figures(stats: dict, styles: dict) -> list[list[tuple]]:
+        """The figures of a record whose bound counts blocks it does not list (a
+        caching allocator's): what it reserved, its allocated peak and how much of
+        that the listed blocks do not explain, and the listed blocks' own peak and
+        naive sum. No reuse ratio: naive over a reserved segment (2 MiB for 305 KiB
+        of tensors: "0.15x") says nothing about reuse."""
+        title, dim = styles["title"], styles["dim"]
+        used = stats["lower_bound"] / stats["arena"] if stats["arena"] else 0.0
+        return [[("reserved ", dim), (fmt_bytes(stats["arena"]), title)],
+                [(f"{stats['bound_name']} ", dim), (fmt_bytes(stats["lower_bound"]), title),
+                 (f" ({used:.0%} of reserved)", dim)],
+                [("of it ≥ ", dim), (fmt_bytes(stats["unlisted"]), styles["warn"]),
+                 (f" in blocks the record does not list {UNLISTED}", dim)],
+                [("listed blocks: peak ", dim), (fmt_bytes(stats["listed_peak"]), title)],
+                [("naive ", dim), (fmt_bytes(stats["naive"]), title),
+                 (" (each its own bytes)", dim)]]
+
+    @staticmethod
+    def _ranks_header(text: Text, model, per_rank: dict[str, int], styles: dict,
+                      width: int) -> None:
         """Two lines over a parallel run's record: the bytes the ranks hold, in all
         and per rank. Its map is each rank's arrays end to end, not one arena, so
         naive, lower bound and reuse would mean nothing here."""
-        text.append(f"held by {len(per_rank)} ranks ", styles["dim"])
-        text.append(fmt_bytes(sum(per_rank.values())), styles["title"])
-        text.append(" · most on one rank ", styles["dim"])
-        text.append(fmt_bytes(max(per_rank.values())), styles["title"])
-        text.append(f" · peak live {peak_live(model)}\n", styles["dim"])
-        ranks = " · ".join(f"{name} {fmt_bytes(size)}" for name, size in per_rank.items())
-        text.append(f"per rank: {ranks}\n", styles["dim"])
+        title, dim = styles["title"], styles["dim"]
+        palette.wrap_parts(text, [
+            [(f"held by {len(per_rank)} ranks ", dim), (fmt_bytes(sum(per_rank.values())), title)],
+            [("most on one rank ", dim), (fmt_bytes(max(per_rank.values())), title)],
+            [(f"peak live {peak_live(model)}", dim)]], width, sep_style=dim)
+        ranks = [[(f"{name} {fmt_bytes(size)}", dim)] for name, size in per_rank.items()]
+        ranks[0].insert(0, ("per rank: ", dim))
+        palette.wrap_parts(text, ranks, width, sep_style=dim)
+
+    @staticmethod
+    def _never_used_rows(model, rows: int, per_row: float, cols: int) -> dict[int, str]:
+        """{row: its text} for the rows of the map whose bytes no block of the record
+        ever used, over the whole run. They are not free memory: the record does not
+        say what held them (a caching allocator's record lists only the blocks its
+        recorded ops allocated; parameters and optimizer state were allocated
+        before). The first row of each such stretch names its exact bytes."""
+        gaps = unused_bytes(model.arena_tensors(), model.stats()["arena"])
+        if not gaps or len(gaps) == 1 and gaps[0] == (0, model.stats()["arena"]):
+            return {}   # no block at all: nothing to tell apart
+        out: dict[int, str] = {}
+        for lo, hi in gaps:
+            first = -int(-lo // per_row)            # rows wholly inside the gap
+            last = min(int(hi // per_row), rows) - 1
+            for r in range(first, last + 1):
+                out[r] = ""
+            if first <= last:
+                label = (f"{UNLISTED * 2} {fmt_bytes(lo)}–{fmt_bytes(hi)}: no block of the "
+                         "record used these bytes; what held them is not recorded ")
+                out[first] = label if len(label) <= cols else label[:cols - 1] + "…"
+        return out
 
     def _info(self, model, tensor: dict | None, blame, styles: dict) -> Text:
         text = Text(end="")
@@ -230,7 +287,14 @@ class MemoryView(palette.TextLines, Widget):
         text.append(f"  {where_text(tensor)}, {fmt_bytes(tensor['nbytes'])}, steps "
                     f"{tensor['first_step']}–{tensor['last_step']}, {tensor['kind']}\n",
                     styles["near"])
-        text.append(f"  why: {story(tensor, blame, model.plan)}\n", styles["wait"])
+        scratch = model.scratch_of.get(tensor["node"])
+        if scratch is not None:   # what a search for "scratch" found this node by
+            text.append(f"  {label(scratch)}: {where_text(scratch)}, "
+                        f"{fmt_bytes(scratch['nbytes'])}, steps {scratch['first_step']}–"
+                        f"{scratch['last_step']}\n", styles["near"])
+        why = textwrap.wrap(f"why: {story(tensor, blame, model.plan)}",
+                            max(self.size.width - 4, 20), subsequent_indent="  ")
+        text.append("  " + "\n  ".join(why) + "\n", styles["wait"])
         if blame is not None:
             if blame.inplace_of is not None:
                 text.append(f"  in place of {blame.inplace_of['node']}\n", styles["near"])
@@ -256,6 +320,18 @@ class MemoryView(palette.TextLines, Widget):
         r, c = offset.y - self._map_top, offset.x - LABEL
         if 0 <= r < len(self._grid) and 0 <= c < len(self._grid[r]) and self._grid[r][c]:
             self.tapp.select(self._grid[r][c]["node"])
+
+
+def unused_bytes(tensors: list[dict], arena: int) -> list[tuple[int, int]]:
+    """The [lo, hi) byte ranges of [0, arena) that none of `tensors` ever covers."""
+    gaps, reach = [], 0
+    for t in sorted(tensors, key=lambda t: t["offset"]):
+        if t["offset"] > reach:
+            gaps.append((reach, t["offset"]))
+        reach = max(reach, t["offset"] + t["nbytes"])
+    if reach < arena:
+        gaps.append((reach, arena))
+    return gaps
 
 
 def peak_live(model) -> str:
@@ -289,6 +365,6 @@ def story(tensor: dict, blame, plan: dict | None) -> str:
             reason += (f"; so it got new bytes, which {later} later tensor"
                        f"{'s' if later > 1 else ''} reused after it died")
     alignment = (plan or {}).get("alignment")
-    if alignment and tensor["offset"] is not None:
+    if alignment and alignment > 1 and tensor["offset"] is not None:
         reason += f" (sizes rounded up to {alignment}-byte alignment)"
     return reason

@@ -10,11 +10,15 @@ cursor never scans the record. Nothing here imports Textual: it is tested on its
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from tinyflow import trace
 from tinyflow.memory import format_bytes
+
+
+RANK_LANE = re.compile(r"^rank(\d+)/")   # a parallel run's lanes: rank2/compute
 
 
 @dataclass
@@ -62,6 +66,8 @@ class RecordModel:
         # block of the arena map but not the node's tensor)
         self.tensor_of: dict[str, dict] = {t["node"]: t for t in self.tensors
                                            if t["kind"] != "scratch"}
+        self.scratch_of: dict[str, dict] = {t["node"]: t for t in self.tensors
+                                            if t["kind"] == "scratch"}
         self.timelines: list[dict] = record["timelines"]
         for timeline in self.timelines:
             for event in timeline["events"]:
@@ -69,12 +75,15 @@ class RecordModel:
         self._events_of: dict[int, dict[str, dict]] = {}
         self._lanes: dict[int, dict[int, list[dict]]] = {}
         self._critical: dict[int, set[int]] = {}
+        self._chains: dict[int, dict[int, tuple[dict, float]]] = {}
+        self._received: dict[int, dict[int, list[dict]]] = {}
+        self._repeats: dict[int, bool] = {}
         self._spans: dict[int, tuple[float, float]] = {}
         self._nonfinite: dict[int, set[str]] = {}
         self.passes = self._pass_infos()
         self._provenance: dict[str, str] | None = None
         self._changes: dict[str, dict[str, tuple[PassInfo, str | None]]] = {}
-        self.live = trace.live_bytes_per_step(record)
+        self.live = live_bytes(record)
 
     # -- graphs and passes -----------------------------------------------------------
 
@@ -86,7 +95,7 @@ class RecordModel:
     def nodes(self, index: int | None = None) -> dict[str, dict]:
         """{id: node} of graph `index` (default: the last), in topological order."""
         index = self.last if index is None else index
-        if index < 0:
+        if not 0 <= index < len(self.graphs):   # (a record may hold no graph at all)
             return {}
         if index not in self._nodes:
             self._nodes[index] = {n["id"]: n for n in self.graphs[index]["nodes"]}
@@ -221,13 +230,18 @@ class RecordModel:
 
     def search(self, query: str, index: int | None = None) -> list[str]:
         """Ids of graph `index` whose id, op or source line contains `query`
-        (case-insensitive), ids that match exactly first."""
+        (case-insensitive), or whose block in the memory map is labelled with it
+        ("conv2d_12 (scratch)": a search for "scratch" finds the nodes whose
+        kernels used scratch memory); ids that match exactly first."""
         query = query.strip().lower()
         if not query:
             return []
-        hits = [n["id"] for n in self.nodes(index).values()
+        nodes = self.nodes(index)
+        labelled = {t["node"] for t in self.tensors
+                    if query in f"{t['node']} ({t['kind']})".lower()}
+        hits = [n["id"] for n in nodes.values()
                 if query in n["id"].lower() or query in n["op"].lower()
-                or query in n["where"].lower()]
+                or query in n["where"].lower() or n["id"] in labelled]
         return sorted(hits, key=lambda i: i.lower() != query)
 
     def op_table(self, runs: list[int]) -> list[dict]:
@@ -244,7 +258,7 @@ class RecordModel:
                 row["count"] += 1
                 row["bytes"] += event["bytes"]
                 if row["worst"] is None or seconds > row["worst"][0]:
-                    row["worst"] = (seconds, event["node"], run)
+                    row["worst"] = (seconds, self.event_name(event, run), run)
         grand = sum(r["total"] for r in rows.values()) or 1e-12
         for row in rows.values():
             row["mean"] = row["total"] / row["count"]
@@ -276,6 +290,20 @@ class RecordModel:
             self._lanes[run] = lanes
         return self._lanes[run]
 
+    def timeline_at_step(self, step: int) -> int | None:
+        """Index of the timeline the record ties to training step `step`, or None.
+
+        Scalars are logged by training step; tinyflow numbers a compiled program's
+        timelines by that program's own runs ("run 1319"). The two are not the same
+        count: an epoch's short last batch compiles and runs another program, so
+        after 30 epochs run 1319 of the batch-32 program is step ~1349. Only a
+        timeline carrying the step it ran for (a "step" key, which the record
+        format allows as an extension) is linked; equal numbers are not."""
+        for k, timeline in enumerate(self.timelines):
+            if timeline.get("step") == step and isinstance(step, int):
+                return k
+        return None
+
     def span(self, run: int) -> tuple[float, float]:
         """(first start, last end) of timeline `run` (the inspector asks per move)."""
         if run not in self._spans:
@@ -298,39 +326,201 @@ class RecordModel:
 
         Walk back from the event that ends last; at each event, step to whichever
         predecessor finished last (an input's step, the previous event on the same
-        stream, or the step it waited on): that is what it was waiting for. The
-        result is the chain of work that decided the run's length.
+        stream, the step it waited on, or, in a parallel run, the event on another
+        rank it received data from: see `received`): that is what it was waiting
+        for. The result is the chain of work that decided the run's length.
+
+        Events are told apart by identity, never by name: in a parallel run every
+        rank has its own "F0" and its own "all-gather[0]".
         """
-        if run in self._critical:
-            return self._critical[run]
+        if run not in self._critical:
+            self._chains[run] = self._walk_critical(run)
+            self._critical[run] = set(self._chains[run])
+        return self._critical[run]
+
+    def critical_busy(self, run: int) -> float:
+        """Seconds of work on the critical path of timeline `run`: each event counts
+        from its start, or from the end of what it waited for if that came later (a
+        ring step that received its chunk halfway was waiting until then). The rest
+        of the run's length is time the path spent waiting: transfers, idle ranks."""
+        self.critical_path(run)
+        return sum(event["end"] - max(event["start"], waited)
+                   for event, waited in self._chains[run].values())
+
+    def _walk_critical(self, run: int) -> dict[int, tuple[dict, float]]:
+        """{id(event): (event, end of what it waited for)} along the critical path."""
         events = self.timelines[run]["events"] if self.timelines else []
-        path: set[int] = set()
-        if events:
-            by_node = self.events_of(run)
-            previous: dict[int, dict | None] = {}
-            for lane in self.lanes(run).values():
-                before = None
-                for event in lane:
-                    previous[id(event)] = before
-                    before = event
-            nodes = self.nodes()
-            event = max(events, key=lambda e: e["end"])
-            while event is not None and id(event) not in path:
-                path.add(id(event))
-                candidates = [previous.get(id(event))]
-                node = nodes.get(event["node"]) if event["step"] is not None else None
-                if node is not None:
-                    candidates += [by_node.get(i) for i in node["inputs"]]
-                    entry = self.entry_of_step.get(event["step"])
-                    for wait in entry["waits"] if entry else ():
-                        producer = self.entry_of_step.get(wait["step"])
-                        if producer:
-                            candidates.append(by_node.get(producer["node"]))
-                candidates = [c for c in candidates
-                              if c is not None and c["end"] <= event["start"] + 1e-9]
-                event = max(candidates, key=lambda e: e["end"]) if candidates else None
-        self._critical[run] = path
-        return path
+        chain: dict[int, tuple[dict, float]] = {}
+        if not events:
+            return chain
+        by_node = self.events_of(run)
+        received = self.received(run)
+        previous: dict[int, dict | None] = {}
+        for lane in self.lanes(run).values():
+            before = None
+            for event in lane:
+                previous[id(event)] = before
+                before = event
+        nodes = self.nodes()
+        event = max(events, key=lambda e: e["end"])
+        while event is not None and id(event) not in chain:
+            # Work that had to finish before this event started ...
+            before = [previous.get(id(event))]
+            node = nodes.get(event["node"]) if event["step"] is not None else None
+            if node is not None:
+                before += [by_node.get(i) for i in node["inputs"]]
+                entry = self.entry_of_step.get(event["step"])
+                for wait in entry["waits"] if entry else ():
+                    producer = self.entry_of_step.get(wait["step"])
+                    if producer:
+                        before.append(by_node.get(producer["node"]))
+            candidates = [c for c in before
+                          if c is not None and c["end"] <= event["start"] + 1e-9]
+            # ... and data received from another rank, which may arrive while the
+            # event runs (the event ends only once it has): it must have ended
+            # before this event did, and started earlier (so the walk goes back).
+            candidates += [c for c in received.get(id(event), ())
+                           if c["end"] <= event["end"] + 1e-9 and c["start"] < event["start"]]
+            waited_for = max(candidates, key=lambda e: e["end"]) if candidates else None
+            chain[id(event)] = (event, waited_for["end"] if waited_for else event["start"])
+            event = waited_for
+        return chain
+
+    # -- parallel records: events that are not steps of one program ----------------
+
+    def rank_of(self, event: dict) -> int | None:
+        """The rank that ran `event`: from its lane's name (``rank2/compute``, how
+        tinyflow/rank_trace.py names the streams of a parallel run), else its args."""
+        found = RANK_LANE.match(self.streams.get(event["stream"], ""))
+        if found:
+            return int(found.group(1))
+        rank = event_args(event).get("rank")
+        return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+    def received(self, run: int) -> dict[int, list[dict]]:
+        """{id(event): events of other ranks it received data from} in timeline `run`.
+
+        A parallel run's record holds no dependencies between ranks, only what each
+        event's args say; two schemes say enough to rebuild them:
+
+        * a pipeline's F and B per microbatch (tinyflow/pipeline.py): stage r's
+          forward of microbatch m reads the activation stage r-1's F of m sent; its
+          backward reads the gradient stage r+1's B of m sent (the last stage: its
+          own F of m);
+        * a ring collective's steps (``all-gather[k]`` with args ``dst``, from
+          rank_trace.collective_events): in step k each rank sends to dst and
+          receives from the rank that sends to it, which sent when it began its
+          step k, so the receiver waited on whatever that rank did just before.
+
+        The n-th event of a name on one rank pairs with the n-th of the same name on
+        another (one pipeline step, one collective call after another).
+        """
+        if run in self._received:
+            return self._received[run]
+        events = self.timelines[run]["events"] if self.timelines else []
+        nth: dict[tuple, dict] = {}      # (rank, name, n) -> event
+        keyed: list[tuple[dict, int, int]] = []
+        counts: dict[tuple, int] = {}
+        for event in sorted(events, key=lambda e: e["start"]):
+            rank = self.rank_of(event)
+            if rank is None:
+                continue
+            n = counts[(rank, event["node"])] = counts.get((rank, event["node"]), -1) + 1
+            nth[(rank, event["node"], n)] = event
+            keyed.append((event, rank, n))
+        found: dict[int, list[dict]] = {}
+        senders = self._ring_senders(keyed)
+        for event, rank, n in keyed:
+            args = event_args(event)
+            sources = []
+            kind, micro = args.get("kind"), args.get("microbatch")
+            if kind == "F" and micro is not None:
+                sources.append(nth.get((rank - 1, event["node"], n)))
+            elif kind == "B" and micro is not None:
+                later = nth.get((rank + 1, event["node"], n))
+                sources.append(later if later is not None else
+                               nth.get((rank, f"F{micro}", n)))
+            elif isinstance(args.get("dst"), int):
+                sources.append(senders.get((event["node"], n, rank)))
+            sources = [s for s in sources if s is not None and s is not event]
+            if sources:
+                found[id(event)] = sources
+        self._received[run] = found
+        return found
+
+    def _ring_senders(self, keyed: list[tuple[dict, int, int]]) -> dict[tuple, dict]:
+        """{(name, n, receiving rank): what the sender ran just before its own n-th
+        event of that name}, for events with a "dst" arg (ring steps)."""
+        run_lanes: dict[int, list[dict]] = {}
+        for event, _, _ in keyed:
+            run_lanes.setdefault(event["stream"], []).append(event)
+        before: dict[int, dict | None] = {}
+        for lane in run_lanes.values():   # already in start order
+            for k, event in enumerate(lane):
+                before[id(event)] = lane[k - 1] if k else None
+        out: dict[tuple, dict] = {}
+        for event, _, n in keyed:
+            dst = event_args(event).get("dst")
+            if isinstance(dst, int) and before.get(id(event)) is not None:
+                out[(event["node"], n, dst)] = before[id(event)]
+        return out
+
+    def lane_busy(self, run: int) -> dict[int, float]:
+        """{stream: seconds it was busy} in timeline `run`: the union of its events'
+        intervals (overlapping events on one lane count once)."""
+        busy = {}
+        for stream, lane in self.lanes(run).items():
+            total, reach = 0.0, float("-inf")
+            for event in lane:   # sorted by start
+                start = max(event["start"], reach)
+                if event["end"] > start:
+                    total += event["end"] - start
+                reach = max(reach, event["end"])
+            busy[stream] = total
+        return busy
+
+    def event_name(self, event: dict, run: int) -> str:
+        """How the views name an event: its node; where names repeat across lanes,
+        an event of a parallel run's rank lane or one that is no program step (a
+        ring chunk named after the gradient it carries) also names its lane's rank,
+        or the lane: "F0@rank1", "matmul_56@comm"."""
+        lane = self.streams.get(event["stream"], str(event["stream"]))
+        rank = RANK_LANE.match(lane)
+        if self._names_repeat(run) and (rank or event["step"] is None):
+            return f"{event['node']}@{lane.split('/')[0] if rank else lane}"
+        return event["node"]
+
+    def _names_repeat(self, run: int) -> bool:
+        if run not in self._repeats:
+            seen: dict[str, int] = {}
+            repeat = False
+            for event in self.timelines[run]["events"] if self.timelines else ():
+                if seen.setdefault(event["node"], event["stream"]) != event["stream"]:
+                    repeat = True
+                    break
+            self._repeats[run] = repeat
+        return self._repeats[run]
+
+    def event_facts(self, event: dict) -> list[str]:
+        """What the record says about an event beyond its bar: its rank and the
+        args the scheme recorded (microbatch, logical clock, destination, ...)."""
+        facts = []
+        rank = self.rank_of(event)
+        args = dict(event_args(event))
+        args.pop("rank", None)
+        if rank is not None:
+            facts.append(f"rank {rank}")
+        if "microbatch" in args:
+            facts.append(f"microbatch {args.pop('microbatch')}")
+        if "logical_start" in args and "logical_end" in args:
+            facts.append(f"logical clock {args.pop('logical_start'):g} → "
+                         f"{args.pop('logical_end'):g}")
+        if "dst" in args:
+            facts.append(f"sends to rank {args.pop('dst')}")
+        if args.get("kind") == event["op"]:
+            args.pop("kind")   # "F" already shown as the op
+        facts += [f"{k}={v}" for k, v in args.items()]
+        return facts
 
     def waits_of(self, node_id: str, run: int) -> list[str]:
         """Plain sentences: which events the step of `node_id` waited on, and how
@@ -402,14 +592,60 @@ class RecordModel:
         return Blame(tensor, took, inplace, sharers)
 
     def stats(self) -> dict[str, Any]:
-        """Arena, naive and lower-bound bytes and the reuse ratio (naive / arena)."""
+        """Arena, naive and lower-bound bytes, the reuse ratio (naive / arena), and
+        what the drawn blocks themselves say: their peak ("listed_peak", the most
+        bytes alive at once, sizes aligned as the plan aligns them) and how many
+        bytes the record's bound counts beyond it ("unlisted").
+
+        A compiled program's plan lists every tensor of its arena, so its lower
+        bound is the listed peak. A caching allocator's record (an eager run, see
+        tinyflow/eager_record.py) lists only the blocks its recorded ops allocated
+        and reports the allocator's allocated peak as the bound, which also counts
+        blocks allocated before (parameters, optimizer state): those bytes are
+        "unlisted", and the view must not pretend to know where they are."""
         if not self.plan:
             return {}
         arena = self.plan["arena_bytes"]
+        bound = self.plan["lower_bound_bytes"]
+        listed = max(self.live.values(), default=0)
+        slack = max(self.plan.get("alignment") or 1, 1)
+        unlisted = bound - listed if self.live and bound - listed > slack else 0
+        # The record's name for its bound where it gives one (a strategy of that
+        # size, "allocated peak"), else the usual one.
+        bound_name = "lower bound"
+        if unlisted:
+            bound_name = next((name for name, size in self.plan["strategies"].items()
+                               if size == bound), "record's lower bound")
         return {"strategy": self.plan["strategy"], "arena": arena,
-                "naive": self.plan["naive_bytes"], "lower_bound": self.plan["lower_bound_bytes"],
+                "naive": self.plan["naive_bytes"], "lower_bound": bound,
                 "reuse": self.plan["naive_bytes"] / arena if arena else 0.0,
-                "strategies": self.plan["strategies"]}
+                "strategies": self.plan["strategies"], "listed_peak": listed,
+                "unlisted": unlisted, "bound_name": bound_name}
+
+
+def live_bytes(record: dict) -> dict[int, int]:
+    """{schedule step: arena bytes in use}, each tensor counted at its size rounded
+    up to the plan's alignment, as the planner places it and as its lower bound
+    counts it (trace.live_bytes_per_step counts raw sizes: "peak live 320.0 KiB"
+    under "lower bound 320.1 KiB" looked like a contradiction)."""
+    plan = record.get("memory_plan")
+    if not plan:
+        return {}
+    align = max(plan.get("alignment") or 1, 1)
+    tensors = [{**t, "nbytes": -(-t["nbytes"] // align) * align} for t in plan["tensors"]]
+    return trace.live_bytes_per_step({"memory_plan": {**plan, "tensors": tensors},
+                                      "schedule": record.get("schedule", [])})
+
+
+def event_args(event: dict) -> dict:
+    """An event's args, flat. tinyflow/rank_trace.py's `scheme_record` files an
+    event's own "args" dict (a collective step's rank and dst) under the key "args"
+    of the record's args, one level down; both levels are read here."""
+    args = dict(event.get("args") or {})
+    inner = args.pop("args", None)
+    if isinstance(inner, dict):
+        args = {**inner, **args}
+    return args
 
 
 def held_per_rank(stats: dict[str, Any]) -> dict[str, int] | None:

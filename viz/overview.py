@@ -18,9 +18,15 @@ count ``×6``. Expanding a box (Enter) lays out its nodes inside the picture.
   a gradient (a hand-written update), the rest ``forward``.
 * **layer**: the name scope (``mlp1/dense/matmul`` -> ``mlp1``), or for an id
   without one a layer-like name prefix (``mlp1_w`` -> ``mlp1``, ``block3_ln`` ->
-  ``block3``); a node with neither takes the layer of its inputs, preferring one
-  that names its layer (so ``relu(matmul(h0, mlp1_w))`` belongs to ``mlp1``), and a
-  source with neither (a constant, the labels) joins the box of its first reader.
+  ``block3``); an optimizer slot (``mlp1_w/m``) is its variable's, and a variable
+  whose name names no layer (``unembedding``) is in none. A node with neither takes
+  the layer of its inputs, preferring one that names its layer (so
+  ``relu(matmul(h0, mlp1_w))`` belongs to ``mlp1``), and a source with neither (a
+  constant, the labels) joins the box of its first reader. A *gradient* node takes
+  the layer of the forward op it differentiates, found from the forward values it
+  reads (`_backward_layer`): the record does not name that op. Layers are judged on
+  the input graph and carried to later passes by provenance, since fusion mixes a
+  node's inputs across layers.
 
 Nothing here imports Textual: `Overview` computes the groups, `draw` the canvas.
 """
@@ -105,42 +111,167 @@ def _eager_phases(graph: dict) -> dict[str, str]:
     return out
 
 
-def layers(graph: dict) -> dict[str, str]:
+def layers(graph: dict, origin: dict[str, str] | None = None) -> dict[str, str]:
     """{id: layer} (see the module docstring); nodes are in topological order, so
-    inputs are decided before their consumers."""
-    named: dict[str, str] = {}
-    inherited: dict[str, str] = {}
+    inputs are decided before their consumers.
+
+    `origin` is the layers of the input graph (pass 0). A later pass's graph is
+    fused and rewritten: a fused node's inputs come from several layers, and
+    judged on its own it took the wrong one (mlp1_w's gradient landed in "mlp2 ·
+    backward"). So a node that stands for nodes of the input graph (its provenance)
+    takes their layer, and only the others are judged here.
+    """
+    nodes = {n["id"]: n for n in graph["nodes"]}
+    rank = _layer_order(graph)
+    users = _forward_users(graph)
+    out: dict[str, str] = {}
+    named: set[str] = set()   # ids whose layer their own name (or variable) gives
     for node in graph["nodes"]:
-        own = layer_of_id(node["id"])
-        if own is not None:
-            named[node["id"]] = own
+        node_id = node["id"]
+        layer = _from_origin(node, origin)
+        if layer is None:
+            layer = _own_layer(node, nodes, out)
+            if layer is not None:
+                named.add(node_id)
+        if layer is None and node["phase"] == "backward":
+            layer = _backward_layer(node, nodes, users, out, rank)
+        if layer is None:
+            layer = _inherited(node, named, out)
+        out[node_id] = layer
+    return out
+
+
+def _inherited(node: dict, named: set[str], decided: dict[str, str]) -> str:
+    """The layer of a node its id does not name: its inputs', preferring an input
+    whose own name gives its layer (relu(matmul(h0, mlp1_w)) is mlp1's), the last
+    such input (a residual add of block0's output and block1's branch is
+    block1's). A node joining three or more layers (a training op's group of every
+    update) is none of them: "(other)"."""
+    from_named = [decided[i] for i in node["inputs"] if i in named]
+    from_any = [decided[i] for i in node["inputs"] if decided.get(i, "(other)") != "(other)"]
+    if len(set(from_any)) >= 3:
+        return "(other)"
+    return (from_named or from_any or ["(other)"])[-1]
+
+
+def _from_origin(node: dict, origin: dict[str, str] | None) -> str | None:
+    """The input-graph layer of the nodes `node` stands for: the layer most of them
+    are in; "(other)" for one that CSE merged from copies in three or more layers
+    (one zeros constant for every block's mask); else its first one's."""
+    if not origin:
+        return None
+    found = [origin[p] for p in node["provenance"] if p in origin]
+    if not found:
+        return None
+    layer, count = Counter(found).most_common(1)[0]
+    if count * 2 > len(found):
+        return layer
+    return "(other)" if len(set(found)) >= 3 else found[0]
+
+
+def _own_layer(node: dict, nodes: dict[str, dict], decided: dict[str, str]) -> str | None:
+    """The layer a node's own id gives: its scope or layer-like prefix
+    (`layer_of_id`); an optimizer slot ``mlp0_w/m`` or ``final_ln_gamma/m`` the
+    layer of its variable; and a variable whose name names no layer (``unembedding``,
+    ``final_ln_gamma``) none, "(other)": it is no part of the block next to it, so
+    the ops reading it (the model's head) are not either."""
+    head = node["id"].split("/", 1)[0]
+    if "/" in node["id"] and head in nodes and head in decided:
+        return decided[head]
+    layer = layer_of_id(node["id"])
+    if layer is None and node["op"] == "variable":
+        return "(other)"
+    return layer
+
+
+def _backward_layer(node: dict, nodes: dict[str, dict], users: dict[str, list[str]],
+                    decided: dict[str, str], rank: dict[str, int]) -> str | None:
+    """The layer of a gradient node: the layer of the forward op it differentiates.
+
+    The record does not say which op that is (see "grad_of" below); the forward
+    values a gradient reads do: a gradient rule reads its op's inputs and output.
+    An input of the op belongs to the layer before (the weight gradient of mlp1
+    reads relu(mlp0's output)), so each forward value read votes for the layer of
+    the forward ops that *use* it (relu_23 is used by mlp1's matmul), when they
+    all lie in one layer. Without a vote, the gradient flowing in decides: where
+    gradients of two layers meet, the earlier layer's (the gradient flows from the
+    loss back towards the input, so it is entering that layer).
+
+    A record that names the op (a "grad_of" key on the node, which tinyflow does
+    not write yet) is followed exactly.
+    """
+    op = node.get("grad_of")
+    if op in decided:
+        return decided[op]
+    votes: Counter = Counter()
+    for inp in node["inputs"]:
+        if inp not in nodes or nodes[inp]["phase"] == "backward":
             continue
-        from_named = [named[i] for i in node["inputs"] if i in named]
-        from_any = [inherited[i] for i in node["inputs"]
-                    if inherited.get(i, "(other)") != "(other)"]
-        inherited[node["id"]] = (from_named or from_any or ["(other)"])[-1]
-    return {**inherited, **named}
+        layers_of_users = {decided[u] for u in users.get(inp, ()) if u in decided}
+        layers_of_users = layers_of_users or {decided.get(inp, "(other)")}
+        if len(layers_of_users) == 1:
+            votes[layers_of_users.pop()] += 1
+    if votes:
+        return votes.most_common(1)[0][0]
+    flowing = {decided[i] for i in node["inputs"]
+               if i in nodes and nodes[i]["phase"] == "backward" and i in decided}
+    known = [layer for layer in flowing if layer in rank]
+    if known:
+        return min(known, key=lambda layer: rank[layer])
+    return "(other)" if flowing else None
+
+
+def _forward_users(graph: dict) -> dict[str, list[str]]:
+    """{id: the non-gradient nodes that read it}."""
+    users: dict[str, list[str]] = {}
+    for node in graph["nodes"]:
+        if node["phase"] != "backward":
+            for inp in node["inputs"]:
+                users.setdefault(inp, []).append(node["id"])
+    return users
+
+
+def _layer_order(graph: dict) -> dict[str, int]:
+    """{layer: position} of the layers named by ids, in the order they first
+    appear in the graph (mlp0 before mlp1): "earlier" for `_backward_layer`."""
+    order: dict[str, int] = {}
+    for node in graph["nodes"]:
+        layer = layer_of_id(node["id"])
+        if layer is not None and node["phase"] != "backward":
+            order.setdefault(layer, len(order))
+    return order
+
+
+def overview_of(graphs: list[dict], index: int) -> Overview:
+    """The overview of pass `index` of a record's `graphs`, its layers judged on
+    the input graph (pass 0) and carried to the later pass by provenance."""
+    origin = layers(graphs[0]) if index > 0 else None
+    return Overview(graphs[index], origin)
 
 
 class Overview:
     """The groups of one graph, with repeated layers folded, and the edges between
-    groups. `expanded` holds the keys of boxes drawn with their nodes inside."""
+    groups. `expanded` holds the keys of boxes drawn with their nodes inside.
+    `origin`: the layers of the record's input graph (see `layers`)."""
 
-    def __init__(self, graph: dict) -> None:
+    def __init__(self, graph: dict, origin: dict[str, str] | None = None) -> None:
         self.graph = graph
         self.nodes = {n["id"]: n for n in graph["nodes"]}
-        phase, layer = phases(graph), layers(graph)
+        phase, layer = phases(graph), layers(graph, origin)
         # A source without a layer of its own (a constant, a placeholder such as the
         # labels) joins the box of its first reader, rather than one "(other)" box
-        # whose edges would cross the whole picture.
-        first_reader: dict[str, str] = {}
+        # whose edges would cross the whole picture; but not one that readers in
+        # several layers share (a constant CSE merged across the blocks): in one
+        # block's box it would make that block differ from its repeats.
+        readers: dict[str, list[str]] = {}
         for node in graph["nodes"]:
             for inp in node["inputs"]:
-                first_reader.setdefault(inp, node["id"])
+                readers.setdefault(inp, []).append(node["id"])
         for node in graph["nodes"]:
-            reader = first_reader.get(node["id"])
-            if not node["inputs"] and layer_of_id(node["id"]) is None and reader:
-                layer[node["id"]], phase[node["id"]] = layer[reader], phase[reader]
+            mine = readers.get(node["id"])
+            if not node["inputs"] and layer_of_id(node["id"]) is None and mine and \
+                    len({layer[r] for r in mine}) == 1:
+                layer[node["id"]], phase[node["id"]] = layer[mine[0]], phase[mine[0]]
         groups: dict[str, Group] = {}
         for node in graph["nodes"]:
             p, lay = phase[node["id"]], layer[node["id"]]
@@ -191,13 +322,24 @@ class Overview:
             return None
         return node_id if group in self.expanded else group
 
-    def draw(self, kind_of_node, selected: str | None) -> layout.Canvas:
-        """The overview canvas: a box per group (or per node of an expanded group),
-        an edge wherever a member reads a member of another box."""
+    def shown_members(self, group: Group, keep: str | None = None) -> list[str]:
+        """The members an expanded box draws: its first MAX_EXPANDED, and `keep`
+        (the selected node) in place of the last of them when it comes later, so
+        the view can always scroll to the selection."""
+        shown = group.members[:MAX_EXPANDED]
+        if keep is not None and keep in group.members and keep not in shown:
+            shown = shown[:-1] + [keep]
+        return shown
+
+    def draw(self, kind_of_node, selected: str | None, keep: str | None = None
+             ) -> layout.Canvas:
+        """The overview canvas: a box per group (or per node of an expanded group,
+        see `shown_members`), an edge wherever a member reads a member of another
+        box."""
         boxes: dict[str, layout.Box] = {}
         for group in self.groups.values():
             if group.key in self.expanded:
-                for node_id in group.members[:MAX_EXPANDED]:
+                for node_id in self.shown_members(group, keep):
                     node = self.nodes[node_id]
                     title = f"{node['op']} {fmt_shape(node['shape'])}"
                     boxes[node_id] = layout.Box(node_id, title, node_id, kind_of_node(node_id),

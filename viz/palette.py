@@ -47,7 +47,10 @@ class TextLines:
     """Mixin for a view that draws one Rich Text (from `render`) but paints it with
     Textual's line API: the Text is cut into rows and turned into strips once per
     refresh, skipping Textual's text wrapping and formatting, which is most of the
-    cost of redrawing a full-screen view on every cursor move."""
+    cost of redrawing a full-screen view on every cursor move.
+
+    A row wider than the view ends in "…": cut silently, "refcount 388.0 KiB" read
+    as "refcount 38". Views wrap the rows whose numbers matter (`wrap_parts`)."""
 
     _strips: list | None = None
 
@@ -64,8 +67,40 @@ class TextLines:
             console = self.app.console  # type: ignore[attr-defined]
             rows = self.render().split("\n", allow_blank=True)  # type: ignore[attr-defined]
             self._strips = [
-                Strip(list(row.render(console, end=""))).apply_style(base)
+                Strip(list(elide(row, width).render(console, end=""))).apply_style(base)
                 .crop_extend(0, width, base) for row in rows]
         if y < len(self._strips):
             return self._strips[y]
         return Strip.blank(width, base)
+
+
+def elide(row, width: int):
+    """`row` (a Rich Text of one line) cut to `width` cells with "…" as its last
+    cell when it is wider, so the reader sees that something was cut."""
+    if row.cell_len <= width or width < 1:
+        return row
+    row = row.copy()
+    row.truncate(width, overflow="ellipsis")
+    return row
+
+
+def wrap_parts(text, groups: list[list[tuple[str, str | None]]], width: int,
+               sep: str = " · ", sep_style: str | None = None, indent: str = "  ") -> int:
+    """Append `groups` to the Rich Text `text`, joined by `sep`. A group is a list of
+    (text, style) pieces that stay on one line ("arena", "2.0 MiB"); a new line
+    (with `indent`) starts before a group that would not fit in `width` cells, so a
+    header of sizes wraps between its figures, never inside one. Ends with a
+    newline; returns the number of lines written."""
+    lines, column = 1, 0
+    for group in groups:
+        size = sum(len(chunk) for chunk, _ in group)
+        lead = sep if column else ""
+        if column and column + len(lead) + size > width:
+            text.append("\n" + indent)
+            lines, column, lead = lines + 1, len(indent), ""
+        text.append(lead, sep_style)
+        for chunk, style in group:
+            text.append(chunk, style)
+        column += len(lead) + size
+    text.append("\n")
+    return lines

@@ -15,6 +15,7 @@ that was, so an outlier (one 8 ms matmul among 0.09 ms siblings) stands out.
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -58,13 +59,17 @@ class TimelineView(palette.TextLines, Widget):
 
     def current_event(self) -> dict | None:
         """The event to highlight: the one moved to here if it still belongs to the
-        selected node, else the step event of the selected node."""
+        selection, else the step event of the selected node.
+
+        The event itself is kept, not its name: a parallel run's events are no
+        nodes of the graph (final_id is None) and every rank has its own "F0", so
+        only the event picked tells which one is meant."""
         app = self.tapp
         model = app.model
         if model is None or not model.timelines or app.selected is None:
             return None
         final = model.final_id(app.selected)
-        if self.cursor is not None and self.cursor["node"] == final and \
+        if self.cursor is not None and self.cursor["node"] in (app.selected, final) and \
                 any(e is self.cursor for e in model.timelines[app.run_index]["events"]):
             return self.cursor
         return model.events_of(app.run_index).get(final) if final else None
@@ -150,7 +155,6 @@ class TimelineView(palette.TextLines, Widget):
                         "--trace).", styles["dim"])
             return text
         run = app.run_index
-        timeline = model.timelines[run]
         lanes = model.lanes(run)
         label_cols = self.label_width = self._label_columns(
             [model.streams.get(s, str(s)) for s in lanes])
@@ -160,16 +164,7 @@ class TimelineView(palette.TextLines, Widget):
         critical = model.critical_path(run)
         selected = self.current_event()
         t0, t1 = model.span(run)
-        crit_time = sum(e["end"] - e["start"] for e in timeline["events"]
-                        if id(e) in critical)
-
-        # One run number only: the program's own count ("run 1319"), with the position
-        # among the recorded timelines in words.
-        text.append(f"{timeline['label']} ", styles["title"])
-        text.append(f"(timeline {run + 1} of {len(model.timelines)}) · {fmt_time(t1 - t0)}"
-                    f" · zoom {self.zoom:g}x · ", styles["dim"])
-        text.append("━ critical path", styles["crit"])
-        text.append(f" {len(critical)} steps, busy {fmt_time(crit_time)}\n", styles["dim"])
+        self._header(text, model, run, styles)
         # Time axis: a tick label every ~12 columns.
         axis = [" "] * width
         col = 0
@@ -183,23 +178,28 @@ class TimelineView(palette.TextLines, Widget):
 
         self._lane_rows.clear()
         self._cells.clear()
-        row = 2
+        row = text.plain.count("\n")
+        busy = model.lane_busy(run)
         for stream, events in lanes.items():
-            owners = self._owners(events, start, per_col, width)
+            owners, fill = self._owners(events, start, per_col, width)
             if selected is not None and selected["stream"] == stream:
                 c0 = int((selected["start"] - start) / per_col)
                 c1 = max(c0, int((selected["end"] - start) / per_col - 1e-9))
                 for c in range(max(c0, 0), min(c1, width - 1) + 1):
                     owners[c] = selected
+                    fill[c] = max(fill[c], 1e-9)
             self._cells[stream] = owners
             self._lane_rows[row] = stream
             name = model.streams.get(stream, str(stream))
             text.append(lane_label(name, label_cols), styles["title"])
-            self._bars(text, owners, selected if selected is not None and
+            self._bars(text, owners, fill, selected if selected is not None and
                        selected["stream"] == stream else None, styles, app.dark, start,
                        per_col, model, run)
             text.append("\n")
-            text.append(" " * label_cols)
+            # Under the bars: how busy the lane was over the whole run, and ━ where
+            # the critical path runs.
+            share = busy.get(stream, 0.0) / max(t1 - t0, 1e-12)
+            text.append(f"{f'busy {share:.0%}':<{label_cols}}", styles["dim"])
             for owner in owners:
                 on_path = owner is not None and id(owner) in critical
                 text.append("━" if on_path else " ", styles["crit"] if on_path else None)
@@ -208,38 +208,16 @@ class TimelineView(palette.TextLines, Widget):
 
         text.append("\n")
         if selected is None:
-            what = app.selected or "nothing"
-            text.append(f"{what}: no step in this run ", styles["dim"])
-            text.append("(sources and constants folded away do not run)\n", styles["dim"])
+            self._nothing_selected(text, model, run, styles)
         else:
-            node = model.nodes().get(selected["node"], {})
-            text.append(f"{selected['node']}", styles["edge_sel"])
-            text.append(f"  {selected['op']} {fmt_shape(node.get('shape'))} on "
-                        f"{model.streams.get(selected['stream'])}"
-                        f"  {fmt_time(selected['start'] - t0)} → "
-                        f"{fmt_time(selected['end'] - t0)}"
-                        f" ({fmt_time(selected['end'] - selected['start'])}) "
-                        f"{fmt_bytes(selected['bytes'])}", styles["near"])
-            if id(selected) in critical:
-                text.append("  on the critical path", styles["crit"])
-            text.append("\n")
-            if selected.get("args"):
-                args = ", ".join(f"{k}={v}" for k, v in selected["args"].items())
-                text.append(f"  {args}\n", styles["dim"])
-            if selected["step"] is not None:
-                for line in model.waits_of(selected["node"], run) or ["no cross-stream waits"]:
-                    text.append(f"  {line}\n", styles["wait"])
+            self._event_lines(text, model, run, selected, critical, styles)
         room = self.size.height - text.plain.count("\n") - 1
         if room >= 4:
             self._op_table(text, model, run, styles, room - 1)
         # With room to spare (a tall terminal), the critical path and every wait.
         room = self.size.height - text.plain.count("\n") - 1
         if room >= 3:
-            chain = sorted((e for e in timeline["events"] if id(e) in critical),
-                           key=lambda e: e["start"])
-            text.append("\ncritical path: ", styles["crit"])
-            text.append(" → ".join(e["node"] for e in chain) + "\n", styles["dim"])
-            room -= 2
+            room -= self._critical_chain(text, model, run, critical, styles, room - 1)
         waits = [(e, w) for e in model.schedule for w in e["waits"]]
         if room >= 3 and waits:
             text.append(f"\ncross-stream waits ({len(waits)}):\n", styles["title"])
@@ -257,6 +235,86 @@ class TimelineView(palette.TextLines, Widget):
                             styles["edge_sel"] if chosen == entry["node"] else styles["dim"])
         return text
 
+    def _header(self, text: Text, model, run: int, styles: dict) -> None:
+        """Which run, its length and zoom, and the critical path's figures: its
+        steps (on how many lanes) and the time they worked, out of the run's length
+        (the rest the path spent waiting: transfers, idle ranks). Wrapped between
+        figures when the view is narrow."""
+        timeline = model.timelines[run]
+        t0, t1 = model.span(run)
+        critical = model.critical_path(run)
+        lanes = {e["stream"] for e in timeline["events"] if id(e) in critical}
+        steps = f"{len(critical)} step{'s' if len(critical) != 1 else ''}"
+        if len(lanes) > 1:
+            steps += f" on {len(lanes)} lanes"
+        # One run number only: the program's own count ("program run 1319"), with the
+        # position among the recorded timelines in words.
+        palette.wrap_parts(text, [
+            [(run_label(timeline), styles["title"]),
+             (f" (timeline {run + 1} of {len(model.timelines)})", styles["dim"])],
+            [(fmt_time(t1 - t0), styles["dim"])],
+            [(f"zoom {self.zoom:g}x", styles["dim"])],
+            [("━ critical path", styles["crit"]), (f" {steps}", styles["dim"])],
+            [(f"busy {fmt_time(model.critical_busy(run))} of {fmt_time(t1 - t0)}",
+              styles["dim"])],
+        ], self.size.width, sep_style=styles["dim"])
+
+    def _nothing_selected(self, text: Text, model, run: int, styles: dict) -> None:
+        what = self.tapp.selected or "nothing"
+        if any(e["step"] is not None for e in model.timelines[run]["events"]):
+            text.append(f"{what}: no step in this run ", styles["dim"])
+            text.append("(sources and constants folded away do not run)\n", styles["dim"])
+        else:   # a parallel run's events are not nodes of the graph
+            text.append(f"{what}: not an event of this run; ←→↑↓ or a click select a bar\n",
+                        styles["dim"])
+
+    def _event_lines(self, text: Text, model, run: int, event: dict, critical: set,
+                     styles: dict) -> None:
+        """The selected bar: its node (or event), lane, times and bytes; then what
+        the record says about it (rank, microbatch, args) and what it waited on."""
+        t0 = model.span(run)[0]
+        node = model.nodes().get(event["node"]) if event["step"] is not None else None
+        shape = f" {fmt_shape(node.get('shape'))}" if node else ""
+        near = styles["near"]
+        groups = [[(model.event_name(event, run), styles["edge_sel"])],
+                  [(f"{event['op']}{shape} on {model.streams.get(event['stream'])}", near)],
+                  [(f"{fmt_time(event['start'] - t0)} → {fmt_time(event['end'] - t0)}"
+                    f" ({fmt_time(event['end'] - event['start'])})", near)],
+                  [(fmt_bytes(event["bytes"]), near)]]
+        if id(event) in critical:
+            groups.append([("on the critical path", styles["crit"])])
+        palette.wrap_parts(text, groups, self.size.width, sep="  ")
+        facts = model.event_facts(event)
+        if facts:
+            for line in textwrap.wrap(" · ".join(facts), max(self.size.width - 2, 20)):
+                text.append(f"  {line}\n", styles["dim"])
+        if event["step"] is not None:
+            for line in model.waits_of(event["node"], run) or ["no cross-stream waits"]:
+                text.append(f"  {line}\n", styles["wait"])
+        for source in model.received(run).get(id(event), []):
+            gap = event["start"] - source["end"]
+            when = f"it ended {fmt_time(gap)} before this started" if gap >= 0 else \
+                f"it ended {fmt_time(-gap)} after this started: this waited inside"
+            text.append(f"  received from {model.event_name(source, run)} ({when})\n",
+                        styles["wait"])
+
+    def _critical_chain(self, text: Text, model, run: int, critical: set, styles: dict,
+                        room: int) -> int:
+        """The critical path's events in order, wrapped between names over at most
+        `room` lines, the last ending "… +N more" when not all fit. Returns the
+        lines written."""
+        chain = sorted((e for e in model.timelines[run]["events"] if id(e) in critical),
+                       key=lambda e: e["start"])
+        names = [model.event_name(e, run) for e in chain]
+        lines = wrap_names(names, max(self.size.width, 20), "critical path: ", room)
+        text.append("\n")
+        for k, line in enumerate(lines):
+            if k == 0:
+                text.append("critical path:", styles["crit"])
+                line = line[len("critical path:"):]
+            text.append(line + "\n", styles["dim"])
+        return len(lines) + 1
+
     def _op_table(self, text: Text, model, run: int, styles: dict, room: int) -> None:
         """The per-op summary, as many rows as fit in `room`."""
         runs = list(range(len(model.timelines))) if self.all_runs else [run]
@@ -272,7 +330,7 @@ class TimelineView(palette.TextLines, Widget):
             text.append(f"{row['op'][:21]:<22}{fmt_time(row['total']):>9}{row['count']:>7}"
                         f"{fmt_time(row['mean']):>9}{row['share'] * 100:>6.1f}%"
                         f"{fmt_bytes(row['bytes']):>11}  ")
-            where = f" (run {model.timelines[worst_run]['run']})" if self.all_runs else ""
+            where = f" ({run_label(model.timelines[worst_run])})" if self.all_runs else ""
             text.append(f"{node} {fmt_time(worst)}{where}" + (
                 f" = {row['outlier']:.0f}x mean ⚠" if flag else "") + "\n",
                 styles["warn"] if flag else styles["dim"])
@@ -285,10 +343,14 @@ class TimelineView(palette.TextLines, Widget):
         return max(LABEL, min(longest, self.size.width // 3))
 
     @staticmethod
-    def _owners(events: list[dict], start: float, per_col: float, width: int) -> list:
-        """For each column, the event that covers most of it (None: idle)."""
+    def _owners(events: list[dict], start: float, per_col: float, width: int
+                ) -> tuple[list, list[float]]:
+        """For each column, the event that covers most of it (None: idle), and the
+        share of the column's time some event covered (0 to 1): a column where an
+        eager run spent 23% of its time in ops and the rest in Python is 0.23."""
         owners: list = [None] * width
         cover = [0.0] * width
+        fill = [0.0] * width
         for event in events:
             if event["end"] < start or event["start"] > start + per_col * width:
                 continue
@@ -297,15 +359,19 @@ class TimelineView(palette.TextLines, Widget):
             for c in range(c0, c1 + 1):
                 lo = max(event["start"], start + c * per_col)
                 hi = min(event["end"], start + (c + 1) * per_col)
+                fill[c] += max(hi - lo, 0.0) / per_col
                 # A step shorter than a column still shows: its share is at least tiny.
                 share = max(hi - lo, 1e-15)
                 if share > cover[c]:
                     cover[c], owners[c] = share, event
-        return owners
+        return owners, [min(f, 1.0) for f in fill]
 
-    def _bars(self, text: Text, owners: list, selected: dict | None, styles: dict,
-              dark: bool, start: float, per_col: float, model, run: int) -> None:
-        """One lane's bars; `selected` is the cursor's event if it is on this lane."""
+    def _bars(self, text: Text, owners: list, fill: list[float], selected: dict | None,
+              styles: dict, dark: bool, start: float, per_col: float, model, run: int
+              ) -> None:
+        """One lane's bars; `selected` is the cursor's event if it is on this lane.
+        A cell is shaded by how busy its column was (`shade`): a lane of many short
+        ops with gaps between them is not drawn as one solid bar."""
         # The idle gap before the selected step, when it waited on another stream.
         gap = set()
         if selected is not None and selected["step"] is not None and \
@@ -339,10 +405,11 @@ class TimelineView(palette.TextLines, Widget):
                 text.append(body, styles["sel"] if owner is selected
                             else f"bold {ink} on {color}")
             else:
-                body = "█" * n
-                # The last cell of a bar followed by another bar: a half block, so
-                # neighbours of the same color stay two bars.
-                if n > 1 and end + 1 < width and owners[end + 1] is not None:
+                body = "".join(shade(fill[k]) for k in range(c, end + 1))
+                # The last cell of a full bar followed by another bar: a half block,
+                # so neighbours of the same color stay two bars.
+                if n > 1 and end + 1 < width and owners[end + 1] is not None \
+                        and body[-1] == "█":
                     body = body[:-1] + "▌"
                 text.append(body, bar_style)
             c = end + 1
@@ -358,6 +425,54 @@ class TimelineView(palette.TextLines, Widget):
         col = offset.x - self.label_width
         if 0 <= col < len(owners) and owners[col] is not None:
             self.choose(owners[col])
+
+
+def wrap_names(names: list[str], width: int, head: str, room: int) -> list[str]:
+    """`head` and `names` joined by " → " in lines of at most `width` cells, broken
+    between names (never inside one); at most `room` lines, the last one ending
+    "… +N more" when not all names fit."""
+    rows: list[list[str]] = [[]]
+    column = len(head)
+    for name in names:
+        if rows[-1] and column + len(name) + 2 > width:   # 2: room for a " →"
+            rows.append([])
+            column = 2
+        rows[-1].append(name)
+        column += len(name) + 3
+    left = 0
+    if len(rows) > room:
+        rows = rows[:max(room, 1)]
+        left = len(names) - sum(len(row) for row in rows)
+    lines = []
+    for k, row in enumerate(rows):   # a line that the next continues ends in "→"
+        arrow = " →" if k + 1 < len(rows) else ""
+        lines.append((head if k == 0 else "  ") + " → ".join(row) + arrow)
+    while left:   # drop names from the last line until "… +N more" fits after it
+        more = f" → … +{left} more"
+        if len(lines[-1]) + len(more) <= width or len(rows[-1]) <= 1:
+            lines[-1] += more
+            break
+        rows[-1].pop()
+        left += 1
+        lines[-1] = ("  " if len(rows) > 1 else head) + " → ".join(rows[-1])
+    return lines
+
+
+def shade(fill: float) -> str:
+    """The cell for a column busy `fill` of its time: █ (7/8 or more), ▓, ▒, ░."""
+    for level, char in ((0.875, "█"), (0.625, "▓"), (0.375, "▒")):
+        if fill >= level:
+            return char
+    return "░"
+
+
+def run_label(timeline: dict) -> str:
+    """The run's name as the record gives it, said plainly: tinyflow numbers the
+    timelines of a compiled program by that program's own runs ("run 1319"), which
+    is not the training step (another program, such as an epoch's short last batch,
+    runs in between), so "program run 1319"."""
+    label = timeline["label"]
+    return f"program {label}" if label == f"run {timeline['run']}" else label
 
 
 def lane_label(name: str, columns: int) -> str:
