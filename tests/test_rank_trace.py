@@ -123,3 +123,16 @@ def test_reduce_scatter_and_all_gather_record_their_ring_steps():
     assert len(events) == 3 * 2 * 2   # per rank, N - 1 steps of each phase
     assert all(e["end"] >= e["start"] and e["bytes"] > 0 for e in events)
     scheme_record(events, "zero on 3 ranks")   # a valid record
+
+
+def test_scheme_record_keeps_an_events_args_in_one_level():
+    # collective_events put rank and dst under "args", which scheme_record nested one
+    # level deeper ({"args": {"args": {"rank": 3, "dst": 0}}}).
+    events = collective_events([{"phase": "all-gather", "step": 0, "start": 1.0, "end": 2.0,
+                                 "bytes": 8, "dst": 1}], 0)
+    events.append({"node": "F0", "stream": "rank0/compute", "start": 0.5, "end": 1.0,
+                   "microbatch": 0})
+    record = scheme_record(events, "one level")
+    args = {e["node"]: e["args"] for e in record["timelines"][0]["events"]}
+    assert args["all-gather[0]"] == {"rank": 0, "dst": 1}
+    assert args["F0"] == {"microbatch": 0}

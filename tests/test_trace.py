@@ -509,3 +509,21 @@ def test_a_live_scalar_at_the_bounds_is_read(tmp_path, record):
     path = _live(tmp_path, record, lines)
     assert trace.load_live(path)["scalars"]["loss"][-2:] == [[2**53 - 1, 1e300],
                                                              [-(2**53 - 1), -1e300]]
+
+
+def test_a_recorded_timeline_says_which_training_step_it_was(tmp_path):
+    # Timelines were numbered by their program's own runs only; after an epoch's
+    # short last batch (another program) run N was no longer step N, and the
+    # debugger's curves cursor picked the wrong timeline. The run before a scalar
+    # of step N is logged is step N's.
+    x = tf.placeholder(tf.float32, (None, 2))
+    y = tf.reduce_sum(x * 2.0)
+    sess = tf.Session()
+    path = tmp_path / "steps.tfdbg.json"
+    with tf.debug.record(path):
+        for step, batch in enumerate([4, 4, 3, 4]):      # the 3 compiles a second program
+            loss = sess.run(y, {x: np.ones((batch, 2), np.float32)})
+            tf.debug.scalar("loss", step + 10, loss)
+    record = tf.trace.load(path)
+    steps = {t["run"]: t.get("step") for t in record["timelines"]}
+    assert steps == {0: 10, 1: 11, 2: 13}    # the main program's runs, by step

@@ -61,6 +61,13 @@ class Recorder:
         self._main: Any = None               # the program whose check failed
         self.eager_log: Any = None           # eager ops recorded (eager_record.EagerLog)
         self.memory_references: dict[str, int] = {}  # see `memory_reference`
+        # Which training step each run was: the step of the first scalar logged
+        # after it (the loss of step N is logged once step N's run returned). A
+        # program counts its own runs; an epoch's short last batch compiles another
+        # program, so run N of one program is not step N: the debugger links a
+        # timeline to the curves by this instead.
+        self._last_run: tuple[int, int] | None = None   # (id(program), its run)
+        self._run_steps: dict[tuple[int, int], int] = {}
         self._live_file: Any = None          # PATH.live.jsonl, open while live
         self._live_lines = 0                 # lines written to it
         self._live_points: list = []         # (name, step, value) logged, not yet written
@@ -83,6 +90,7 @@ class Recorder:
         """Note one run of `program` (called by Session.run, also when it failed)."""
         self.programs[id(program)] = program
         self.runs[id(program)] = self.runs.get(id(program), 0) + 1
+        self._last_run = (id(program), program.runs - 1)
         if program.check_failure and self.check is None:
             self.check = program.check_failure
             self._main = program
@@ -102,6 +110,8 @@ class Recorder:
                                 f"number, got {step!r} (the order is name, step, value)")
         point = [int(step), float(value)]
         self.scalars.setdefault(str(name), []).append(point)
+        if self._last_run is not None:
+            self._run_steps.setdefault(self._last_run, point[0])
         if self._live_file is not None:   # written with the next tick's lines
             self._live_points.append((str(name), point[0], point[1]))
             self._tick_if_due(time.perf_counter())
@@ -220,6 +230,10 @@ class Recorder:
             record["timelines"] = [{"run": run, "label": f"run {run}", "events": events}
                                    for prog, run, events in self._live_timelines
                                    if prog is program]
+        for timeline in record["timelines"] if program is not None else ():
+            step = self._run_steps.get((id(program), timeline["run"]))
+            if step is not None:
+                timeline["step"] = step
         if self.check is not None:
             record["check"] = self.check
         if self.memory_references and record.get("memory_plan"):

@@ -110,12 +110,19 @@ def scheme_record(events: Sequence[dict], title: str, label: str = "step",
         {"step": None, "node": str(e["node"]), "op": str(e.get("op", e.get("kind", "step"))),
          "stream": ids[e["stream"]], "start": e["start"] - t0, "end": e["end"] - t0,
          "bytes": int(e.get("bytes", 0)), "summary": None,
-         "args": trace.json_safe({k: v for k, v in e.items()
-                                  if k not in ("node", "op", "stream", "start", "end",
-                                               "bytes")})}
+         "args": trace.json_safe(_event_args(e))}
         for e in sorted(events, key=lambda e: e["start"])]}]
     trace.validate(record)
     return record
+
+
+def _event_args(event: dict) -> dict:
+    """What an event says beyond its bar, in one level: its "args" (the rank and
+    destination of a ring step) and any other key (a pipeline's microbatch)."""
+    args = {k: v for k, v in event.items()
+            if k not in ("node", "op", "stream", "start", "end", "bytes", "args")}
+    args.update(event.get("args") or {})
+    return args
 
 
 def _held_bytes(held: dict[int, dict[str, Any]]) -> tuple[list[dict], dict]:
