@@ -527,3 +527,21 @@ def test_a_recorded_timeline_says_which_training_step_it_was(tmp_path):
     record = tf.trace.load(path)
     steps = {t["run"]: t.get("step") for t in record["timelines"]}
     assert steps == {0: 10, 1: 11, 2: 13}    # the main program's runs, by step
+
+
+def test_a_followed_live_record_says_when_the_run_finished(tmp_path):
+    # A follower could not tell a run that ended from one still running ("following"
+    # stayed on); the final document now says live_finished.
+    x = tf.placeholder(tf.float32, (2,))
+    sess = tf.Session()
+    path = tmp_path / "live.tfdbg.json"
+    recorder = tf.debug.record(path, live=True)
+    with recorder:
+        sess.run(x * 2.0, {x: np.ones(2, np.float32)})
+        tf.debug.scalar("loss", 0, 1.0)
+        tf.debug.current().flush()
+        reader = tf.trace.LiveReader(path)
+        reader.poll()
+        assert reader.record is not None and not reader.finished
+    reader.poll()
+    assert reader.finished

@@ -388,3 +388,21 @@ def test_an_expanded_box_draws_the_selected_node_even_past_its_first_nodes():
     overview.toggle("forward:block0")
     assert "block0/op95" not in overview.draw(lambda i: "node", None).boxes
     assert "block0/op95" in overview.draw(lambda i: "node", None, keep="block0/op95").boxes
+
+
+@pilot_test
+async def test_follow_says_when_the_run_finished(tmp_path):
+    """The final document of a live run says live_finished: the header says so."""
+    path = tmp_path / "live.json"
+    trace.save(trace.load(MLP), path)
+    app = DebuggerApp(str(path), follow=True)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await opened(pilot)
+        assert "· following" in str(app.query_one("#status").render())
+        trace.save({**trace.load(MLP), "live_lines": 0, "live_finished": True}, path)
+        for _ in range(40):
+            await pilot.pause(0.05)
+            if "run finished" in str(app.query_one("#status").render()):
+                break
+        status = str(app.query_one("#status").render())
+        assert "· run finished" in status and "following" not in status

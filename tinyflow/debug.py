@@ -246,6 +246,7 @@ class Recorder:
             self._write_points()
             self._live_file.flush()
             record["live_lines"] = self._live_lines
+            record["live_finished"] = True    # a follower can say the run ended
         trace.save(record, self.path)
         self.close_live()
         return self.path

@@ -635,7 +635,8 @@ def check_file(path: str | os.PathLike) -> list[str]:
 #
 # The document is (re)written whenever the program being recorded changes and at the
 # end; its optional key ``"live_lines": N`` says that it already holds the first N
-# lines, so a reader applies only the lines after them. A timeline line refers to
+# lines, so a reader applies only the lines after them, and the document written at
+# the end says ``"live_finished": true`` (nothing more will come). A timeline line refers to
 # the schedule of the document written before it. `LiveReader` follows both files;
 # `load_live` reads them once. A last line without its newline is still being
 # written and is left for the next read.
@@ -683,6 +684,11 @@ class LiveReader:
         self._offset = 0        # bytes of the lines file already read
         self._lines = 0         # complete lines read so far
         self.scalars_seen = 0   # scalar points applied (for tests and the status line)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run wrote its final document (nothing more will be appended)."""
+        return bool(self.record) and self.record.get("live_finished") is True
 
     def _stamp(self) -> tuple | None:
         try:

@@ -417,9 +417,11 @@ class DebuggerApp(App):
             mode = self.query_one(GraphView).mode_name()
             text.append(f" [{mode}]", styles["key"])
         text.append(f" {model.meta['title']}", styles["near"])
-        if self.follow:
-            # The record has no "run finished" mark, so say what is known: how long
-            # nothing arrived (a run that ended looked like one still following).
+        if self.follow and self.reader is not None and self.reader.finished:
+            text.append(" · run finished", styles["dim"])   # its final document came
+        elif self.follow:
+            # Not finished (or an older record without the mark): say how long nothing
+            # arrived (a run that died looked like one still following).
             self._shown_quiet = self._quiet_label()
             if self._shown_quiet:
                 text.append(f" · {self._shown_quiet}", styles["warn"])
