@@ -1105,8 +1105,19 @@ def test_an_eager_run_records_for_the_debugger(tmp_path):
     assert len(record["schedule"]) == len(record["timelines"][0]["events"])
     plan = record["memory_plan"]
     assert plan["strategy"] == "caching allocator" and plan["arena_bytes"] >= 2 << 20
-    reasons = [t["reason"] for t in plan["tensors"]]
+    reasons = [t["reason"] for t in plan["tensors"] if t["kind"] == "intermediate"]
     assert all(r.startswith(("best fit", "new segment", "fast bin")) for r in reasons), reasons[:3]
+    # (backward's seed, ones, is made by tensor(), not by an op: listed from its step)
+    assert [t["kind"] for t in plan["tensors"] if t["reason"].startswith("made by")] == ["feed"]
+    # The blocks made before recording (weights, the batch) are listed too, alive
+    # from step 0: the plan's live bytes reach the allocator's peak, which counted
+    # them while the memory view drew their bytes as free.
+    earlier = [t for t in plan["tensors"] if t["kind"] == "variable"]
+    assert len(earlier) == len(opt.params) + 2 and all(t["first_step"] == 0 for t in earlier)
+    steps = range(len(record["schedule"]))
+    live = max(sum(t["nbytes"] for t in plan["tensors"]
+                   if t["first_step"] <= s <= t["last_step"]) for s in steps)
+    assert live == plan["lower_bound_bytes"]
     assert record["scalars"]["loss"][0][1] == pytest.approx(loss.item())
     # SGD's updates are written into the weights' own blocks: recorded as in-place
     # optimizer ops, each with its node and event but no block of its own
@@ -1147,7 +1158,7 @@ def test_an_eager_conv_takes_its_scratch_from_the_caching_allocator(tmp_path):
     record = trace.load(path)
     trace.validate(record)
     kinds = {t["kind"] for t in record["memory_plan"]["tensors"]}
-    assert kinds == {"intermediate", "scratch"}
+    assert kinds == {"intermediate", "scratch", "variable"}   # (x and w: made before)
     (entry,) = [t for t in record["memory_plan"]["tensors"] if t["kind"] == "scratch"]
     assert entry["first_step"] == entry["last_step"] and entry["nbytes"] >= scratch
     assert entry["reason"].startswith(("best fit", "new segment", "fast bin"))

@@ -38,6 +38,7 @@ class EagerLog:
         self.tensors: list[dict] = []
         self.names: dict[int, str] = {}              # id(Tensor) -> node name
         self.by_block: dict[int, dict] = {}          # live block id -> tensor entry
+        self.born: set[int] = set()   # blocks allocated since recording began
         self.seen_events = self.first_event
         self.start = None
 
@@ -49,7 +50,25 @@ class EagerLog:
                                "shape": list(t.shape), "dtype": t.dtype.name,
                                "bytes": t.data.nbytes, "where": "<before recording>",
                                "attrs": {}, "provenance": [name], "phase": "forward"})
+            self._add_earlier_block(name, t)
         return name
+
+    def _add_earlier_block(self, name: str, t: Any) -> None:
+        """The block of a Tensor no recorded op made: one made before recording (a
+        parameter, optimizer state), alive from the first step, or one made since by
+        `tensor()` (an input batch), alive from now. The memory view then shows what
+        holds those bytes instead of a gap the allocator's peak counts."""
+        block = getattr(t, "_block", None)
+        if block is None or block.id in self.by_block or not block.allocated:
+            return   # (a literal outside the allocator; or a block already listed)
+        here = block.id in self.born
+        entry = {"node": name, "block": block, "nbytes": block.size,
+                 "kind": "feed" if here else "variable",
+                 "first_step": len(self.events) if here else 0, "last_step": None,
+                 "reason": "made by tensor(), outside the recorded ops" if here else
+                           "allocated before recording began"}
+        self.tensors.append(entry)
+        self.by_block[block.id] = entry
 
     def add(self, op: str, inputs: Sequence[Any], out: Any, block: Block,
             began: float, ended: float, scratch: tuple[Block, int] | None = None) -> None:
@@ -123,7 +142,9 @@ class EagerLog:
     def _note_frees(self, step: int) -> None:
         events = self.alloc.events
         for event in events[self.seen_events:]:
-            if event["event"] == "free" and event["block"] in self.by_block:
+            if event["event"] == "alloc":
+                self.born.add(event["block"])
+            elif event["event"] == "free" and event["block"] in self.by_block:
                 self.by_block.pop(event["block"])["last_step"] = max(step - 1, 0)
         self.seen_events = len(events)
 
