@@ -285,7 +285,8 @@ async def test_follow_shows_scalars_a_training_thread_appends(tmp_path):
         proceed.set()
         assert await until(done.is_set)
         assert await until(lambda: seen(20)), "and then the rest"
-        assert "following" in str(app.query_one("#status").render())
+        # (the run's final document says it finished)
+        assert await until(lambda: "run finished" in str(app.query_one("#status").render()))
     thread.join()
 
 

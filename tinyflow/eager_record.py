@@ -33,6 +33,9 @@ class EagerLog:
         self.mode = mode
         self.was_recording, alloc.record = alloc.record, True
         self.first_event = len(alloc.events)
+        # The allocator's peaks are its lifetime's; the record's are this recording's,
+        # from what was held when it began and the figures each event carries.
+        self.start_allocated, self.start_reserved = alloc.allocated, alloc.reserved
         self.nodes: list[dict] = []
         self.events: list[dict] = []
         self.tensors: list[dict] = []
@@ -164,17 +167,20 @@ class EagerLog:
         record["schedule"] = [{"step": e["step"], "node": e["node"], "op": e["op"],
                                "stream": 0, "waits": [], "records_event": None}
                               for e in self.events]
+        events = self.alloc.events[self.first_event:]
+        peak_allocated = max([self.start_allocated, *(e["allocated"] for e in events)])
+        peak_reserved = max([self.start_reserved, base, *(e["reserved"] for e in events)])
         tensors = [{"node": t["node"], "offset": bases[t["block"].segment] + t["block"].offset,
                     "nbytes": t["nbytes"], "first_step": t["first_step"],
                     "last_step": last if t["last_step"] is None else t["last_step"],
                     "inplace_of": None, "kind": t["kind"], "reason": t["reason"]}
                    for t in self.tensors]
         record["memory_plan"] = {
-            "strategy": "caching allocator", "arena_bytes": self.alloc.peak_reserved,
+            "strategy": "caching allocator", "arena_bytes": peak_reserved,
             "naive_bytes": sum(t["nbytes"] for t in tensors),
-            "lower_bound_bytes": self.alloc.peak_allocated, "alignment": ROUND,
-            "strategies": {"caching allocator (reserved)": self.alloc.peak_reserved,
-                           "allocated peak": self.alloc.peak_allocated},
+            "lower_bound_bytes": peak_allocated, "alignment": ROUND,
+            "strategies": {"caching allocator (reserved)": peak_reserved,
+                           "allocated peak": peak_allocated},
             "tensors": tensors}
         record["timelines"] = [{"run": 0, "label": "eager run", "events": self.events}]
         return record
