@@ -1044,29 +1044,12 @@ def to_model(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict,
     fetches = [fetches] if isinstance(fetches, Node) else list(dict.fromkeys(fetches))
     feeds = list(feeds)
     order = topological_order(fetches, frozenset(id(f) for f in feeds))
-    missing: dict[str, list[str]] = {}
-    for node in order:
-        if node in feeds or node.op in ("placeholder", "variable"):
-            continue
-        if node.op not in EXPORTERS:
-            missing.setdefault(node.op, []).append(f"{node.name} ({node.where})")
-    if missing:
-        raise _unsupported("TinyFlow", missing, list(EXPORTERS))
+    _check_exportable(order, feeds)
     w = _Writer(opset)
     graph_inputs = []
     for node in order:
         if node in feeds or node.op == "placeholder":
-            if node not in feeds:
-                raise OnnxError(f"placeholder {node.name!r} ({node.where}) is needed by the "
-                                "fetches but is not among the feeds")
-            w.names[id(node)] = w.unique(node.name)
-            declared = node.attrs.get("shape", node.shape) if node.op == "placeholder" \
-                else node.shape
-            if declared is None:
-                raise OnnxError(f"placeholder {node.name!r} ({node.where}) has no known "
-                                "rank; ONNX inputs need one: give it a shape (None for "
-                                "a dim of any size)")
-            graph_inputs.append(_value_info(w.names[id(node)], declared, node.dtype, True))
+            graph_inputs.append(_graph_input(w, node, feeds))
         elif node.op == "variable":
             w.names[id(node)] = w.unique(node.name)
             if variables_as == "inputs":
@@ -1079,12 +1062,7 @@ def to_model(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict,
             out = w.unique(node.name)
             ins = [w.names[id(i)] for i in node.inputs]
             w.names[id(node)] = EXPORTERS[node.op](w, node, ins, out)
-    outputs = []
-    for fetch in fetches:
-        name = w.names[id(fetch)]
-        if fetch in feeds or fetch.op == "variable":  # an output must be a node's output
-            name = w.emit("Identity", [name], w.unique(f"{fetch.name}/output"), fetch)
-        outputs.append(_value_info(name, fetch.shape, fetch.dtype, False))
+    outputs = [_graph_output(w, fetch, feeds) for fetch in fetches]
     graph = onnx.helper.make_graph(w.nodes, name, graph_inputs, outputs, w.initializers)
     model = onnx.helper.make_model(
         graph, opset_imports=[onnx.helper.make_opsetid("", opset)],
@@ -1094,6 +1072,43 @@ def to_model(fetches: Node | Sequence[Node], feeds: Sequence[Node] | dict,
     # one than the installed runtime knows, and opset 20 needs no more than IR 9.
     model.ir_version = min(model.ir_version, 9)
     return model
+
+
+def _check_exportable(order: list[Node], feeds: list[Node]) -> None:
+    """Raise UnsupportedOpError naming every op (and its nodes) with no exporter."""
+    missing: dict[str, list[str]] = {}
+    for node in order:
+        if node in feeds or node.op in ("placeholder", "variable"):
+            continue
+        if node.op not in EXPORTERS:
+            missing.setdefault(node.op, []).append(f"{node.name} ({node.where})")
+    if missing:
+        raise _unsupported("TinyFlow", missing, list(EXPORTERS))
+
+
+def _graph_input(w: _Writer, node: Node, feeds: list[Node]) -> Any:
+    """A fed node as an input of the ONNX graph, with the shape it was declared with
+    (a placeholder's None dims become symbols)."""
+    if node not in feeds:
+        raise OnnxError(f"placeholder {node.name!r} ({node.where}) is needed by the "
+                        "fetches but is not among the feeds")
+    w.names[id(node)] = w.unique(node.name)
+    declared = node.attrs.get("shape", node.shape) if node.op == "placeholder" \
+        else node.shape
+    if declared is None:
+        raise OnnxError(f"placeholder {node.name!r} ({node.where}) has no known "
+                        "rank; ONNX inputs need one: give it a shape (None for "
+                        "a dim of any size)")
+    return _value_info(w.names[id(node)], declared, node.dtype, True)
+
+
+def _graph_output(w: _Writer, fetch: Node, feeds: list[Node]) -> Any:
+    """A fetch as an output of the ONNX graph (a fed node or a variable through an
+    Identity: an output must be some node's output)."""
+    name = w.names[id(fetch)]
+    if fetch in feeds or fetch.op == "variable":
+        name = w.emit("Identity", [name], w.unique(f"{fetch.name}/output"), fetch)
+    return _value_info(name, fetch.shape, fetch.dtype, False)
 
 
 def _name_output_dims(model: Any) -> None:
