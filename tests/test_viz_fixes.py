@@ -406,3 +406,10 @@ async def test_follow_says_when_the_run_finished(tmp_path):
                 break
         status = str(app.query_one("#status").render())
         assert "· run finished" in status and "following" not in status
+
+
+def test_a_timeline_tied_to_a_step_says_its_step():
+    from viz.timeline_view import run_label
+    assert run_label({"run": 1319, "label": "run 1319"}) == "program run 1319"
+    assert run_label({"run": 1319, "label": "run 1319", "step": 1349}) == \
+        "step 1349, program run 1319"

@@ -472,7 +472,9 @@ def run_label(timeline: dict) -> str:
     is not the training step (another program, such as an epoch's short last batch,
     runs in between), so "program run 1319"."""
     label = timeline["label"]
-    return f"program {label}" if label == f"run {timeline['run']}" else label
+    label = f"program {label}" if label == f"run {timeline['run']}" else label
+    step = timeline.get("step")   # the training step, when the record ties one
+    return label if step is None else f"step {step}, {label}"
 
 
 def lane_label(name: str, columns: int) -> str:
