@@ -4,11 +4,8 @@ and the exports."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import functools
 import json
-import os
 import subprocess
 import sys
 
@@ -22,10 +19,8 @@ from viz.inspector import Inspector
 from viz.memory_view import MemoryView
 from viz.model import RecordModel
 from viz.timeline_view import LABEL, TimelineView
+from viz_pilot import FIXTURES, MLP, NAN, opened, pilot_test
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-MLP = os.path.join(FIXTURES, "mlp.record.json")
-NAN = os.path.join(FIXTURES, "mlp_nan.record.json")
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +33,8 @@ def model(record) -> RecordModel:
     return RecordModel(record)
 
 
-def pilot_test(fn):
-    """Run an async Pilot test with asyncio (no pytest plugin needed)."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        asyncio.run(fn(*args, **kwargs))
-    return run
 
 
-async def opened(pilot) -> None:
-    """Wait until the loading worker is done and the screen shows the record."""
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 # -- the model ---------------------------------------------------------------------------

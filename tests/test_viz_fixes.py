@@ -5,10 +5,7 @@ small things (help scrolling, follow mode, search, cut text, focus)."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import functools
-import os
 import re
 import time
 
@@ -29,21 +26,12 @@ from viz.memory_view import MemoryView
 from viz.model import RecordModel, fmt_bytes
 from viz.overview import Overview, layers, overview_of
 from viz.timeline_view import TimelineView, wrap_names
-
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-MLP = os.path.join(FIXTURES, "mlp.record.json")
+from viz_pilot import MLP, opened, pilot_test
 
 
-def pilot_test(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        asyncio.run(fn(*args, **kwargs))
-    return run
 
 
-async def opened(pilot) -> None:
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
+
 
 
 def path_of(model: RecordModel, run: int = 0) -> list[str]:
@@ -312,24 +300,34 @@ async def test_help_scrolls_at_80x24():
 
 
 @pilot_test
-async def test_follow_says_when_nothing_new_arrives(tmp_path):
+async def test_follow_says_when_nothing_new_arrives_and_when_the_run_finished(tmp_path):
     """After the writer finished, the header still said "following"."""
     path = tmp_path / "live.json"
     trace.save(trace.load(MLP), path)
     app = DebuggerApp(str(path), follow=True)
-    async with app.run_test(size=(120, 30)) as pilot:
-        await opened(pilot)
-        assert "· following" in str(app.query_one("#status").render())
-        app.last_change = time.monotonic() - 60     # a minute with nothing new
-        await pilot.pause(0.6)                      # a poll or two
-        status = str(app.query_one("#status").render())
-        assert re.search(r"no new data for 6\ds", status) and "· following" not in status
-        trace.save(trace.load(MLP), path)           # the record grows again
+
+    def status() -> str:
+        return str(app.query_one("#status").render())
+
+    async def until(text: str) -> None:
         for _ in range(40):
             await pilot.pause(0.05)
-            if "· following" in str(app.query_one("#status").render()):
-                break
-        assert "· following" in str(app.query_one("#status").render())
+            if text in status():
+                return
+
+    async with app.run_test(size=(120, 30)) as pilot:
+        await opened(pilot)
+        assert "· following" in status()
+        app.last_change = time.monotonic() - 60     # a minute with nothing new
+        await pilot.pause(0.6)                      # a poll or two
+        assert re.search(r"no new data for 6\ds", status()) and "· following" not in status()
+        trace.save(trace.load(MLP), path)           # the record grows again
+        await until("· following")
+        assert "· following" in status()
+        # the run's final document says it finished (live_finished)
+        trace.save({**trace.load(MLP), "live_lines": 0, "live_finished": True}, path)
+        await until("run finished")
+        assert "· run finished" in status() and "following" not in status()
 
 
 def test_search_finds_memory_labels_such_as_scratch():
@@ -388,24 +386,6 @@ def test_an_expanded_box_draws_the_selected_node_even_past_its_first_nodes():
     overview.toggle("forward:block0")
     assert "block0/op95" not in overview.draw(lambda i: "node", None).boxes
     assert "block0/op95" in overview.draw(lambda i: "node", None, keep="block0/op95").boxes
-
-
-@pilot_test
-async def test_follow_says_when_the_run_finished(tmp_path):
-    """The final document of a live run says live_finished: the header says so."""
-    path = tmp_path / "live.json"
-    trace.save(trace.load(MLP), path)
-    app = DebuggerApp(str(path), follow=True)
-    async with app.run_test(size=(120, 30)) as pilot:
-        await opened(pilot)
-        assert "· following" in str(app.query_one("#status").render())
-        trace.save({**trace.load(MLP), "live_lines": 0, "live_finished": True}, path)
-        for _ in range(40):
-            await pilot.pause(0.05)
-            if "run finished" in str(app.query_one("#status").render()):
-                break
-        status = str(app.query_one("#status").render())
-        assert "· run finished" in status and "following" not in status
 
 
 def test_a_timeline_tied_to_a_step_says_its_step():

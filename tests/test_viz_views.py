@@ -4,9 +4,7 @@ diff`), the folded graph overview, search, the per-op table, and the exports."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import functools
 import json
 import os
 import subprocess
@@ -30,22 +28,12 @@ from viz.graph_view import GraphView
 from viz.model import RecordModel
 from viz.overview import Overview, layers, phases
 from viz.series import Series, ema, spikes, thin
-
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-MLP = os.path.join(FIXTURES, "mlp.record.json")
-NAN = os.path.join(FIXTURES, "mlp_nan.record.json")
+from viz_pilot import FIXTURES, MLP, NAN, opened, pilot_test
 
 
-def pilot_test(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        asyncio.run(fn(*args, **kwargs))
-    return run
 
 
-async def opened(pilot) -> None:
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
+
 
 
 def with_curves(record: dict, points: int = 2000) -> dict:
