@@ -73,9 +73,18 @@ def test_trace_shows_the_bytes_each_rank_holds(tmp_path, capsys):
         out = tmp_path / f"{scheme}.json"
         assert train_parallel.main(["--scheme", scheme, "--quick", "--epochs", "1",
                                     "--trace", str(out), "--checkpoint", ""]) == 0
-        plan = trace.load(out)["memory_plan"]
+        record = trace.load(out)
+        plan = record["memory_plan"]
         held[scheme] = [plan["strategies"][f"rank {r}"] for r in range(4)]
         assert sum(held[scheme]) == plan["arena_bytes"]
+        # every rank's collectives and (but for the pipeline, whose F and B are its
+        # compute lanes) its steps: ZeRO-3's timeline had no events at all, then
+        # only comm lanes, so nothing showed where the collectives fell in a step
+        lanes = {s["name"] for s in record["streams"]}
+        work = "compute" if scheme.startswith("pp") else "run"
+        assert {f"rank{r}/{work}" for r in range(4)} <= lanes, (scheme, lanes)
+        if not scheme.startswith("pp"):
+            assert {f"rank{r}/comm" for r in range(4)} <= lanes, (scheme, lanes)
     assert len(set(held["dp"])) == 1
     for rank_bytes in held["zero3"]:
         assert abs(rank_bytes - held["dp"][0] / 4) < 64, held   # (shards padded evenly)

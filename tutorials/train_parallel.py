@@ -48,7 +48,7 @@ from tinyflow.data import load_digits, minibatches
 from tinyflow.param_server import ParameterServer
 from tinyflow.parallel import DistributedOptimizer, broadcast_variables
 from tinyflow.pipeline import Pipeline
-from tinyflow.rank_trace import collective_events, scheme_record
+from tinyflow.rank_trace import collective_events, rank_stream_name, scheme_record
 from tinyflow.saver import Saver
 from tinyflow.tensor_parallel import TensorParallel
 
@@ -314,10 +314,16 @@ def train(runner, comm, sess, data, args):
         return None, collective_events(comm.trace or [], comm.rank), 0.0
     for epoch in range(args.epochs):
         for xb, yb in batches(data, args, epoch):
+            began = time.perf_counter()
             runner.step(sess, step, xb, yb)
-            step += 1
             if isinstance(runner, PipelineRunner):
                 events = list(runner.pipe.events)  # the last step's F's and B's
+            else:   # the whole step on this rank's "run" lane: its collectives,
+                # on the comm lane, show where they fall inside it (or overlap it)
+                events.append({"node": f"step{step}", "op": "step",
+                               "stream": rank_stream_name(comm.rank, "run"),
+                               "start": began, "end": time.perf_counter()})
+            step += 1
     seconds = time.perf_counter() - started
     events += collective_events(comm.trace or [], comm.rank)
     return runner.weights(sess), events, seconds
