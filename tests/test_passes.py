@@ -690,3 +690,28 @@ def test_pipeline_checks_every_need_and_names_the_pass():
     assert ran == ["make_facts", "use_facts"] and issubclass(passes.PipelineError,
                                                              tf.TinyFlowError)
     assert "checkpoint" in [p.name for p in passes.PIPELINE]  # one pipeline
+
+
+def test_a_channels_last_bias_still_fuses():
+    # Review: tf.nn.bias_add on (B, T, C) became a bias_add op with axis 2 (it was an
+    # add), which fuse_dense took only for 2-D products and fuse_elementwise not at
+    # all: a batched dense layer and tanh(bias_add(x * 2, b)) * 3 stopped fusing.
+    x = tf.placeholder(F64, (2, 5, 3))
+    w = tf.Variable(np.linspace(-1, 1, 12).reshape(3, 4))
+    b = tf.Variable(np.linspace(0, 1, 4))
+    dense = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w), b))
+    graph, ctx = optimize([dense], {x: np.zeros((2, 5, 3))}, [w, b], only=["fuse_dense"])
+    assert "fused_dense" in {n.op for n in graph.nodes}, reasons(ctx)
+    c = tf.Variable(np.linspace(0, 1, 3))
+    chain = tf.tanh(tf.nn.bias_add(x * 2.0, c)) * 3.0
+    graph, ctx = optimize([chain], {x: np.zeros((2, 5, 3))}, [c])
+    assert {n.op for n in graph.nodes} - {"placeholder", "variable", "constant"} == {
+        "fused_elementwise"}
+    session = tf.Session()
+    session.run(tf.global_variables_initializer())
+    plain = tf.Session(passes=[])
+    plain.variables.update(session.variables)
+    value = np.random.default_rng(0).standard_normal((2, 5, 3))
+    for fetch in (dense, chain):
+        np.testing.assert_array_equal(session.run(fetch, {x: value}),
+                                      plain.run(fetch, {x: value}))

@@ -46,8 +46,8 @@ def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
 
     Needs: shapes. Provides: fused_dense nodes (fusion.py).
     The bias is an `add` (either operand) that does not broadcast the product, or a
-    `bias_add` along the columns of a 2-D product; the matmul must have no other reader. The
-    activation (relu, tanh, sigmoid, gelu) joins when it is the sum's only reader.
+    `bias_add` along the product's last axis (its columns); the matmul must have no
+    other reader. The activation (relu, tanh, sigmoid, gelu) joins when it is the sum's only reader.
     In a training graph relu's gradient reads the sum too, so there the relu stays
     outside; tanh and sigmoid gradients read the activation's output, so they join.
     """
@@ -63,9 +63,9 @@ def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
         if adder is None or adder.op not in ("add", "bias_add") or adder.inputs.count(node) != 1:
             continue
         pos = adder.inputs.index(node)
-        if adder.op == "bias_add" and (pos != 0 or len(node.shape) != 2
-                                       or adder.attrs.get("axis", 1) not in (1, -1)):
-            continue   # (fused_dense adds its bias along the product's rows)
+        if adder.op == "bias_add" and (pos != 0 or adder.attrs.get("axis", 1)
+                                       % len(node.shape) != len(node.shape) - 1):
+            continue   # (fused_dense adds a (C,) bias along the product's last axis)
         if not same_type(adder, node):
             continue
         root, act = adder, False

@@ -199,6 +199,18 @@ def _rule_sub_neg(node: Node) -> Node | None:
     return None
 
 
+def _rule_bias_last_axis(node: Node) -> Node | None:
+    """bias_add(x, b) along x's last axis -> add(x, b): numpy broadcasts a (C,) bias
+    from the right, so the two compute the same (the same ufunc on the same
+    operands), and the elementwise passes know an add (a (B, T, C) layer's bias
+    would otherwise stop fuse_elementwise's chain)."""
+    if node.shape is None or len(node.shape) < 2:
+        return None
+    if node.attrs.get("axis", 1) % len(node.shape) != len(node.shape) - 1:
+        return None
+    return new_node("add", list(node.inputs), {}, node)
+
+
 def _permutation(node: Node) -> tuple[int, ...]:
     axes = node.attrs.get("axes")
     rank = len(node.inputs[0].shape)
@@ -320,6 +332,7 @@ RULES: list[Rule] = [
     Rule("add(x, neg(y)) -> sub(x, y)", "add", _rule_add_neg),
     Rule("sub(x, neg(y)) -> add(x, y)", "sub", _rule_sub_neg),
     Rule("neg(neg(x)) -> x", "neg", _rule_inverse("neg")),
+    Rule("bias_add(x, b) along x's last axis -> add(x, b)", "bias_add", _rule_bias_last_axis),
     # (gradients are built before the passes run: after that it is a copy)
     Rule("stop_gradient(x) -> x", "stop_gradient", lambda node: _keep(node, node.inputs[0])),
     Rule("maximum(x, x) -> x", "maximum", _rule_same_operands),
