@@ -545,3 +545,43 @@ def test_a_followed_live_record_says_when_the_run_finished(tmp_path):
         assert reader.record is not None and not reader.finished
     reader.poll()
     assert reader.finished
+
+
+def test_a_diverging_loss_beyond_the_schemas_bound_is_recorded_as_null(tmp_path):
+    # Review: a finite loss of 1e301 (a run blowing up) was written into the live
+    # lines, which the follower then refused (the schema bounds shown values at
+    # 1e300), and the record's final save failed its own validation: the whole
+    # record was lost at the end of training. It is null now, as NaN and Inf are.
+    x = tf.placeholder(tf.float64, (2,))
+    y = tf.reduce_sum(x * x)
+    sess = tf.Session()
+    path = tmp_path / "big.tfdbg.json"
+    with tf.debug.record(path, live=True):
+        for step, loss in enumerate([1.0, 1e301, -1e305]):
+            sess.run(y, {x: [1.0, 0.0]})
+            tf.debug.scalar("loss", step, loss)
+    assert tf.trace.load(path)["scalars"]["loss"] == [[0, 1.0], [1, None], [2, None]]
+    reader = tf.trace.LiveReader(path)
+    reader.poll()
+    assert reader.record["scalars"]["loss"][1:] == [[1, None], [2, None]]
+
+
+def test_a_timeline_is_tied_to_its_step_with_an_evaluation_run_in_between(tmp_path):
+    # Review: the step went to the very last run before the scalar; with an
+    # evaluation run in between (sess.run(train); sess.run(loss); scalar) that was
+    # the other program's, and the training program's timelines got no step.
+    x = tf.placeholder(tf.float32, (4, 2))
+    w = tf.Variable(np.ones((2, 1), np.float32))
+    loss = tf.reduce_sum(tf.matmul(x, w) ** 2)
+    train = tf.train.GradientDescentOptimizer(0.01).minimize(loss)
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    path = tmp_path / "eval.tfdbg.json"
+    feed = {x: np.ones((4, 2), np.float32)}
+    with tf.debug.record(path):
+        for step in range(3):
+            for _ in range(2):
+                sess.run(train, feed)          # the main program runs most
+            tf.debug.scalar("loss", step, sess.run(loss, feed))
+    steps = [t.get("step") for t in tf.trace.load(path)["timelines"]]
+    assert steps == [None, 0, None, 1, None, 2]   # each step's last training run

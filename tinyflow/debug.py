@@ -27,6 +27,7 @@ at once, then flushed.
 from __future__ import annotations
 
 import atexit
+import math
 import numbers
 import os
 import sys
@@ -62,11 +63,13 @@ class Recorder:
         self.eager_log: Any = None           # eager ops recorded (eager_record.EagerLog)
         self.memory_references: dict[str, int] = {}  # see `memory_reference`
         # Which training step each run was: the step of the first scalar logged
-        # after it (the loss of step N is logged once step N's run returned). A
-        # program counts its own runs; an epoch's short last batch compiles another
+        # after it (the loss of step N is logged once step N's run returned), for
+        # the latest run of each program since the previous scalar (a step may run
+        # a training program and an evaluation one before logging). A program
+        # counts its own runs; an epoch's short last batch compiles another
         # program, so run N of one program is not step N: the debugger links a
         # timeline to the curves by this instead.
-        self._last_run: tuple[int, int] | None = None   # (id(program), its run)
+        self._unlogged: dict[int, int] = {}   # id(program) -> its latest run not tied
         self._run_steps: dict[tuple[int, int], int] = {}
         self._live_file: Any = None          # PATH.live.jsonl, open while live
         self._live_lines = 0                 # lines written to it
@@ -90,7 +93,7 @@ class Recorder:
         """Note one run of `program` (called by Session.run, also when it failed)."""
         self.programs[id(program)] = program
         self.runs[id(program)] = self.runs.get(id(program), 0) + 1
-        self._last_run = (id(program), program.runs - 1)
+        self._unlogged[id(program)] = program.runs - 1
         if program.check_failure and self.check is None:
             self.check = program.check_failure
             self._main = program
@@ -108,10 +111,14 @@ class Recorder:
                 isinstance(step, numbers.Real) and float(step).is_integer()):
             raise TinyFlowError(f"debug.scalar({name!r}, step, value): step must be a whole "
                                 f"number, got {step!r} (the order is name, step, value)")
-        point = [int(step), float(value)]
+        value = float(value)
+        if not -trace.MAX_VALUE <= value <= trace.MAX_VALUE:   # (NaN too)
+            value = math.nan   # null in the record, as NaN and Inf (the schema's bound)
+        point = [int(step), value]
         self.scalars.setdefault(str(name), []).append(point)
-        if self._last_run is not None:
-            self._run_steps.setdefault(self._last_run, point[0])
+        for program_id, run in self._unlogged.items():
+            self._run_steps[(program_id, run)] = point[0]
+        self._unlogged.clear()
         if self._live_file is not None:   # written with the next tick's lines
             self._live_points.append((str(name), point[0], point[1]))
             self._tick_if_due(time.perf_counter())

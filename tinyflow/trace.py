@@ -391,13 +391,15 @@ def _schedule_problems(schedule: list, last_ids: set[str], streams: set[int],
 
 
 def _without_nonfinite(value: Any) -> Any:
-    """A copy of `value` with NaN and +-Inf floats replaced by None (JSON null).
+    """A copy of `value` with NaN and +-Inf floats, and those beyond +-MAX_VALUE (the
+    schema's bound on a shown value: a float32 would be inf), replaced by None (JSON
+    null).
 
     The record's nesting is shallow and fixed by the schema (attrs were shortened
     by `json_safe`), so plain recursion is safe here.
     """
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        return value if -MAX_VALUE <= value <= MAX_VALUE else None   # (NaN: False)
     if isinstance(value, dict):
         return {k: _without_nonfinite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -664,7 +666,7 @@ def live_scalar_lines(points: list[tuple[str, int, float]]) -> str:
     for name, step, value in points:
         if name not in quoted:
             quoted[name] = json.dumps(name)
-        number = repr(float(value)) if math.isfinite(value) else "null"
+        number = repr(float(value)) if -MAX_VALUE <= value <= MAX_VALUE else "null"
         lines.append(f'{{"kind":"scalar","name":{quoted[name]},"step":{int(step)},'
                      f'"value":{number}}}\n')
     return "".join(lines)
@@ -755,7 +757,7 @@ class LiveReader:
         if not (isinstance(name, str) and _is_step(step) and _is_value(value)):
             raise RecordError(f"{where}: a scalar line needs name (text), step (a whole "
                               f"number of at most {_MAX_STEP}) and value (a number of "
-                              f"magnitude at most {_MAX_VALUE:g}, or null), got "
+                              f"magnitude at most {MAX_VALUE:g}, or null), got "
                               f"{_brief(line)}")
         self.record["scalars"].setdefault(name, []).append([step, value])
         self.scalars_seen += 1
@@ -777,7 +779,7 @@ class LiveReader:
 # The bounds record.schema.json puts on a scalar's step and value, so that a reader
 # can turn them into floats (a step of 10**400 made the curves view overflow).
 _MAX_STEP = 2**53 - 1
-_MAX_VALUE = 1e300
+MAX_VALUE = 1e300
 
 
 def _is_step(step: Any) -> bool:
@@ -785,8 +787,8 @@ def _is_step(step: Any) -> bool:
 
 
 def _is_value(value: Any) -> bool:
-    return value is None or (type(value) in (int, float) and -_MAX_VALUE <= value
-                             <= _MAX_VALUE)
+    return value is None or (type(value) in (int, float) and -MAX_VALUE <= value
+                             <= MAX_VALUE)
 
 
 def _check_live_lines(record: dict, path: str) -> None:
