@@ -1468,3 +1468,26 @@ def test_a_literal_too_large_for_the_dtype_is_refused_and_a_huge_int_is_a_float(
         y = x + 10**30
         value = y.numpy() if isinstance(y, Tensor) else tf.Session().run(y, {x: [1, 2]})
         np.testing.assert_array_equal(value, np.float32(1e30))
+
+
+def test_an_int_tensor_cannot_be_made_to_require_grad_afterwards_either():
+    # Review: the constructor refused requires_grad=True for ints, but
+    # requires_grad_() and the attribute did not, and backward gave an int grad.
+    t = E.tensor([1, 2, 3])
+    with pytest.raises(EagerError, match="cannot require grad"):
+        t.requires_grad_()
+    t.requires_grad = True                    # set directly: caught at backward
+    with pytest.raises(EagerError, match="cannot require grad"):
+        (t * 2).sum().backward()
+
+
+def test_backward_of_many_elements_is_refused_traced_as_eagerly():
+    # Review: eager refused backward() of a non-scalar, the traced function seeded
+    # ones silently (w.grad [1, 1, 1]).
+    @tracing.function
+    def step(w):
+        (w * 1.0).backward()
+        return w.grad
+
+    with pytest.raises(EagerError, match="implicit \\(ones\\) only for one element"):
+        step(E.tensor(np.ones(3), requires_grad=True))

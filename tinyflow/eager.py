@@ -173,9 +173,8 @@ class Tensor:
             self._op = self._inputs = self._attrs = None
             return
         array = _numbers(value.numpy() if isinstance(value, Tensor) else value, dtype)
-        if requires_grad and array.dtype.kind not in "fc":
-            raise EagerError(f"a Tensor of {array.dtype} cannot require grad (PyTorch: "
-                             "only floating point Tensors can); make it a float first")
+        if requires_grad:
+            _check_differentiable(array.dtype)
         self.data, self._block, self._alloc = _new_array(array.shape, array.dtype)
         self.data[...] = array
         self.node = None
@@ -322,6 +321,8 @@ class Tensor:
             raise EagerError(f"requires_grad_(False) at {user_source_line()} on a Tensor "
                              "computed by an op that requires grad: only a leaf's flag can "
                              "be turned off; use x.detach() for a value without history")
+        if flag:
+            _check_differentiable(self.dtype)
         if flag != self.requires_grad and self.node is not None and _mode.tracer is not None:
             _mode.tracer.set_requires_grad(self, flag)   # symbolic: see tracing.py
         self.requires_grad = flag
@@ -478,6 +479,14 @@ class Tensor:
 
 
 _new_object = object.__new__
+
+
+def _check_differentiable(dtype: np.dtype) -> None:
+    """Only a float (or complex) Tensor may require grad, as in PyTorch: an int
+    Tensor's gradient came back as ints ([2 2 2])."""
+    if np.dtype(dtype).kind not in "fc":
+        raise EagerError(f"a Tensor of {dtype} cannot require grad (PyTorch: only "
+                         "floating point Tensors can); make it a float first")
 
 
 def _numbers(value: Any, dtype: Any) -> np.ndarray:
@@ -1073,6 +1082,7 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
             for extra in contributions[1:]:
                 total = total + extra
             if t.is_leaf:
+                _check_differentiable(t.dtype)   # (t.requires_grad = True, set directly)
                 if t._grad is None:
                     t._grad = total * 1 if id(total) in given else total
                     given.add(id(t._grad))

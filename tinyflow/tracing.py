@@ -293,6 +293,13 @@ class _Trace:
         if create_graph:
             raise EagerError(f"backward(create_graph=True) at {user_source_line()} inside "
                              "a traced function: not supported; call it eagerly")
+        shape = root.node.shape
+        if gradient is None and shape is not None and math.prod(shape) != 1:
+            # (eager mode's rule, so that tracing does not change the answer)
+            raise EagerError(f"backward() at {user_source_line()} of a Tensor of shape "
+                             f"{shape}: the gradient is implicit (ones) only for one "
+                             "element (PyTorch's rule); sum it first, or pass "
+                             "backward(gradient=...)")
         why = _first_unfollowable(root.node, self._unfollowable())
         if why is not None:
             raise EagerError(f"backward() at {user_source_line()} in a traced function "
