@@ -190,3 +190,13 @@ def test_every_script_has_help():
         result = subprocess.run([sys.executable, str(path), "--help"], capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 0 and "--quick" in result.stdout, name
+
+
+def test_data_seeds_take_what_numpy_default_rng_takes():
+    # Review: the seed check (this round) refused a Generator, a SeedSequence and a
+    # list of ints, which numpy's default_rng takes and which worked before.
+    x, y = np.arange(10.0)[:, None], np.arange(10)
+    orders = [[b[1].tolist() for b in minibatches(x, y, 5, seed=seed)]
+              for seed in (np.random.default_rng(3), np.random.SeedSequence(3), [3, 4], 3)]
+    assert all(sorted(sum(o, [])) == list(range(10)) for o in orders)
+    assert orders[1] == [[b[1].tolist() for b in minibatches(x, y, 5, seed=3)]][0]

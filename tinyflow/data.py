@@ -46,9 +46,24 @@ def _whole(function: str, name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def _seed(function: str, value: Any) -> int | None:
-    """A seed numpy's default_rng takes: None (fresh entropy) or a whole number >= 0."""
-    return None if value is None else _whole(function, "seed", value, 0)
+def _seed(function: str, value: Any) -> Any:
+    """A seed numpy's default_rng takes, as it is: None (fresh entropy), a Generator,
+    BitGenerator or SeedSequence, or whole numbers >= 0 (one or a list); anything
+    else is an ArgumentError naming the function (numpy's own message, from inside
+    its bit generator, named neither)."""
+    if value is None or isinstance(value, (np.random.Generator, np.random.BitGenerator,
+                                           np.random.SeedSequence)):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return _whole(function, "seed", value, 0)
+    try:
+        if isinstance(value, (bool, np.bool_, float, np.floating, str)):
+            raise TypeError("not a whole number")   # (default_rng takes True as 1)
+        np.random.default_rng(value)               # a list of ints, say
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{function}: seed must be a whole number, got {value!r} (or "
+                            "anything numpy.random.default_rng takes)") from None
+    return value
 
 
 def _number(function: str, name: str, value: Any) -> float:
