@@ -446,3 +446,14 @@ def test_train_live_children_die_with_tinyflow(tmp_path, signal_name):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_an_output_path_through_a_symlink_and_dotdot_is_checked_where_it_goes(tmp_path):
+    # Review: the up-front check removed '..' lexically (abspath) and looked for a
+    # folder the OS would not write into: a valid path was refused.
+    (tmp_path / "real" / "target").mkdir(parents=True)
+    (tmp_path / "real" / "sub").mkdir()
+    (tmp_path / "top").mkdir()
+    (tmp_path / "top" / "a").symlink_to(tmp_path / "real" / "target")
+    path = str(tmp_path / "top" / "a" / ".." / "sub" / "x.json")
+    assert cli.writable_file(path) == path

@@ -95,9 +95,10 @@ def writable_file(text: str) -> str:
     """argparse type: a file we can create or overwrite; its folder must exist now.
 
     Checked up front so a run's result cannot be lost at the end to a typo in the
-    folder name.
+    folder name. (The path is resolved as the OS will open it: `link/../x` is beside
+    the link's target, not beside the link.)
     """
-    path = Path(os.path.abspath(text)) if text else Path()
+    path = Path(os.path.realpath(text)) if text else Path()
     if not text or _is_dir(path):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file name")
     if not _is_dir(path.parent):
@@ -115,7 +116,7 @@ def checkpoint_file(text: str) -> str:
     after the whole run: refused up front, saying which."""
     if not text:
         return text
-    path = Path(os.path.abspath(text))
+    path = Path(os.path.realpath(text))
     if _is_dir(path):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file name (give "
                                          "one such as model.safetensors)")
@@ -127,7 +128,7 @@ def checkpoint_file(text: str) -> str:
 def writable_folder(text: str) -> str:
     """argparse type: a folder to write files into, made if missing (TensorBoard's
     logdir); refused when it, or a folder on the way to it, is a file."""
-    path = Path(os.path.abspath(text)) if text else Path()
+    path = Path(os.path.realpath(text)) if text else Path()
     if not text:
         raise argparse.ArgumentTypeError("expected a folder name, got ''")
     _refuse_a_file_on_the_way(text, path)
