@@ -22,7 +22,6 @@ from viz.timeline_view import LABEL, TimelineView
 from viz_pilot import FIXTURES, MLP, NAN, opened, pilot_test
 
 
-
 @pytest.fixture(scope="module")
 def record() -> dict:
     return trace.load(MLP)
@@ -31,10 +30,6 @@ def record() -> dict:
 @pytest.fixture(scope="module")
 def model(record) -> RecordModel:
     return RecordModel(record)
-
-
-
-
 
 
 # -- the model ---------------------------------------------------------------------------

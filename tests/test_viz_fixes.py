@@ -29,11 +29,6 @@ from viz.timeline_view import TimelineView, wrap_names
 from viz_pilot import MLP, opened, pilot_test
 
 
-
-
-
-
-
 def path_of(model: RecordModel, run: int = 0) -> list[str]:
     """The critical path's events in time order, each as node@rank (its lane's)."""
     path = model.critical_path(run)

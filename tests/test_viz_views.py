@@ -31,11 +31,6 @@ from viz.series import Series, ema, spikes, thin
 from viz_pilot import FIXTURES, MLP, NAN, opened, pilot_test
 
 
-
-
-
-
-
 def with_curves(record: dict, points: int = 2000) -> dict:
     """`record` with deterministic scalar series: a decaying loss with one spike and a
     NaN, and an accuracy logged every 100 steps."""
