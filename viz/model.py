@@ -353,27 +353,12 @@ class RecordModel:
         chain: dict[int, tuple[dict, float]] = {}
         if not events:
             return chain
-        by_node = self.events_of(run)
+        previous = self._lane_predecessors(run)
         received = self.received(run)
-        previous: dict[int, dict | None] = {}
-        for lane in self.lanes(run).values():
-            before = None
-            for event in lane:
-                previous[id(event)] = before
-                before = event
-        nodes = self.nodes()
         event = max(events, key=lambda e: e["end"])
         while event is not None and id(event) not in chain:
             # Work that had to finish before this event started ...
-            before = [previous.get(id(event))]
-            node = nodes.get(event["node"]) if event["step"] is not None else None
-            if node is not None:
-                before += [by_node.get(i) for i in node["inputs"]]
-                entry = self.entry_of_step.get(event["step"])
-                for wait in entry["waits"] if entry else ():
-                    producer = self.entry_of_step.get(wait["step"])
-                    if producer:
-                        before.append(by_node.get(producer["node"]))
+            before = [previous.get(id(event)), *self._producers(event, run)]
             candidates = [c for c in before
                           if c is not None and c["end"] <= event["start"] + 1e-9]
             # ... and data received from another rank, which may arrive while the
@@ -385,6 +370,31 @@ class RecordModel:
             chain[id(event)] = (event, waited_for["end"] if waited_for else event["start"])
             event = waited_for
         return chain
+
+    def _lane_predecessors(self, run: int) -> dict[int, dict | None]:
+        """{id(event): the event before it on its lane (None for a lane's first)}."""
+        previous: dict[int, dict | None] = {}
+        for lane in self.lanes(run).values():
+            before = None
+            for event in lane:
+                previous[id(event)] = before
+                before = event
+        return previous
+
+    def _producers(self, event: dict, run: int) -> list[dict | None]:
+        """The events of a program step's producers: its inputs' steps and the steps
+        its stream waited on (an event that is no program step has none)."""
+        node = self.nodes().get(event["node"]) if event["step"] is not None else None
+        if node is None:
+            return []
+        by_node = self.events_of(run)
+        found = [by_node.get(i) for i in node["inputs"]]
+        entry = self.entry_of_step.get(event["step"])
+        for wait in entry["waits"] if entry else ():
+            producer = self.entry_of_step.get(wait["step"])
+            if producer:
+                found.append(by_node.get(producer["node"]))
+        return found
 
     # -- parallel records: events that are not steps of one program ----------------
 
