@@ -19,6 +19,7 @@ import pytest
 import random_graphs as rg
 from hypothesis import HealthCheck, given, settings
 
+import tinyflow as tf
 from tinyflow import memory
 from tinyflow import streams as streams_mod
 
@@ -117,3 +118,18 @@ def test_integer_inputs_to_float_only_ops_are_refused_when_built():
         image_ops.avg_pool2d(x, 2, 1, "SAME")
     with pytest.raises(tf.ShapeError, match=r"dropout.*float.*test_bitwise.py:\d+"):
         tf.nn.dropout(x, 0.5, seed=3)
+
+
+def test_a_fused_cast_of_a_nan_scalar_to_int_runs_as_unfused():
+    # Found by the random-graph differential test: a fused cast of a 0-d float NaN to
+    # int32 with memory=None wrote `out[...] = x` with x a numpy scalar, which numpy
+    # refuses ("cannot convert float NaN to integer"); unfused, astype gives the
+    # int's minimum.
+    x = tf.placeholder(tf.float32, ())
+    negated = -x                      # fetched too: a 0-d result of its own (a numpy
+    y = tf.cast(tf.cast(negated, tf.int32), tf.float16)   # scalar, unplanned)
+    with np.errstate(invalid="ignore"):
+        want = tf.Session(passes=[], memory=None).run([y, negated], {x: np.float32("nan")})
+        for options in ({"memory": None}, {}):
+            got = tf.Session(**options).run([y, negated], {x: np.float32("nan")})
+            assert np.array_equal(got[0], want[0]), (options, got, want)

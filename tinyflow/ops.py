@@ -719,7 +719,10 @@ register(OpDef("sign", _ufunc_compute("sign"),
 def _cast_compute(xp, x, out=None, dtype="float32"):
     if out is None:
         return x.astype(dtype)
-    out[...] = x
+    # (copyto casts as astype does; `out[...] = x` refused a NaN numpy scalar into an
+    # int 0-d array, "cannot convert float NaN to integer", where astype gives the
+    # int's minimum)
+    xp.copyto(out, x, casting="unsafe")
     return out
 
 
