@@ -755,3 +755,26 @@ def test_cli_refuses_an_opset_out_of_range_before_exporting(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"--opset: opset {opset} is out of range" in err and "Traceback" not in err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_cli_exports_an_eager_record_as_its_forward_model(tmp_path):
+    # Review (debugger probe): exporting an eager record wrote the last Adam update
+    # (the tape's last op, an in-place write) as the model. The model's outputs are
+    # the forward values nothing else reads: here the loss.
+    from tinyflow import eager as E
+    model = E.to_eager(tf.nn.MLP([4, 5, 3]))
+    opt = E.Adam(E.parameters(model), lr=0.1)
+    x, y = E.tensor(np.ones((2, 4), np.float32)), E.tensor(np.array([0, 2]))
+    record = tmp_path / "eager.tfdbg.json"
+    with tf.debug.record(record):
+        opt.zero_grad()
+        loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(model(x), y)
+        loss.backward()
+        opt.step()
+    out = tmp_path / "eager.onnx"
+    assert cli.main(["export", str(record), "--onnx", str(out)]) == 0
+    exported = onnx.load(out)
+    onnx.checker.check_model(exported, full_check=True)
+    ops_used = {n.op_type for n in exported.graph.node}
+    assert "SoftmaxCrossEntropyLoss" in ops_used and "Sub" not in ops_used, ops_used
+    assert len(exported.graph.output) == 1

@@ -1245,12 +1245,19 @@ def graph_from_record(record: dict) -> tuple[list[Node], list[Node]]:
     graph = record["graphs"][0]
     nodes: dict[str, Node] = {}
     for entry in graph["nodes"]:
-        if entry["phase"] != "forward" or entry["op"] in ("assign", "group"):
+        if entry["phase"] != "forward" or entry["op"] in ("assign", "group") or \
+                entry["attrs"].get("optimizer_step"):   # (an eager optimizer's work)
             continue
         if any(name not in nodes for name in entry["inputs"]):
             continue  # reads a gradient or an update: not part of the forward model
         nodes[entry["id"]] = _record_node(entry, [nodes[n] for n in entry["inputs"]])
     outputs = [nodes[name] for name in graph["outputs"] if name in nodes]
+    if graph["pass"] == "eager":
+        # An eager tape fetches nothing (its "output" is the last op, an optimizer
+        # update): the model's outputs are the forward values nothing else reads.
+        read = {name for entry in graph["nodes"] if entry["id"] in nodes
+                for name in entry["inputs"]}
+        outputs = [n for name, n in nodes.items() if name not in read and n.inputs]
     if not outputs:
         raise OnnxError("the record's fetched nodes are all updates or gradients; record a "
                         "run that also fetches the loss or the model's output")
