@@ -1491,3 +1491,18 @@ def test_backward_of_many_elements_is_refused_traced_as_eagerly():
 
     with pytest.raises(EagerError, match="implicit \\(ones\\) only for one element"):
         step(E.tensor(np.ones(3), requires_grad=True))
+
+
+def test_a_traced_function_called_with_the_wrong_arguments_says_so():
+    # Found by the adversarial probe: too many arguments, or an unknown keyword, gave
+    # Python's TypeError from inside the trace or inspect.
+    @tracing.function
+    def f(a, b):
+        return a * b
+
+    x = E.tensor(np.ones(2, np.float32))
+    with pytest.raises(tf.ArgumentError, match="f: too many positional arguments"):
+        f(x, x, x)
+    with pytest.raises(tf.ArgumentError, match="unexpected keyword argument 'c'"):
+        f(x, b=x, c=x)
+    np.testing.assert_array_equal(f(x, b=x).numpy(), [1.0, 1.0])

@@ -390,6 +390,7 @@ class Function:
                 return self._run(concrete, args)
         if key not in self.cache and self.cache:
             reason = _why_new(key, list(self.cache))
+        self._bind(args, {})   # (the call's arity, said plainly, before it is traced)
         concrete = self._trace(args, key)
         self.traces.append({"signature": key, "reason": reason, "nodes": concrete.nodes})
         self.cache.setdefault(key, []).append(concrete)
@@ -401,10 +402,20 @@ class Function:
         on every call)."""
         return inspect.signature(self.fn)
 
+    def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+        """The call's arguments bound to the function's parameters; a call that does
+        not fit them is an ArgumentError naming the function and the caller's line
+        (Python's own TypeError came from inside inspect, or the trace)."""
+        try:
+            return self._signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise ops.argument_error(self.__name__, f"{err} (the function's parameters "
+                                     f"are {self._signature})") from None
+
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
         """`f(x, lr=0.1)` as `f(x, 0.1)` (defaults filled in), so keywords are guarded
         like any argument; keyword-only parameters cannot be passed by position."""
-        bound = self._signature.bind(*args, **kwargs)
+        bound = self._bind(args, kwargs)
         if bound.kwargs:   # passed to keyword-only parameters (or **kwargs)
             raise EagerError(f"{self.__name__}: keyword-only arguments "
                              f"{sorted(bound.kwargs)} are not supported by tf.function; "
