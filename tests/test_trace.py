@@ -585,3 +585,23 @@ def test_a_timeline_is_tied_to_its_step_with_an_evaluation_run_in_between(tmp_pa
             tf.debug.scalar("loss", step, sess.run(loss, feed))
     steps = [t.get("step") for t in tf.trace.load(path)["timelines"]]
     assert steps == [None, 0, None, 1, None, 2]   # each step's last training run
+
+
+def test_a_gradient_node_names_its_forward_op_in_the_record(tmp_path):
+    # The debugger placed gradients in layers by a heuristic (the values they read),
+    # which misplaced some; the record now says which op's rule built each one.
+    x = tf.placeholder(tf.float32, (2, 3))
+    w = tf.Variable(np.ones((3, 4), np.float32), name="w")
+    hidden = tf.tanh(tf.matmul(x, w))
+    (g,) = tf.gradients(tf.reduce_sum(hidden), [w])
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    path = tmp_path / "grad_of.tfdbg.json"
+    with tf.debug.record(path):
+        sess.run(g, {x: np.ones((2, 3), np.float32)})
+    record = tf.trace.load(path)
+    nodes = {n["id"]: n for n in record["graphs"][0]["nodes"]}
+    of = {n["op"]: nodes[n["grad_of"]]["op"] for n in nodes.values() if "grad_of" in n}
+    assert of["matmul"] == "matmul" and of["sub"] == "tanh"   # tanh's 1 - y^2
+    assert all(nodes[n["grad_of"]]["phase"] == "forward"
+               for n in nodes.values() if "grad_of" in n)

@@ -67,7 +67,12 @@ def gradients(ys: Node | Sequence[Node], xs: Node | Sequence[Node],
         grads[id(node)] = total
         if not node.inputs or not any(id(i) in on_path for i in node.inputs):
             continue
-        for inp, g in zip(node.inputs, _input_gradients(node, total)):
+        # (the sum of the contributions above stays unmarked: it joins the gradients
+        # of node's consumers, which may lie in another layer)
+        first = next_node_id()   # what the rule builds from here on is node's gradient
+        input_grads = _input_gradients(node, total)
+        _mark_grad_of(input_grads, first, node)
+        for inp, g in zip(node.inputs, input_grads):
             if g is not None and id(inp) in on_path:
                 pending.setdefault(id(inp), []).append(g)
 
@@ -117,6 +122,18 @@ def _input_gradients(node: Node, grad: Node) -> list[Node | None]:
         raise TinyFlowError(f"gradient of {node.op} returned {len(input_grads)} "
                             f"values for {len(node.inputs)} inputs")
     return input_grads
+
+
+def _mark_grad_of(grads: list[Node | None], first_new_id: int, forward: Node) -> None:
+    """Note `forward` as the op whose gradient the nodes built since `first_new_id`
+    (those `grads` reach) compute: the debugger draws them in that op's layer."""
+    stack = [g for g in grads if g is not None]
+    while stack:
+        node = stack.pop()
+        if node.id < first_new_id or node.grad_of is not None:
+            continue
+        node.grad_of = forward
+        stack.extend(node.inputs)
 
 
 def _mark_backward(grads: list[Node], first_new_id: int) -> None:

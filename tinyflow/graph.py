@@ -91,17 +91,20 @@ class Node:
       phase   "forward", or "backward" for nodes that `gradients` built; gradient
               checkpointing and the debugger read it, and passes that replace a node
               keep its phase
+      grad_of the forward Node whose gradient rule built this one (backward nodes
+              only; the debugger puts a gradient in its forward op's layer)
 
     Nodes compare and hash by identity, so they can key a `feed_dict`.
     """
 
     __slots__ = ("op", "inputs", "attrs", "name", "shape", "dtype", "where",
-                 "provenance", "phase", "id", "__weakref__")
+                 "provenance", "phase", "grad_of", "id", "__weakref__")
 
     def __init__(self, op: str, inputs: Sequence[Node] = (), attrs: dict | None = None,
                  name: str | None = None, shape: tuple | None = None,
                  dtype: Any = None, where: str | None = None,
-                 provenance: tuple[str, ...] | None = None, phase: str = "forward") -> None:
+                 provenance: tuple[str, ...] | None = None, phase: str = "forward",
+                 grad_of: Node | None = None) -> None:
         self.id = next(_ids)
         self.op = op
         self.inputs = tuple(inputs)
@@ -112,6 +115,7 @@ class Node:
         self.where = where or user_source_line()
         self.provenance = provenance if provenance is not None else (self.name,)
         self.phase = phase
+        self.grad_of = grad_of
 
     def __repr__(self) -> str:
         shape = "?" if self.shape is None else "x".join(

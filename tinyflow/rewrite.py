@@ -105,7 +105,7 @@ def clone(node: Node, inputs: tuple[Node, ...] | None = None,
     return Node(node.op, node.inputs if inputs is None else inputs, node.attrs,
                 name=node.name, shape=node.shape, dtype=node.dtype, where=node.where,
                 provenance=node.provenance if provenance is None else provenance,
-                phase=node.phase if phase is None else phase)
+                phase=node.phase if phase is None else phase, grad_of=node.grad_of)
 
 
 def new_node(op: str, inputs: list[Node] | tuple[Node, ...], attrs: dict, replaces: Node,
@@ -118,7 +118,8 @@ def new_node(op: str, inputs: list[Node] | tuple[Node, ...], attrs: dict, replac
     checks it against the rule once, at the end."""
     node = Node(op, inputs, attrs, name=name, where=replaces.where,
                 provenance=merged_provenance(replaces, *absorbed),
-                phase=merged_phase(replaces, *absorbed) if absorbed else replaces.phase)
+                phase=merged_phase(replaces, *absorbed) if absorbed else replaces.phase,
+                grad_of=replaces.grad_of)
     if same_value:
         node.shape, node.dtype = replaces.shape, replaces.dtype
     else:

@@ -61,9 +61,13 @@ def specialize(fetches: list[Node], sources: dict[Node, tuple[tuple, Any]],
                                                    unique[id(target)])
             inputs = [clones[i] for i in node.inputs]
             clone = Node(node.op, inputs, node.attrs, name=name, where=node.where,
-                         provenance=node.provenance, phase=node.phase)
+                         provenance=node.provenance, phase=node.phase,
+                         grad_of=node.grad_of)   # (the user's node: see below)
             clone.shape, clone.dtype = infer_node(node.op, inputs, node.attrs, node.where)
             clones[node] = clone
+    for clone in clones.values():   # a gradient's forward op, as its clone
+        if clone.grad_of is not None:
+            clone.grad_of = clones.get(clone.grad_of)
     # The clones mirror the nodes (a source or a fed node has no inputs in either
     # graph), so a depth-first walk of the clones visits them in `order`, unless
     # variable writers add ordering edges, which a fed variable (a placeholder in

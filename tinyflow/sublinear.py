@@ -424,7 +424,8 @@ def recompute(graph: Graph, keep: set[int], ctx: Any = None) -> Graph:
         if any(a is not b for a, b in zip(inputs, node.inputs)):
             rebuilt[id(node)] = Node(node.op, inputs, node.attrs, name=node.name,
                                      shape=node.shape, dtype=node.dtype, where=node.where,
-                                     provenance=node.provenance, phase=node.phase)
+                                     provenance=node.provenance, phase=node.phase,
+                                     grad_of=node.grad_of)
     return Graph([rebuilt.get(id(o), o) for o in graph.outputs])
 
 

@@ -134,6 +134,7 @@ def node_to_dict(node: Node) -> dict:
         "attrs": {str(k): json_safe(v) for k, v in node.attrs.items()},
         "provenance": [str(p) for p in node.provenance],
         "phase": node.phase,
+        **({"grad_of": node.grad_of.name} if node.grad_of is not None else {}),
     }
 
 

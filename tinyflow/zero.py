@@ -231,7 +231,8 @@ class ZeroOptimizer:
                 continue
             mapped[id(old)] = Node(old.op, inputs, old.attrs, shape=old.shape,
                                    dtype=old.dtype, where=old.where,
-                                   provenance=old.provenance, phase=old.phase)
+                                   provenance=old.provenance, phase=old.phase,
+                                   grad_of=old.grad_of)
         return mapped[id(node)]
 
     # -- around training ------------------------------------------------------------

@@ -188,8 +188,10 @@ def _backward_layer(node: dict, nodes: dict[str, dict], users: dict[str, list[st
                     decided: dict[str, str], rank: dict[str, int]) -> str | None:
     """The layer of a gradient node: the layer of the forward op it differentiates.
 
-    The record does not say which op that is (see "grad_of" below); the forward
-    values a gradient reads do: a gradient rule reads its op's inputs and output.
+    A record from tinyflow names that op (the node's "grad_of"), and it is
+    followed exactly. Without it (an older record, or a pass's graph where the op
+    was fused away), the forward values a gradient reads say: a gradient rule reads
+    its op's inputs and output.
     An input of the op belongs to the layer before (the weight gradient of mlp1
     reads relu(mlp0's output)), so each forward value read votes for the layer of
     the forward ops that *use* it (relu_23 is used by mlp1's matmul), when they
@@ -197,8 +199,6 @@ def _backward_layer(node: dict, nodes: dict[str, dict], users: dict[str, list[st
     gradients of two layers meet, the earlier layer's (the gradient flows from the
     loss back towards the input, so it is entering that layer).
 
-    A record that names the op (a "grad_of" key on the node, which tinyflow does
-    not write yet) is followed exactly.
     """
     op = node.get("grad_of")
     if op in decided:
