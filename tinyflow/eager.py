@@ -172,7 +172,8 @@ class Tensor:
             self.requires_grad, self._grad = False, None
             self._op = self._inputs = self._attrs = None
             return
-        array = _numbers(value.numpy() if isinstance(value, Tensor) else value, dtype)
+        array = ops.number_array("tensor", value.numpy() if isinstance(value, Tensor)
+                                 else value, dtype)
         if requires_grad:
             _check_differentiable(array.dtype)
         self.data, self._block, self._alloc = _new_array(array.shape, array.dtype)
@@ -489,19 +490,14 @@ def _check_differentiable(dtype: np.dtype) -> None:
                          "floating point Tensors can); make it a float first")
 
 
-def _numbers(value: Any, dtype: Any) -> np.ndarray:
-    """`value` as an array of numbers (of `dtype`, when given), as tf.constant takes
-    it. Objects, strings, None and ragged lists are refused: an object array is
-    pointers, and one written into the allocator's recycled memory crashed Python."""
-    try:
-        array = np.asarray(value, dtype=dtype)
-    except (ValueError, TypeError, OverflowError) as err:   # ragged, or not a number
-        raise ops.argument_error("tensor", f"value is not an array of numbers: "
-                                           f"{err}") from None
-    if array.dtype.kind not in "biufc":
-        raise ops.argument_error("tensor", f"needs numbers or an array of numbers, got "
-                                           f"{value!r} (dtype {array.dtype})")
-    return array
+def check_implicit_seed(shape: tuple | None) -> None:
+    """backward() without a gradient seeds ones only for one element (PyTorch's rule;
+    a traced backward keeps it too)."""
+    if shape is not None and math.prod(shape) != 1:
+        raise EagerError(f"backward() at {user_source_line()} of a Tensor of shape "
+                         f"{shape}: the gradient is implicit (ones) only for one "
+                         "element (PyTorch's rule); sum it first, or pass "
+                         "backward(gradient=...)")
 
 
 def _free_when_unused(array: np.ndarray, block: Block, alloc: CachingAllocator) -> None:
@@ -1035,11 +1031,7 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
         raise EagerError("backward() on a Tensor that does not require grad (no input "
                          "of its ops had requires_grad=True, or it was made under no_grad)")
     if gradient is None:
-        if root.data is not None and root.data.size != 1:
-            raise EagerError(f"backward() at {user_source_line()} of a Tensor of shape "
-                             f"{root.shape}: the gradient is implicit (ones) only for "
-                             "one element (PyTorch's rule); sum it first, or pass "
-                             "backward(gradient=...)")
+        check_implicit_seed(root.shape)
         seed = Tensor(np.ones(root.shape, root.dtype))
     else:
         seed = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=root.dtype)

@@ -372,19 +372,27 @@ register(OpDef("constant", _constant_compute,
                doc="A fixed array baked into the graph."))
 
 
+def number_array(op: str, value: Any, dtype: Any = None) -> np.ndarray:
+    """`value` as an array of numbers (of `dtype`, when given), or an ArgumentError
+    naming `op`: a ragged list (numpy's "inhomogeneous shape"), strings, objects,
+    None. (An object array in an eager Tensor's recycled memory crashed Python.)"""
+    try:
+        array = np.asarray(value, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise argument_error(op, f"value is not an array of numbers: {err}") from None
+    if array.dtype.kind not in "biufc":   # strings, objects (a variable of them, too)
+        raise argument_error(op, f"needs numbers or an array of numbers, got {value!r} "
+                                 f"(dtype {array.dtype})")
+    return array
+
+
 def constant(value: Any, dtype: Any = None, name: str | None = None) -> Node:
     """A constant node, as TF1's tf.constant: of `dtype` when given; else a numpy
     array keeps its dtype (float64 stays float64), and Python numbers and lists
     take TF1's defaults (floats float32, ints int32)."""
     if isinstance(value, Node):
         return value
-    try:
-        array = np.asarray(value)
-    except ValueError as err:  # a ragged list: numpy's "inhomogeneous shape"
-        raise argument_error("constant", f"value is not an array: {err}") from None
-    if array.dtype.kind not in "biufc":  # strings, objects (a variable of them, too)
-        raise argument_error("constant", f"needs numbers or an array of numbers, got "
-                                         f"{value!r} (dtype {array.dtype})")
+    array = number_array("constant", value)
     if dtype is not None:
         dtype = dtype_attr("constant", dtype)
         converted = array.astype(dtype)

@@ -41,7 +41,8 @@ import numpy as np
 
 from tinyflow import api, ops, shape_ops
 from tinyflow.allocator import CachingAllocator
-from tinyflow.eager import (EagerError, GraphBreak, Tensor, _mode, _wrap, set_allocator)
+from tinyflow.eager import (EagerError, GraphBreak, Tensor, _mode, _wrap,
+                            check_implicit_seed, set_allocator)
 from tinyflow.graph import Node, user_source_line
 from tinyflow.ops import REGISTRY
 
@@ -293,13 +294,8 @@ class _Trace:
         if create_graph:
             raise EagerError(f"backward(create_graph=True) at {user_source_line()} inside "
                              "a traced function: not supported; call it eagerly")
-        shape = root.node.shape
-        if gradient is None and shape is not None and math.prod(shape) != 1:
-            # (eager mode's rule, so that tracing does not change the answer)
-            raise EagerError(f"backward() at {user_source_line()} of a Tensor of shape "
-                             f"{shape}: the gradient is implicit (ones) only for one "
-                             "element (PyTorch's rule); sum it first, or pass "
-                             "backward(gradient=...)")
+        if gradient is None:   # (eager mode's rule: tracing must not change the answer)
+            check_implicit_seed(root.node.shape)
         why = _first_unfollowable(root.node, self._unfollowable())
         if why is not None:
             raise EagerError(f"backward() at {user_source_line()} in a traced function "
