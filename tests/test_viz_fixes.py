@@ -388,3 +388,27 @@ def test_a_timeline_tied_to_a_step_says_its_step():
     assert run_label({"run": 1319, "label": "run 1319"}) == "program run 1319"
     assert run_label({"run": 1319, "label": "run 1319", "step": 1349}) == \
         "step 1349, program run 1319"
+
+
+@pilot_test
+async def test_the_memory_map_zooms_and_pans_over_the_steps():
+    """An eager run's thousands of steps were squeezed into ~100 columns with no way
+    to look closer (debugger probe): + - zoom around the selected block, , . pan,
+    0 fits, as on the timeline."""
+    app = DebuggerApp(MLP, view="memory")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await opened(pilot)
+        memory = app.query_one(MemoryView)
+        steps = app.model.steps
+        await pilot.press("right")                  # select a block
+        block = memory.selected_tensor()
+        assert memory.window() == (0, steps)
+        await pilot.press("plus", "plus")
+        first, span = memory.window()
+        assert span == -(-steps // 4) and first <= block["first_step"] < first + span
+        assert f"steps {first}–{first + span - 1} of {steps} · zoom 4x" in \
+            memory.render().plain
+        await pilot.press("full_stop")
+        assert memory.window()[0] > first or first + span == steps
+        await pilot.press("0")
+        assert memory.window() == (0, steps) and "zoom" not in memory.render().plain

@@ -85,6 +85,7 @@ A node selected in one view is selected in the others.
   not the training step (an epoch's short last batch is another program).
 [b]Memory[/b]    ← →  previous / next block in time   ↑ ↓  block above / below
            at the same step; click a block to select it
+           + -  zoom into the steps (around the block)   , .  pan   0  fit
   █ a block of the plan  · bytes free at that step (used at others)
   ░ bytes no block of the record ever used: what held them is not recorded
   naive: every tensor its own bytes · lower bound / peak live: the most
@@ -455,8 +456,9 @@ class DebuggerApp(App):
             return False   # typing in the search box: letters are text, not keys
         only = {"pass_step": ("graph",), "outline": ("graph",), "fold": ("graph",),
                 "overview": ("graph",), "expand": ("graph",),
-                "pan": ("timeline",), "fit": ("timeline",), "op_table_scope": ("timeline",),
-                "zoom": ("graph", "timeline"), "toggle_series": ("curves",),
+                "pan": ("timeline", "memory"), "fit": ("timeline", "memory"),
+                "op_table_scope": ("timeline",),
+                "zoom": ("graph", "timeline", "memory"), "toggle_series": ("curves",),
                 "smoothing": ("curves",)}
         if action in only and self.view not in only[action]:
             return False
@@ -510,18 +512,22 @@ class DebuggerApp(App):
     def action_zoom(self, factor: float) -> None:
         if self.view == "timeline":
             self.query_one(TimelineView).zoom_by(factor)
+        elif self.view == "memory":
+            self.query_one(MemoryView).zoom_by(factor)
         elif self.view == "graph":
             graph = self.query_one(GraphView)
             graph.hops = min(max(graph.hops + (1 if factor > 1 else -1), 1), 6)
             self.sync()
 
     def action_pan(self, fraction: float) -> None:
-        if self.view == "timeline":
-            self.query_one(TimelineView).pan(fraction)
+        if self.view in ("timeline", "memory"):
+            self.query_one(TimelineView if self.view == "timeline" else MemoryView
+                           ).pan(fraction)
 
     def action_fit(self) -> None:
-        if self.view == "timeline":
-            self.query_one(TimelineView).reset()
+        if self.view in ("timeline", "memory"):
+            self.query_one(TimelineView if self.view == "timeline" else MemoryView
+                           ).reset()
 
     def action_overview(self) -> None:
         graph = self.query_one(GraphView)

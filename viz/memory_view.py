@@ -44,6 +44,8 @@ class MemoryView(palette.TextLines, Widget):
         super().__init__(**kwargs)
         self._grid: list[list[dict | None]] = []
         self._map_top = 0
+        self.zoom = 1.0                 # steps shown: all of them / zoom
+        self.view_start: int | None = None   # the first step shown (None: from 0)
 
     @property
     def tapp(self) -> DebuggerApp:
@@ -84,6 +86,34 @@ class MemoryView(palette.TextLines, Widget):
         k += -1 if direction == "left" else 1
         return blocks[k] if 0 <= k < len(blocks) else None
 
+    # -- zoom and pan over the steps (an eager run has thousands) --------------------
+
+    def window(self) -> tuple[int, int]:
+        """(first step, number of steps) of the visible part of the plan."""
+        model = self.tapp.model
+        steps = max(model.steps, 1) if model else 1
+        span = max(1, -(-steps // max(int(self.zoom), 1)))
+        start = 0 if self.view_start is None else self.view_start
+        return min(max(start, 0), steps - span), span
+
+    def zoom_by(self, factor: float) -> None:
+        """Zoom in (factor > 1) or out around the selected block (else the middle)."""
+        start, span = self.window()
+        tensor = self.selected_tensor()
+        middle = tensor["first_step"] if tensor else start + span // 2
+        self.zoom = min(max(self.zoom * factor, 1.0), 4096.0)
+        self.view_start = middle - self.window()[1] // 2
+        self.refresh()
+
+    def pan(self, fraction: float) -> None:
+        start, span = self.window()
+        self.view_start = start + int(fraction * span) or start + (1 if fraction > 0 else -1)
+        self.refresh()
+
+    def reset(self) -> None:
+        self.zoom, self.view_start = 1.0, None
+        self.refresh()
+
     # -- drawing ---------------------------------------------------------------------
 
     def render(self) -> Text:
@@ -104,6 +134,10 @@ class MemoryView(palette.TextLines, Widget):
             self._plan_header(text, model, stats, styles, width)
         else:
             self._ranks_header(text, model, per_rank, styles, width)
+        first, span = self.window()
+        if span < max(model.steps, 1):   # zoomed: say which steps are shown
+            text.append(f"steps {first}–{first + span - 1} of {model.steps} · zoom "
+                        f"{self.zoom:g}x (+ - zoom, , . pan, 0 fit)\n", styles["dim"])
         header_rows = text.plain.count("\n")
 
         tensor = self.selected_tensor()
@@ -111,7 +145,6 @@ class MemoryView(palette.TextLines, Widget):
         sharers = {id(t) for t in blame.sharers} if blame else set()
         info = self._info(model, tensor, blame, styles)
 
-        steps = max(model.steps, 1)
         width = max(self.size.width - LABEL, 8)
         cols = width   # steps are spread over the whole width (to scale)
         # The header and the axis above the map, the curve and the info below.
@@ -119,31 +152,32 @@ class MemoryView(palette.TextLines, Widget):
         arena = max(stats["arena"], 1)
         per_row = arena / rows
         grid: list[list[dict | None]] = [[None] * cols for _ in range(rows)]
-        col_of = lambda step: min(int(step * cols / steps), cols - 1)
-        # Big blocks first, so small ones drawn later stay visible on top.
-        for t in sorted(model.arena_tensors(), key=lambda t: -t["nbytes"]):
-            c0, c1 = col_of(t["first_step"]), col_of(t["last_step"] + 1) - 1
-            c1 = max(c0, c1 if t["last_step"] + 1 < steps else cols - 1)
+        col_of = lambda step: min(max(int((step - first) * cols / span), 0), cols - 1)
+
+        def place(t: dict) -> None:
+            """Draw block t over the columns of its steps that are in the window."""
+            if t["last_step"] < first or t["first_step"] >= first + span:
+                return
+            c0 = col_of(t["first_step"])
+            end = t["last_step"] + 1
+            c1 = cols - 1 if end >= first + span else max(c0, col_of(end) - 1)
             r0 = min(int(t["offset"] / per_row), rows - 1)
             r1 = max(r0, min(int((t["offset"] + t["nbytes"] - 1) / per_row), rows - 1))
             for r in range(r0, r1 + 1):
                 for c in range(c0, c1 + 1):
                     grid[r][c] = t
+
+        # Big blocks first, so small ones drawn later stay visible on top.
+        for t in sorted(model.arena_tensors(), key=lambda t: -t["nbytes"]):
+            place(t)
         if tensor is not None and tensor["offset"] is not None:  # the selection on top
-            c0 = col_of(tensor["first_step"])
-            c1 = max(c0, col_of(tensor["last_step"] + 1) - 1)
-            r0 = min(int(tensor["offset"] / per_row), rows - 1)
-            r1 = max(r0, min(int((tensor["offset"] + tensor["nbytes"] - 1) / per_row),
-                             rows - 1))
-            for r in range(r0, r1 + 1):
-                for c in range(c0, c1 + 1):
-                    grid[r][c] = tensor
+            place(tensor)
         self._grid = grid
         unused = self._never_used_rows(model, rows, per_row, cols)
 
         text.append("step →".rjust(LABEL - 1) + " ", styles["dim"])
         axis = [" "] * cols
-        for step in range(0, steps, max(1, steps // max(cols // 8, 1))):
+        for step in range(first, first + span, max(1, span // max(cols // 8, 1))):
             label = f"┊{step}"
             c = col_of(step)
             if all(axis[c + k] == " " for k in range(min(len(label) + 1, cols - c))):
@@ -186,7 +220,8 @@ class MemoryView(palette.TextLines, Widget):
             return text
         peak = max(model.live.values(), default=0) or 1
         for c in range(cols):
-            lo, hi = c * steps // cols, max((c + 1) * steps // cols, c * steps // cols + 1)
+            lo = first + c * span // cols
+            hi = max(first + (c + 1) * span // cols, lo + 1)
             value = max((model.live.get(s, 0) for s in range(lo, hi)), default=0)
             text.append(SPARK[min(int(value / peak * (len(SPARK) - 1) + 0.5),
                                   len(SPARK) - 1)], styles["ok"])
