@@ -68,7 +68,6 @@ import math
 import mmap
 import operator
 import os
-import stat
 import tempfile
 import zipfile
 import zlib
@@ -78,7 +77,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tinyflow import api
+from tinyflow import api, trace
 from tinyflow.graph import Node, TinyFlowError
 from tinyflow.registry import source_kind
 
@@ -514,7 +513,7 @@ def _map(path: Path) -> mmap.mmap | bytes:
     (SIGBUS), as it would numpy's or safetensors' own memory-mapped readers.
     """
     try:
-        with _open_regular(path) as f:
+        with trace.open_regular(path, CheckpointError, "a checkpoint") as f:
             try:
                 return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError):  # an empty file, or one mmap cannot map
@@ -524,24 +523,6 @@ def _map(path: Path) -> mmap.mmap | bytes:
     except OSError as err:
         raise CheckpointError(f"cannot read checkpoint {path}: {err.strerror or err}"
                               ) from None
-
-
-def _open_regular(path: Path) -> io.BufferedReader:
-    """`path` opened for reading, refused unless it is a regular file.
-
-    A FIFO would block the open (or the read) until some other process writes, and
-    /dev/zero never ends: neither can hold a checkpoint. O_NONBLOCK makes the open of
-    a FIFO return at once, so the check is made on what was opened (fstat), not on a
-    name that could change in between; for a regular file the flag does nothing.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    kind = os.fstat(fd).st_mode
-    if not stat.S_ISREG(kind):
-        os.close(fd)
-        what = ("a directory, not a file" if stat.S_ISDIR(kind) else "not a regular file "
-                "(a device, FIFO or socket cannot hold a checkpoint)")
-        raise CheckpointError(f"checkpoint {path} is {what}")
-    return os.fdopen(fd, "rb")
 
 
 def _unreadable(path: Path, problem: str) -> CheckpointError:

@@ -579,24 +579,30 @@ def read_file(path: str | os.PathLike) -> bytes:
         raise RecordError(f"{path}: cannot read: {err.strerror}") from None
 
 
-def open_regular(path: str) -> Any:
-    """`path` opened for reading in binary, refused unless it is a regular file.
+def open_regular(path: str | os.PathLike, error: type[TinyFlowError] | None = None,
+                 holds: str = "a record") -> Any:
+    """`path` opened for reading in binary, refused unless it is a regular file (the
+    saver opens checkpoints with it too: `error` CheckpointError, `holds` "a
+    checkpoint").
 
     A FIFO would block the open (or the read) until another process writes to it,
     and /dev/zero never ends. O_NONBLOCK lets the open of a FIFO return at once, so
     the check is made on what was opened (fstat), not on a name that could change in
-    between; for a regular file the flag changes nothing. Raises RecordError for a
-    directory or a special file, OSError (FileNotFoundError, ...) as open() would.
+    between; for a regular file the flag changes nothing. Raises `error` (default
+    RecordError) for a directory or a special file, OSError (FileNotFoundError, ...)
+    as open() would.
     """
+    error = error or RecordError
+    path = os.fspath(path)
     if "\0" in path:  # open() would raise a bare ValueError
-        raise RecordError(f"{path!r}: a file name cannot contain a NUL character")
+        raise error(f"{path!r}: a file name cannot contain a NUL character")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        what = ("is a directory, not a record file" if stat.S_ISDIR(mode) else
-                "not a regular file (a device, FIFO or socket cannot hold a record)")
-        raise RecordError(f"{path}: {what}")
+        what = (f"is a directory, not {holds}" if stat.S_ISDIR(mode) else
+                f"not a regular file (a device, FIFO or socket cannot hold {holds})")
+        raise error(f"{path}: {what}")
     return os.fdopen(fd, "rb")
 
 
