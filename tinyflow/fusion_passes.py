@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from tinyflow import fusion
+from tinyflow import fusion, nn_ops
 from tinyflow.graph import Graph, Node
 from tinyflow.ops import REGISTRY
 from tinyflow.registry import mutated_input
@@ -63,8 +63,7 @@ def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
         if adder is None or adder.op not in ("add", "bias_add") or adder.inputs.count(node) != 1:
             continue
         pos = adder.inputs.index(node)
-        if adder.op == "bias_add" and (pos != 0 or adder.attrs.get("axis", 1)
-                                       % len(node.shape) != len(node.shape) - 1):
+        if adder.op == "bias_add" and (pos != 0 or not nn_ops.bias_along_last_axis(adder)):
             continue   # (fused_dense adds a (C,) bias along the product's last axis)
         if not same_type(adder, node):
             continue

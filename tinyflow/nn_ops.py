@@ -41,10 +41,17 @@ from tinyflow.ops import (
 # (batch, time, features) (nn.bias_add picks it from data_format). Negative axes
 # count from the end, for an x whose rank is not known when the graph is built.
 
-def _bias_axis(attrs: dict, rank: int) -> int:
+def bias_axis(attrs: dict, rank: int) -> int:
     """bias_add's axis as a dimension of an x of `rank` (a Mismatch if out of range)."""
     (axis,) = normalize_axes(attrs.get("axis", 1), rank)
     return axis
+
+
+def bias_along_last_axis(node: Node) -> bool:
+    """Whether bias_add `node` (its shape known) adds its bias along x's last axis,
+    as a (C,) array broadcasts from the right (the passes and the ONNX export ask)."""
+    rank = len(node.shape)
+    return rank >= 2 and bias_axis(node.attrs, rank) == rank - 1
 
 
 def _bias_axis_check(attrs: dict, dtypes: list) -> None:
@@ -62,7 +69,7 @@ def _bias_add_infer(shapes, dtypes, attrs):
     x, b = shapes
     if len(x) < 2 or len(b) != 1:
         raise Mismatch("bias_add needs x of rank >= 2 and a bias of rank 1")
-    axis = _bias_axis(attrs, len(x))
+    axis = bias_axis(attrs, len(x))
     if x[axis] is not None and b[0] is not None and x[axis] != b[0]:
         raise Mismatch(f"bias has {b[0]} entries but dimension {axis} of x is {x[axis]}")
     return tuple(x), result_dtype(dtypes)
@@ -90,7 +97,7 @@ def _bias_grad_infer(shapes, dtypes, attrs):
     g = shapes[0]
     if len(g) < 2:
         raise Mismatch("bias_grad needs g of rank >= 2 (shaped like bias_add's x)")
-    return (g[_bias_axis(attrs, len(g))],), dtypes[0]
+    return (g[bias_axis(attrs, len(g))],), dtypes[0]
 
 
 register(OpDef("bias_grad", _bias_grad_compute, _bias_grad_infer,

@@ -827,7 +827,7 @@ def _ex_bias_add(w: _Writer, n: Node, ins: list[str], out: str) -> str:
     # ONNX's Add broadcasts from the right: the (C,) bias gets a 1 for every
     # dimension of x after its axis.
     rank = n.inputs[0].ndim
-    axis = n.attrs.get("axis", 1) % rank
+    axis = nn_ops.bias_axis(n.attrs, rank)
     bias = ins[1]
     if axis < rank - 1:
         bias = w.emit("Unsqueeze", [bias, w.ints(range(1, rank - axis), n, "axes")], None, n)

@@ -204,9 +204,7 @@ def _rule_bias_last_axis(node: Node) -> Node | None:
     from the right, so the two compute the same (the same ufunc on the same
     operands), and the elementwise passes know an add (a (B, T, C) layer's bias
     would otherwise stop fuse_elementwise's chain)."""
-    if node.shape is None or len(node.shape) < 2:
-        return None
-    if node.attrs.get("axis", 1) % len(node.shape) != len(node.shape) - 1:
+    if node.shape is None or not nn_ops.bias_along_last_axis(node):
         return None
     return new_node("add", list(node.inputs), {}, node)
 
