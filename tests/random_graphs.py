@@ -63,6 +63,8 @@ class Case:
     feed_dict: dict[Node, np.ndarray]
     init_values: dict[Node, np.ndarray]
     description: list[str] = field(default_factory=list)
+    loss: Node | None = None    # the scalar whose gradients are fetched
+    wrt: list[Node] = field(default_factory=list)   # the sources of those gradients
 
     @property
     def variables(self) -> list[Node]:
@@ -103,6 +105,88 @@ def assert_same_results(got: list[np.ndarray], expected: list[np.ndarray], case:
         assert a.shape == b.shape, f"{what}: {name} has shape {a.shape}, expected {b.shape}"
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol,
                                    err_msg=f"{what}: {name} differs\n{case!r}")
+
+
+# ----------------------------------------------------------------------------------
+# Running a case eagerly: each node's op on eager Tensors (tinyflow/eager.py)
+# ----------------------------------------------------------------------------------
+
+def case_sources(case: Case) -> list[Node]:
+    """The placeholders, then the variables: the arguments of `eager_program`."""
+    return [*case.feed_dict, *case.init_values]
+
+
+def eager_program(case: Case, outputs: list[Node] | None = None) -> Any:
+    """The case as a Python function of eager Tensors (one per `case_sources`), as a
+    user would write it eagerly: each node, in `graph.topological_order`, runs its op
+    through `eager.apply`. Returns the values of `outputs` (default: the fetches),
+    then each variable's value after the run.
+
+    An assign is replayed as the graph means it: every reader of the variable sees
+    the old value (topological_order runs readers first, and the gradient rules read
+    it too), and the assigned value is the variable's value after the run."""
+    from tinyflow import eager
+    from tinyflow.graph import topological_order
+    from tinyflow.registry import mutated_input, source_kind
+
+    outputs = case.fetches if outputs is None else outputs
+    order = topological_order(outputs)
+    sources = case_sources(case)
+
+    def program(*tensors: Any) -> list[Any]:
+        values = {id(node): t for node, t in zip(sources, tensors)}
+        after = {id(var): t for var, t in zip(case.init_values, tensors[len(case.feed_dict):])}
+        for node in order:
+            if id(node) in values:
+                continue
+            if source_kind(node) == "constant":
+                values[id(node)] = eager.tensor(node.attrs["value"].array)
+            elif mutated_input(node) is not None:      # assign(var, value)
+                value = values[id(node.inputs[1])]
+                values[id(node)] = after[id(node.inputs[0])] = value
+            else:
+                inputs = [values[id(i)] for i in node.inputs]
+                values[id(node)] = eager.apply(node.op, inputs, dict(node.attrs))
+        return [values[id(node)] for node in outputs] + list(after.values())
+
+    return program
+
+
+def eager_arguments(case: Case, requires_grad: bool = False) -> list[Any]:
+    """Fresh eager Tensors of the case's feeds and variables' starting values; with
+    `requires_grad`, the gradients' sources (`case.wrt`) require grad."""
+    from tinyflow import eager
+    values = {**case.feed_dict, **case.init_values}
+    wrt = {id(n) for n in case.wrt} if requires_grad else set()
+    return [eager.tensor(values[n], requires_grad=id(n) in wrt) for n in case_sources(case)]
+
+
+def run_case_eagerly(case: Case, traced: bool = False) -> list[np.ndarray]:
+    """The results `run_case` gives, computed by `eager_program` (under
+    `tf.function` when `traced`), without autograd."""
+    from tinyflow import eager
+    eager._generators.clear()     # the random streams start at their seeds
+    program = eager_program(case)
+    if traced:
+        program = tf.function(program)
+    with eager.no_grad():
+        results = program(*eager_arguments(case))
+    return [np.array(t.numpy(), copy=True) for t in results]
+
+
+def eager_gradients(case: Case) -> list[np.ndarray | None]:
+    """The gradients of `case.loss` with respect to `case.wrt` by eager backward
+    (`loss.backward()`, then each source's `.grad`), as the case fetches them."""
+    from tinyflow import eager
+    if not case.wrt:   # the loss depends on no source (integer casts cut it off)
+        return []
+    eager._generators.clear()
+    arguments = eager_arguments(case, requires_grad=True)
+    (loss, *_) = eager_program(case, [case.loss])(*arguments)
+    loss.backward()
+    by_node = dict(zip(map(id, case_sources(case)), arguments))
+    grads = [by_node[id(n)].grad for n in case.wrt]
+    return [None if g is None else np.array(g.numpy(), copy=True) for g in grads]
 
 
 # ----------------------------------------------------------------------------------
@@ -547,8 +631,9 @@ def random_graph_cases(draw: Any, max_ops: int = 10, families: dict | None = Non
         term = ops.reduce_sum(node * b.const(SHAPE))
         loss = term if loss is None else loss + term
     xs = [b.x, b.v, b.w, b.b]
-    grads = [g for g in tf.gradients(loss, xs) if g is not None]
+    pairs = [(x, g) for x, g in zip(xs, tf.gradients(loss, xs)) if g is not None]
+    grads = [g for _, g in pairs]
     b.lines.append(f"loss = weighted sum of {', '.join(n.name for n in differentiable)}; "
                    f"{len(grads)} gradients")
     fetches = outputs + b.assigns + [loss] + grads
-    return Case(fetches, b.feeds, b.init, b.lines)
+    return Case(fetches, b.feeds, b.init, b.lines, loss, [x for x, _ in pairs])

@@ -50,9 +50,13 @@ def bits(a: np.ndarray) -> np.ndarray:
     return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind in "fc" else a
 
 
-def assert_bitwise(got: list, expected: list, case: rg.Case, what: str) -> None:
-    names = [f.name for f in case.fetches] + [f"{v.name} (after the run)"
-                                               for v in case.variables]
+def assert_bitwise(got: list, expected: list, case: rg.Case, what: str,
+                   names: list[str] | None = None) -> None:
+    """`got` and `expected` hold the same bits, array by array; `names` says what
+    each is (default: the case's fetches, then its variables after the run)."""
+    if names is None:
+        names = [f.name for f in case.fetches] + [f"{v.name} (after the run)"
+                                                   for v in case.variables]
     assert len(got) == len(expected)
     for name, a, b in zip(names, got, expected):
         a, b = np.asarray(a), np.asarray(b)
@@ -105,6 +109,29 @@ def test_random_graphs_are_bitwise_equal_under_every_option_set():
 
     check()
     assert max(streams_used) >= 3, f"the cases never spread over streams: {streams_used}"
+
+
+# Same warnings as above: the narrow family overflows on purpose.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_random_graphs_run_eagerly_and_traced_give_the_graphs_bits():
+    """Define-by-run must not change an answer either: each random program written
+    as eager code (every node's op through eager.apply, tests/random_graphs.py's
+    eager_program), run eagerly and under tf.function, gives the bits of the serial
+    unoptimized graph program; and eager backward (`loss.backward()`, `.grad`) gives
+    the bits of the graph's tf.gradients."""
+
+    @settings(max_examples=50, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(rg.random_graph_cases(families=EXACT))
+    def check(case):
+        expected = rg.run_case(case, **REFERENCE)
+        assert_bitwise(rg.run_case_eagerly(case), expected, case, "eager")
+        assert_bitwise(rg.run_case_eagerly(case, traced=True), expected, case, "traced")
+        graph_grads = expected[len(case.fetches) - len(case.wrt):len(case.fetches)]
+        assert_bitwise(rg.eager_gradients(case), graph_grads, case, "eager backward",
+                       names=[f"d loss / d {n.name}" for n in case.wrt])
+
+    check()
 
 
 def test_integer_inputs_to_float_only_ops_are_refused_when_built():
