@@ -158,19 +158,23 @@ class Tensor:
     _version = 0
     _versions: tuple | None = None  # the inputs' versions when the op ran
     _written_at: str | None = None  # a computed Tensor written in place: where
+    _opaque: str | None = None      # a result whose history no backward can follow: why
     _block: Block | None = None     # (None until its memory is taken: see __del__)
     __tinyflow_tensor__ = True   # ops.make routes ops on these to `apply`
     __array_priority__ = 1000    # numpy defers `array + tensor` to our operators
 
     def __init__(self, value: Any, requires_grad: bool = False, dtype: Any = None) -> None:
-        if _mode.tracer is not None and not requires_grad:
+        if _mode.tracer is not None:
             # Made while a function is traced: a value of the graph, made again on
             # every call as eager code makes it (not a Tensor from outside, which
-            # would keep what one call wrote into it for the next).
+            # would keep what one call wrote into it for the next); with
+            # requires_grad, a leaf of each call (tracing.py: set_requires_grad).
             self.data, self._block, self._alloc = None, None, None
             self.node = _mode.tracer.copy_of(value, dtype)
             self.requires_grad, self._grad = False, None
             self._op = self._inputs = self._attrs = None
+            if requires_grad:
+                self.requires_grad_(True)
             return
         array = ops.number_array("tensor", value.numpy() if isinstance(value, Tensor)
                                  else value, dtype)
@@ -306,7 +310,7 @@ class Tensor:
         `create_graph` the gradients are themselves differentiable.
         """
         if self.node is not None:
-            _mode.tracer.backward(self, gradient, create_graph)
+            _mode.tracer.backward(self, gradient, retain_graph, create_graph)
             return
         backward(self, gradient, retain_graph or create_graph, create_graph)
 
@@ -933,6 +937,8 @@ def _tape_order(root: Tensor) -> list[Tensor]:
                              "eager mode does not record in-place ops for backward (PyTorch "
                              "would); write the result to a new Tensor (y = y * 3, not "
                              "y.mul_(3))")
+        if t._opaque is not None:   # (before any .grad is touched: nothing half done)
+            raise EagerError(f"backward reaches {t._opaque}")
         inputs = t._inputs or ()
         if i < len(inputs):
             stack[-1] = (t, i + 1)
@@ -1024,6 +1030,19 @@ def _check_versions(t: Tensor, reads: list[int]) -> None:
                              "raises here too); write the new value to a new Tensor")
 
 
+SECOND_BACKWARD = ("backward through a graph a second time: its saved values were freed "
+                   "by the first backward; pass retain_graph=True to the first call")
+
+
+def check_seed_shape(seed: tuple, shape: tuple) -> None:
+    """backward(gradient): the gradient has the Tensor's shape (broadcast, it would
+    give the leaves its shape), in eager and traced backward alike."""
+    if tuple(seed) != tuple(shape):
+        raise EagerError(f"backward(gradient) at {user_source_line()}: the gradient has "
+                         f"shape {tuple(seed)}, the Tensor {tuple(shape)}; they must match "
+                         "(PyTorch checks too)")
+
+
 def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
              create_graph: bool = False) -> None:
     """Reverse-mode over the tape from `root` (see `Tensor.backward`)."""
@@ -1035,10 +1054,7 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
         seed = Tensor(np.ones(root.shape, root.dtype))
     else:
         seed = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=root.dtype)
-        if seed.shape != root.shape:   # (broadcast, it gave the leaves its shape)
-            raise EagerError(f"backward(gradient) at {user_source_line()}: the gradient "
-                             f"has shape {seed.shape}, the Tensor {root.shape}; they must "
-                             "match (PyTorch checks too)")
+        check_seed_shape(seed.shape, root.shape)
         if seed.dtype != root.dtype:   # cast, as PyTorch does (the grads keep dtypes)
             seed = Tensor(seed.data, dtype=root.dtype)
     order = _tape_order(root)
@@ -1082,9 +1098,7 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
                     t._grad = t._grad + total
                 continue
             if t._inputs is None:
-                raise EagerError("backward through a graph a second time: its saved "
-                                 "values were freed by the first backward; pass "
-                                 "retain_graph=True to the first call")
+                raise EagerError(SECOND_BACKWARD)
             for inp, g in zip(t._inputs, _input_grads(t, total)):
                 if g is not None:   # (an input that required grad when the op ran)
                     pending.setdefault(id(inp), []).append(g)

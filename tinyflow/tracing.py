@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +41,9 @@ import numpy as np
 
 from tinyflow import api, ops, shape_ops
 from tinyflow.allocator import CachingAllocator
-from tinyflow.eager import (EagerError, GraphBreak, Tensor, _mode, _wrap,
-                            check_implicit_seed, set_allocator)
-from tinyflow.graph import Node, user_source_line
+from tinyflow.eager import (SECOND_BACKWARD, EagerError, GraphBreak, Tensor, _mode, _wrap,
+                            check_implicit_seed, check_seed_shape, set_allocator)
+from tinyflow.graph import Node, topological_order, user_source_line
 from tinyflow.ops import REGISTRY
 
 
@@ -92,6 +92,13 @@ class _Trace:
         self.inner_leaves: dict[int, Tensor] = {}   # requires_grad_() inside the trace
         self.flags: dict[int, bool] = {}            # argument index -> requires_grad_(flag)
         self.unfollowable: dict[int, str] = {}      # id(node) -> why (see _unfollowable)
+        # Eager's tape rules, kept on nodes: the computed values that require grad
+        # (eager's tape), those a backward without retain_graph went through (eager
+        # frees their saved values), and the values an in-place write replaced, with
+        # the write's line (eager's version counter).
+        self.grad_nodes: set[int] = set()
+        self.freed: set[int] = set()
+        self.overwritten: dict[int, str] = {}
 
     # -- values of the trace -----------------------------------------------------------
     def node_of(self, value: Any) -> Any:
@@ -255,6 +262,7 @@ class _Trace:
             isinstance(i, Tensor) and i.requires_grad for i in inputs))
         if out.requires_grad:
             out._op = op   # not a leaf: it has a history, as on eager's tape
+            self.grad_nodes.add(id(node))
         return out
 
     def write(self, t: Tensor, value: Any) -> None:
@@ -267,6 +275,9 @@ class _Trace:
         if t.node is None and id(t) in self.arguments:   # an argument: its stand-in
             self.unified[id(t)] = t
             t = self.arguments[id(t)]
+        replaced = self._current_node(t)
+        if replaced is not None:
+            self.overwritten[id(replaced)] = user_source_line()
         if t.node is None:
             self.outside[id(t)] = t
         if t.requires_grad and not t.is_leaf:
@@ -286,7 +297,17 @@ class _Trace:
         self.writes[id(t)] = (t, node)
         self.no_history[id(node)] = node
 
-    def backward(self, root: Tensor, gradient: Any, create_graph: bool = False) -> None:
+    def _current_node(self, t: Tensor) -> Node | None:
+        """The node a read of `t` gives now, or None when the trace never read it."""
+        if id(t) in self.writes:
+            return self.writes[id(t)][1]
+        if t.node is not None:
+            return t.node
+        capture = self.captures.get(("tensor", id(t)))
+        return None if capture is None else capture.placeholder
+
+    def backward(self, root: Tensor, gradient: Any, retain_graph: bool = False,
+                 create_graph: bool = False) -> None:
         if not root.requires_grad:
             raise EagerError("backward() on a Tensor that does not require grad (no input "
                              "of its ops had requires_grad=True, or it was made under "
@@ -296,15 +317,24 @@ class _Trace:
                              "a traced function: not supported; call it eagerly")
         if gradient is None:   # (eager mode's rule: tracing must not change the answer)
             check_implicit_seed(root.node.shape)
+        else:
+            check_seed_shape(gradient.shape if isinstance(gradient, Tensor)
+                             else np.shape(gradient), root.shape)
         why = _first_unfollowable(root.node, self._unfollowable())
         if why is not None:
             raise EagerError(f"backward() at {user_source_line()} in a traced function "
                              f"reaches {why}: the trace cannot follow it; pass a leaf "
                              "(x.detach().requires_grad_()) or call the function eagerly")
+        walked = self._tape_nodes(root.node)
+        if walked & self.freed:
+            raise EagerError(SECOND_BACKWARD)
         targets = list(self.leaves.values())
         seeds = None if gradient is None else [self.node_of(gradient)]
         from tinyflow.autodiff import gradients
         grads = gradients(root.node, [self.node_of(t) for t in targets], seeds)
+        self._check_not_overwritten(grads)
+        if not retain_graph:
+            self.freed |= walked
         for t, g in zip(targets, grads):
             if g is None:
                 continue
@@ -312,6 +342,39 @@ class _Trace:
             new = _wrap(None, None, node=ops.stop_gradient(g))
             previous = self.grad_of(t)
             self.grad_writes[id(t)] = (t, new if previous is None else previous + new)
+
+
+    def _tape_nodes(self, root: Node) -> set[int]:
+        """The ids of the computed values requiring grad that a backward from `root`
+        goes through: eager's walk of its tape (inputs that require grad only)."""
+        walked, stack = set(), [root]
+        while stack:
+            node = stack.pop()
+            if id(node) in walked or id(node) not in self.grad_nodes:
+                continue
+            walked.add(id(node))
+            stack.extend(node.inputs)
+        return walked
+
+    def _check_not_overwritten(self, grads: list[Node | None]) -> None:
+        """A gradient rule must read its op's values as the op saw them: eager's
+        version counter refuses a backward that needs a value written in place
+        after the op used it, and so does the trace (the gradient nodes would read
+        the old value, an answer eager mode never gives)."""
+        if not self.overwritten:
+            return
+        for node in topological_order([g for g in grads if g is not None]):
+            if node.grad_of is None:      # a forward value, computed before any write
+                continue
+            read_for_shape = REGISTRY[node.op].shape_inputs
+            for k, value in enumerate(node.inputs):
+                if k not in read_for_shape and id(value) in self.overwritten:
+                    raise EagerError(
+                        f"backward() at {user_source_line()}: the gradient of "
+                        f"{node.grad_of.op} needs a value as the op saw it, but it was "
+                        f"written in place afterwards, at {self.overwritten[id(value)]} "
+                        "(eager mode and PyTorch raise here too); write the new value to "
+                        "a new Tensor")
 
 
 @dataclass
@@ -371,6 +434,14 @@ class Function:
         self.traces: list[dict] = []
         self.breaks: list[str] = []
 
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """A decorated method: `model.step(x)` calls the function with `model` first
+        (a Python value of the trace: the Tensors it holds are read from outside, on
+        every call), as tf.function and torch.compile bind methods."""
+        if instance is None:
+            return self
+        return functools.partial(self, instance)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _mode.tracer is not None:
             # Called from inside another traced function: its ops join that trace
@@ -378,19 +449,26 @@ class Function:
             return self.fn(*args, **kwargs)
         if kwargs:
             args = self._positional(args, kwargs)
-        key = _call_signature(args)
+        self._bind(args, {})   # (the call's arity, said plainly, before it is traced)
+        # Tuples and lists are opened (JAX's pytrees, TF2's nests): each Tensor in them
+        # is an input of its own, not a Python value keyed by its identity.
+        leaves: list = []
+        nesting = tuple(_flatten(arg, leaves) for arg in args)
+        flat = tuple(leaves)
+        key = _call_signature(flat)
+        if any(n is not None for n in nesting):
+            key += (("nesting", nesting),)
         reason = "first call"
         for concrete in self.cache.get(key, []):
-            reason = concrete.guards_hold(args)
+            reason = concrete.guards_hold(flat)
             if reason is None:
-                return self._run(concrete, args)
+                return self._run(concrete, flat)
         if key not in self.cache and self.cache:
             reason = _why_new(key, list(self.cache))
-        self._bind(args, {})   # (the call's arity, said plainly, before it is traced)
-        concrete = self._trace(args, key)
+        concrete = self._trace(flat, key, nesting)
         self.traces.append({"signature": key, "reason": reason, "nodes": concrete.nodes})
         self.cache.setdefault(key, []).append(concrete)
-        return self._run(concrete, args)
+        return self._run(concrete, flat)
 
     @functools.cached_property
     def _signature(self) -> inspect.Signature:
@@ -419,7 +497,7 @@ class Function:
         bound.apply_defaults()    # (keyword-only defaults stay the function's own)
         return bound.args
 
-    def _trace(self, args: tuple, key: tuple) -> _Concrete:
+    def _trace(self, args: tuple, key: tuple, nesting: tuple) -> _Concrete:
         from tinyflow.executor import compile as compile_graph
         trace = _Trace()
         trace.args = args
@@ -439,9 +517,11 @@ class Function:
                     trace.leaves[id(value)] = value   # backward in the trace reaches it
             else:
                 symbolic.append(arg)
+        values = iter(symbolic)
+        call_args = [_unflatten(n, values) for n in nesting]
         before, _mode.tracer = _mode.tracer, trace
         try:
-            result = self.fn(*symbolic)
+            result = self.fn(*call_args)
         except GraphBreak as err:
             self.breaks.append(str(err))
             raise
@@ -491,13 +571,13 @@ class Function:
             tensor(where)._grad = None if slot is None else Tensor(values[slot])
         for index, flag in concrete.flags.items():
             args[index].requires_grad = flag
-        return _rebuild(concrete.outputs, values)
+        return _rebuild(concrete.outputs, values, self.__name__)
 
     def explain(self) -> str:
         """What was traced, how often and why; graph breaks with their lines."""
         lines = [f"{self.__name__}: {len(self.traces)} trace(s)"]
         for i, entry in enumerate(self.traces):
-            shapes = ", ".join(str(s) for s in entry["signature"])
+            shapes = ", ".join(_describe(s) for s in entry["signature"])
             lines.append(f"  trace {i}: {entry['reason']}; inputs ({shapes}); "
                          f"{entry['nodes']} nodes after the passes")
         for message in self.breaks:
@@ -634,31 +714,92 @@ def _write_target(t: Tensor, args: tuple, trace: _Trace) -> Any:
     return index
 
 
+def _flatten(value: Any, leaves: list) -> Any:
+    """The nesting of `value`, its tuples and lists opened and each leaf appended
+    to `leaves`, left to right: None for a leaf, else (the container's type, the
+    nestings of its items)."""
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_flatten(item, leaves) for item in value))
+    leaves.append(value)
+    return None
+
+
+def _describe(entry: tuple) -> str:
+    """One entry of a call's signature as `explain` prints it: an argument's, or
+    how its tuples and lists nest (x for each Tensor or value in them)."""
+    if entry[0] != "nesting":
+        return str(entry)
+
+    def nest(n: Any) -> str:
+        return "x" if n is None else f"{n[0].__name__}({', '.join(map(nest, n[1]))})"
+    return "arguments nested as " + ", ".join(map(nest, entry[1]))
+
+
+def _unflatten(nesting: Any, leaves: Iterator) -> Any:
+    """The value `_flatten` opened, rebuilt from `nesting` with the next leaves."""
+    if nesting is None:
+        return next(leaves)
+    kind, items = nesting
+    values = [_unflatten(item, leaves) for item in items]
+    return _container(kind, values)
+
+
+def _container(kind: type, items: list) -> Any:
+    """A list, a tuple, or a namedtuple (whose fields are its arguments) of `items`."""
+    if kind is list:
+        return items
+    return kind(*items) if hasattr(kind, "_fields") else kind(items)
+
+
 def _collect(result: Any, fetches: list[Node], node_of: Callable[[Tensor], Node]) -> Any:
     """The result's structure, symbolic Tensors replaced by their fetch index (the
-    node `node_of` gives: the latest in-place write, if any)."""
+    node `node_of` gives: the latest in-place write, if any). Tuples (namedtuples
+    too), lists and dicts are opened; any other object holding a traced Tensor is
+    an error: it would keep the trace's stand-in, the same on every call."""
     if isinstance(result, Tensor):
         if result.node is None:
             return ("value", result)
         fetches.append(node_of(result))
-        return ("fetch", len(fetches) - 1)
+        kind = "fetch with history" if result.requires_grad else "fetch"
+        return (kind, len(fetches) - 1)
     if isinstance(result, (list, tuple)):
-        return (type(result).__name__, [_collect(r, fetches, node_of) for r in result])
+        return (type(result), [_collect(r, fetches, node_of) for r in result])
     if isinstance(result, dict):
         return ("dict", {k: _collect(v, fetches, node_of) for k, v in result.items()})
+    held = vars(result).values() if hasattr(result, "__dict__") else ()
+    if any(isinstance(v, Tensor) and v.node is not None for v in held):
+        raise EagerError(f"a traced function returned a {type(result).__name__} holding a "
+                         "traced Tensor; return Tensors in a tuple, list, namedtuple or "
+                         "dict (their values come back on every call)")
     return ("value", result)
 
 
-def _rebuild(structure: Any, values: list) -> Any:
+def _rebuild(structure: Any, values: list, name: str) -> Any:
+    """The result as the function returned it, each fetch a new Tensor of its value.
+
+    A result that required grad in the trace requires grad here too, as eager's
+    would, but the compiled program keeps no tape for eager backward: it is marked
+    opaque, so a backward that reaches it is an error, not a gradient that silently
+    misses every path through the function (torch.compile differentiates through
+    its graphs; tf.function's results are used with a GradientTape around the call)."""
     kind, inner = structure
     if kind == "fetch":
         return Tensor(values[inner])
+    if kind == "fetch with history":
+        result = Tensor(values[inner])
+        if _mode.grad_enabled:
+            result.requires_grad, result._op = True, "tf.function"   # (not a leaf)
+            result._opaque = (
+                f"the result of a call of tf.function {name}: the compiled program "
+                "keeps no tape for eager backward; call backward inside "
+                "the function (it writes the .grad of what it reads), or call the "
+                "function eagerly")
+        return result
     if kind == "value":
         return inner
     if kind == "dict":
-        return {k: _rebuild(v, values) for k, v in inner.items()}
-    items = [_rebuild(v, values) for v in inner]
-    return tuple(items) if kind == "tuple" else items
+        return {k: _rebuild(v, values, name) for k, v in inner.items()}
+    return _container(kind, [_rebuild(v, values, name) for v in inner])
 
 
 # ----------------------------------------------------------------------------------
