@@ -223,6 +223,9 @@ def test_a_decorated_method_gets_its_instance():
             return (self.w * x).sum()
 
     x = eager.tensor(np.array([3.0, 4.0]))
-    assert Model(1.0).forward(x).item() == 11.0
+    model = Model(1.0)
+    assert model.forward(x).item() == 11.0
     assert Model(2.0).forward(x).item() == 22.0
+    model.forward(x)
+    assert "2 trace(s)" in model.forward.explain()   # one per instance
     assert isinstance(Model.forward, tf.function(lambda: None).__class__)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -440,7 +441,7 @@ class Function:
         every call), as tf.function and torch.compile bind methods."""
         if instance is None:
             return self
-        return functools.partial(self, instance)
+        return types.MethodType(self, instance)   # (model.step.explain() reaches us)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _mode.tracer is not None:
