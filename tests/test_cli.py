@@ -80,8 +80,7 @@ def viz_calls(monkeypatch):
 
 
 def test_debug_and_export_run_python_m_viz(viz_calls, tmp_path):
-    record = tmp_path / "run.json"
-    record.write_text("{}")
+    record = _record_copy(tmp_path)   # (debug checks that it is a record: "{}" is not)
     assert cli.main(["debug", str(record)]) == 0
     assert cli.main(["export", str(record), "--dot", "g.dot", "--after", "cse"]) == 0
     assert cli.main(["export", str(record), "--perfetto", "t.json"]) == 0
@@ -457,3 +456,153 @@ def test_an_output_path_through_a_symlink_and_dotdot_is_checked_where_it_goes(tm
     (tmp_path / "top" / "a").symlink_to(tmp_path / "real" / "target")
     path = str(tmp_path / "top" / "a" / ".." / "sub" / "x.json")
     assert cli.writable_file(path) == path
+
+
+# -- new-user probe: bad input is one `tinyflow: error:` line before any app starts ------
+
+def _record_copy(tmp_path: Path) -> Path:
+    """A valid record the test may pass around (the fixture, copied)."""
+    path = tmp_path / "run.json"
+    path.write_bytes((FIXTURES / "mlp.record.json").read_bytes())
+    return path
+
+
+@pytest.mark.parametrize("content,message", [
+    ("hello\n", "not a DebugRecord: invalid JSON at line 1, column 1"),
+    ('{"a": 1}\n', "not a TinyFlow debug record"),
+    ('{"format": "tinyflow.debugrecord", "version": 1', "the file is truncated"),
+])
+def test_debug_of_a_file_that_is_not_a_record_is_a_cli_error(viz_calls, tmp_path, capsys,
+                                                             content, message):
+    # It opened the full-screen debugger, which said "Cannot open this record ...
+    # Press q to quit", while a missing file was a one-line error.
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    good = str(_record_copy(tmp_path))
+    for argv in (["debug", str(bad)], ["debug", good, str(bad)]):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tinyflow: error: {bad}: ") and message in err, err
+        assert err.count("\n") == 1
+    assert viz_calls == []  # refused before the debugger started
+
+
+def test_debug_follow_still_waits_for_a_record_not_written_yet(viz_calls, tmp_path, capsys):
+    missing = tmp_path / "later.json"
+    partial = tmp_path / "partial.json"
+    partial.write_text('{"format": "tinyflow.debugrecord", "version": 1, "meta": {')
+    for path in (missing, partial):
+        assert cli.main(["debug", "--follow", str(path)]) == 0
+    assert viz_calls == [[sys.executable, "-m", "viz", str(path), "--follow"]
+                         for path in (missing, partial)]
+    # A folder can never become a record: that is refused at once.
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["debug", "--follow", str(tmp_path)])
+    assert stop.value.code == 2
+    assert f"tinyflow: error: {tmp_path} is a folder, not a file" in capsys.readouterr().err
+
+
+def test_debug_check_errors_have_the_cli_prefix_and_documented_statuses(tmp_path, capsys):
+    # `--check FOLDER` said "FOLDER: is a directory, not a record", exit 1, while
+    # `debug FOLDER` said "tinyflow: error: FOLDER is a folder, not a file", exit 2.
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["debug", "--check", str(tmp_path)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"tinyflow: error: {tmp_path} is a folder, not a file\n"
+    with pytest.raises(SystemExit) as stop:   # the first file is not checked alone
+        cli.main(["debug", "--check", str(FIXTURES / "mlp.record.json"),
+                  str(tmp_path / "none.json")])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"no such file: {tmp_path / 'none.json'}" in captured.err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a": 1}')
+    assert cli.main(["debug", "--check", str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"{bad}: format: expected 'tinyflow.debugrecord'")
+    assert captured.err == (f"tinyflow: error: {bad} is not a valid DebugRecord "
+                            "(1 problem, listed above)\n")
+    with pytest.raises(SystemExit):
+        cli.main(["debug", "--help"])
+    assert "exit status" in capsys.readouterr().out
+
+
+def test_a_folder_given_as_a_script_is_named_a_folder(viz_calls, tmp_path, capsys):
+    # `launch -n 2 /tmp` said "no such script: /tmp".
+    for argv in (["launch", "-n", "2", str(tmp_path)], ["debug", "--run", str(tmp_path)]):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(argv)
+        assert stop.value.code == 2
+        assert f"tinyflow: error: {tmp_path} is a folder, not a script" in \
+            capsys.readouterr().err
+    assert viz_calls == []
+
+
+def test_every_training_script_refuses_a_negative_thread_count(capsys):
+    # `train mlp --threads -3 --quick` trained, silently.
+    for name in cli.training_scripts():
+        assert cli.main(["train", name, "--threads", "-3", "--quick"]) == 2, name
+        err = capsys.readouterr().err
+        assert "argument --threads: must be at least 0, got -3" in err, name
+    assert cli.nonnegative_int("0") == 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--batch", "0", "REC"], "argument --batch: must be at least 1, got 0"),
+    (["--batch", "2", "REC"], "--batch applies only to an ONNX model"),
+    (["--save", "out.json", "REC"], "--save applies only to an ONNX model"),
+    (["--check-numerics", "REC"], "--check-numerics applies only with --run SCRIPT"),
+    (["--check", "--batch", "2", "REC"], "--batch applies only to an ONNX model"),
+])
+def test_debug_options_that_do_not_apply_are_refused(viz_calls, tmp_path, capsys, argv,
+                                                     message):
+    # `debug --batch 0 rec.json` opened the record, the --batch silently ignored.
+    record = str(_record_copy(tmp_path))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["debug", *[record if a == "REC" else a for a in argv]])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+    assert viz_calls == []
+
+
+def test_export_run_counts_from_the_end_as_documented(viz_calls, tmp_path, capsys):
+    # `--run -1` was accepted (the last run) and `--run 999` refused, neither documented.
+    record = str(_record_copy(tmp_path))
+    assert cli.main(["export", record, "--perfetto", str(tmp_path / "t.json"),
+                     "--run", "-1"]) == 0
+    assert viz_calls[-1][-2:] == ["--run", "-1"]
+    with pytest.raises(SystemExit):
+        cli.main(["export", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "-1 the last" in help_text
+    # The description line it lacked, and --dot's SVG (it said only "DOT").
+    assert "Export the DebugRecord FILE" in help_text and "OUT.svg" in help_text
+    for argv, message in (
+            (["--dot", str(tmp_path / "g.dot"), "--run", "1"],
+             "--run applies only with --perfetto"),
+            (["--perfetto", str(tmp_path / "t.json"), "--after", "cse"],
+             "--after applies only with --dot"),
+            (["--dot", str(tmp_path / "g.png")],
+             "argument --dot: expected a name ending in .svg (a picture), .dot or .gv")):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["export", record, *argv])
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_export_run_minus_one_is_the_last_run(tmp_path):
+    """The documented meaning, through the real exporter: -1 is the last run."""
+    pytest.importorskip("viz")
+    import json
+    record = str(FIXTURES / "mlp.record.json")
+    runs = len(trace.load(record)["timelines"])
+    written = {}
+    for run in ("-1", str(runs - 1)):
+        out = tmp_path / f"run{run}.json"
+        done = subprocess.run([*_tinyflow_command(), "export", record, "--perfetto", str(out),
+                               "--run", run], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        written[run] = json.loads(out.read_text())
+    assert written["-1"] == written[str(runs - 1)]

@@ -28,9 +28,11 @@ LESSONS = ["01_tensors_and_ops", "02_autodiff", "03_graph_passes", "04_memory_pl
 TIMEOUT = 300  # seconds; a lesson takes about one, a quick training run up to ~20
 
 
-def run_python(script: Path, args: list[str], cwd: Path) -> str:
-    """Run `python script args` in `cwd`; return stdout, failing with stderr shown."""
-    env = dict(os.environ)
+def run_python(script: Path, args: list[str], cwd: Path,
+               env_extra: dict[str, str] | None = None) -> str:
+    """Run `python script args` in `cwd` (with `env_extra` set in its environment);
+    return stdout, failing with stderr shown."""
+    env = dict(os.environ, **(env_extra or {}))
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(name, "1")
     env.pop("TINYFLOW_TRACE", None)   # a recorder inherited from the caller would
@@ -73,7 +75,11 @@ def check_01(out: str) -> None:
 
 
 def check_02(out: str) -> None:
-    assert number(r"largest difference: (\S+)", out) < 1e-7
+    difference = number(r"largest difference: (\S+)", out)
+    assert difference < 1e-7
+    # The lesson said "agrees to about 1e-9" and printed 7.2e-11: it now prints the
+    # size float64 rounding allows, which the difference must not exceed by much.
+    assert difference <= 2 * number(r"rounding alone allows about (\S+)\)", out)
     row = re.search(r"H v = \[(.*)\]\s+expected \[(.*)\]", out)
     assert row, "the Hessian-vector product was not printed"
     got = [float(v) for v in row.group(1).split()]
@@ -114,6 +120,18 @@ def check_05(out: str) -> None:
     totals = re.findall(r"stream\(s\): total = (\S+),", out)
     assert float(totals[0]) == pytest.approx(float(totals[1]), rel=1e-5)
     assert re.search(r"^ +compute1 \|", out, re.M)        # the two-stream timeline
+    # Each "run took X ms" is the run drawn below it, whose axis ends at X (they
+    # differed: 16.15 ms above an axis ending at 16.21 ms).
+    took = [float(v) for v in re.findall(r"run took ([\d.]+) ms", out)]
+    axes = [float(v) for v in re.findall(r"^ +0 +([\d.]+) ms$", out, re.M)]
+    assert len(took) == 2 and took == axes, (took, axes)
+    # Whether two streams finished sooner is what this run measured, not a fixed
+    # claim (a loaded 2-core machine saw 16.01 vs 15.97 ms).
+    speedup = number(r"^two streams: ([\d.]+)x the speed of one", out)
+    assert speedup == pytest.approx(took[0] / took[1], abs=0.01)
+    sooner = "two streams finished sooner" in out
+    assert sooner == (speedup >= 1.2), out
+    assert sooner or "finished no sooner" in out or "hardly overlapped" in out
     assert "ScheduleError:" in out and "with no event between them" in out
     assert re.search(r"NumericsError: check_numerics: log \S+ \(created at "
                      r"05_executor_and_streams\.py:\d+\) produced 1 NaN", out)
@@ -164,9 +182,20 @@ def check_08(out: str) -> None:
 def check_09(out: str) -> None:
     assert "dloss/dx = " in out and "after two: 12.0" in out
     assert "retain_graph=True" in out                       # the third backward refused
-    eager_line = next(line for line in out.splitlines() if line.startswith("eager :"))
-    traced_line = next(line for line in out.splitlines() if line.startswith("traced:"))
-    assert eager_line.split(" in ")[0][7:] == traced_line.split(" in ")[0][7:]  # same losses
+    lines = out.splitlines()
+    eager_line = next(line for line in lines if line.startswith("eager :"))
+    traced_line = next(line for line in lines if line.startswith("traced:"))
+    assert eager_line.split(";")[0][7:] == traced_line.split(";")[0][7:]  # same losses
+    # What tracing bought is what this run measured: the lesson claimed it after a run
+    # where traced took 0.019 s and eager 0.018 s.
+    for what in ("MLP step", "200 tiny ops"):
+        line = next((line for line in lines if line.startswith(f"{what}: ")), None)
+        assert line, f"the lesson did not compare eager and traced on the {what}"
+        eager_ms, traced_ms, ratio = (float(v) for v in re.search(
+            r"eager ([\d.]+) ms, traced ([\d.]+) ms .*traced/eager ([\d.]+):", line).groups())
+        assert ratio == pytest.approx(traced_ms / eager_ms, rel=0.05, abs=0.01), line
+        words = "faster" if ratio < 0.9 else "slower" if ratio > 1.1 else "about as fast"
+        assert words in line, line
     assert "2 trace(s)" in out and "graph break at 09_eager_and_tracing.py:" in out
     assert "static plan arena" in out and "caching: peak reserved" in out
     assert "eager ops; memory view: caching allocator" in out and "why is the first" in out
@@ -190,6 +219,21 @@ def test_lesson_runs_as_a_script(lesson, tmp_path):
     out = run_python(TUTORIALS / f"{lesson}.py", [], tmp_path)
     CHECKS[lesson[:2]](out)
     assert list(tmp_path.iterdir()) == [], "a lesson left files in the working directory"
+
+
+def test_lesson_8_keeps_one_folder_however_often_it_runs(tmp_path):
+    """Lesson 8 made a new /tmp/tinyflow_lesson8_* folder on every run (mkdtemp) and
+    left it behind; it keeps its record for the reader to open, so now in one folder,
+    which each run empties and refills, named in the lesson's output."""
+    temp, work = tmp_path / "tmp", tmp_path / "work"
+    temp.mkdir()
+    work.mkdir()
+    for _ in range(2):
+        out = run_python(TUTORIALS / "08_debugger_tour.py", [], work, {"TMPDIR": str(temp)})
+    left = sorted(temp.iterdir())
+    assert len(left) == 1, f"the lesson's runs left {[p.name for p in left]}"
+    assert sorted(p.name for p in left[0].iterdir()) == ["mlp.perfetto.json", "mlp.tfdbg.json"]
+    assert f"stay in {left[0]}" in out, "the lesson does not say where its files stay"
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
@@ -266,6 +310,9 @@ def test_training_script_quick_run(name, tmp_path):
     found = results(out)
     assert found, f"train_{name}.py printed no results:\n{out[-2000:]}"
     assert checkpoint.exists(), f"train_{name}.py saved no checkpoint at {checkpoint}"
+    # Every script says where it saved (train_eager.py saved silently).
+    assert re.search(rf"^checkpoint={re.escape(str(checkpoint))}$", out, re.M), \
+        f"train_{name}.py did not print checkpoint={checkpoint}"
     if least_accuracy is not None:
         assert found["test_accuracy"] >= least_accuracy, found
     if "restored_test_accuracy" in found:

@@ -8,8 +8,10 @@
     tinyflow debug --run [--check-numerics] SCRIPT [args]
                                           run SCRIPT recording a trace, then open it
     tinyflow diff A B                     what changed between two records, as text
-    tinyflow export FILE --dot OUT        the graph as Graphviz DOT (--after PASS)
+    tinyflow export FILE --dot OUT        the graph: OUT.svg drawn, OUT.dot as Graphviz DOT
+                                          (--after PASS)
     tinyflow export FILE --perfetto OUT   the timelines as Perfetto / chrome://tracing JSON
+                                          (--run N: one run; -1 the last)
     tinyflow export FILE --onnx OUT.onnx  the recorded forward graph as ONNX (no weights)
     tinyflow export FILE --tensorboard DIR  the scalar series as TensorBoard event files
     tinyflow debug --check FILE [FILE_B]  list every problem of a DebugRecord, by JSON path
@@ -40,8 +42,8 @@ from pathlib import Path
 
 import tinyflow
 
-__all__ = ["main", "tutorials_dir", "training_scripts", "positive_int", "positive_float",
-           "writable_file", "checkpoint_file", "writable_folder"]
+__all__ = ["main", "tutorials_dir", "training_scripts", "positive_int", "nonnegative_int",
+           "positive_float", "writable_file", "checkpoint_file", "writable_folder"]
 
 _VIZ_MISSING = ("the debugger and exporters are in the viz extra, which is not installed: "
                 "pip install 'tinyflow[viz]'")
@@ -80,6 +82,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0, for counts where 0 means "the default" (--threads:
+    0 is one BLAS thread per core, or no thread ranks)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (a learning rate, a timeout, epochs)."""
     try:
@@ -107,6 +121,19 @@ def writable_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"no such folder: {path.parent}")
     _need_write_access(text, path, path.parent)
     return text
+
+
+# What `viz export --dot` can write, by the name's ending: it checks only after
+# reading the whole record, so the CLI checks first.
+_DOT_SUFFIXES = (".svg", ".dot", ".gv")
+
+
+def dot_file(text: str) -> str:
+    """argparse type: `export --dot OUT`, a writable file named .svg, .dot or .gv."""
+    if not text.lower().endswith(_DOT_SUFFIXES):
+        raise argparse.ArgumentTypeError(f"expected a name ending in .svg (a picture), .dot "
+                                         f"or .gv (Graphviz DOT text), got {text!r}")
+    return writable_file(text)
 
 
 def checkpoint_file(text: str) -> str:
@@ -228,8 +255,7 @@ def _train_live(path: Path, script_args: list[str]) -> int:
     if trace_file is None:
         raise CommandError("--live needs --trace FILE (the record the debugger follows)")
     _check_path("--trace", trace_file, writable_file)
-    if importlib.util.find_spec("viz") is None:
-        raise CommandError(_VIZ_MISSING)
+    _need_viz()
     log_path = trace_file + ".log"
     env = dict(os.environ, TINYFLOW_LIVE="1")
     with open(log_path, "w") as log:
@@ -283,6 +309,44 @@ def _need_file(path: str) -> None:
         raise CommandError(f"{path} is not a regular file (a FIFO, device or socket)")
 
 
+def _need_record(path: str) -> None:
+    """Refuse (CommandError) an input `path` that is not a readable DebugRecord, with
+    the reason `tinyflow.trace.load` gives (not JSON, not a record, truncated, a
+    malformed field by its JSON path): the debugger would otherwise start, full
+    screen, only to say so. The file is read twice (here, then by the debugger), about
+    a second for a 20 MB record, the price of failing before the screen changes."""
+    _need_file(path)
+    from tinyflow import trace
+    try:
+        trace.load(path)
+    except trace.RecordError as err:
+        raise CommandError(str(err)) from None
+
+
+def _need_followable(path: str) -> None:
+    """`debug --follow FILE`: FILE may not exist yet (the run has not started) or be
+    half written, and the debugger waits for it; only what can never become a record
+    (a folder, a FIFO or device) is refused now."""
+    if os.path.exists(path):
+        _need_file(path)
+
+
+def _need_script(path: str) -> None:
+    """Refuse (CommandError) a SCRIPT to run that is missing or not a file."""
+    if _is_dir(Path(path)):
+        raise CommandError(f"{path} is a folder, not a script (give the .py file to run)")
+    if not Path(path).is_file():
+        raise CommandError(f"no such script: {path}")
+
+
+def _refuse_unused(args: argparse.Namespace, options: dict[str, str]) -> None:
+    """Refuse every option of `options` ({"--name": "when it applies"}) that was given:
+    one silently ignored makes the user believe it did something."""
+    for option, applies in options.items():
+        if getattr(args, option[2:].replace("-", "_")) not in (None, False):
+            raise CommandError(f"{option} applies only {applies}")
+
+
 def _run_script(path: Path, script_args: Sequence[str]) -> int:
     """Run a Python file as __main__ in this process, as `python FILE args` would."""
     saved_argv = sys.argv
@@ -297,10 +361,15 @@ def _run_script(path: Path, script_args: Sequence[str]) -> int:
     return 0
 
 
-def _viz(arguments: Sequence[str]) -> int:
-    """Run `python -m viz ARGUMENTS` and return its exit status."""
+def _need_viz() -> None:
+    """Refuse (CommandError) a command that needs the viz extra when it is missing."""
     if importlib.util.find_spec("viz") is None:
         raise CommandError(_VIZ_MISSING)
+
+
+def _viz(arguments: Sequence[str]) -> int:
+    """Run `python -m viz ARGUMENTS` and return its exit status."""
+    _need_viz()
     env = dict(os.environ, VIZ_PROG="tinyflow")   # messages say `tinyflow export: ...`
     # subprocess.call kills the child if waiting is interrupted (Ctrl-C, an error).
     return subprocess.call([sys.executable, "-m", "viz", *arguments], env=env,
@@ -318,26 +387,48 @@ def _view_options(args: argparse.Namespace) -> list[str]:
 
 
 def _check(path: str) -> int:
-    """`debug --check FILE`: every problem of the record, each with its JSON path."""
+    """`debug --check FILE`: every problem of the record, each with its JSON path, on
+    stdout (the report), then one `tinyflow: error:` line on stderr; 1 if any."""
     from tinyflow import trace
     found = trace.check_file(path)
     for problem in found:
         print(problem if problem.startswith(path) else f"{path}: {problem}")
     if not found:
         print(f"{path}: a valid DebugRecord (schema {trace.SCHEMA_PATH})")
-    return 1 if found else 0
+        return 0
+    sys.stdout.flush()   # the report before the verdict, in a terminal
+    count = f"{len(found)} problem{'s' if len(found) > 1 else ''}"
+    print(f"tinyflow: error: {path} is not a valid DebugRecord ({count}, listed above)",
+          file=sys.stderr)
+    return 1
+
+
+# The debugger's options that apply only to some FILEs or modes: refused elsewhere.
+_ONNX_ONLY = {"--batch": "to an ONNX model (debug MODEL.onnx --batch N)",
+              "--save": "to an ONNX model (debug MODEL.onnx --save RECORD)"}
 
 
 def _debug(args: argparse.Namespace) -> int:
+    if args.file is None or not args.file.endswith(".onnx") or args.check:
+        _refuse_unused(args, _ONNX_ONLY)
+    if args.run is None:
+        _refuse_unused(args, {"--check-numerics": "with --run SCRIPT"})
     if args.check:
-        if args.file is None or args.run is not None:
-            raise CommandError("debug --check needs a record FILE (or two)")
-        # Each file given is checked: a second one was once silently ignored.
-        statuses = [_check(path) for path in (args.file, args.other) if path is not None]
-        return max(statuses)
+        return _debug_check(args)
     if args.run is None:
         return _debug_files(args)
     return _debug_run(args)
+
+
+def _debug_check(args: argparse.Namespace) -> int:
+    """`debug --check FILE [FILE_B]`: 0 when every file is a valid record, 1 if not."""
+    if args.file is None or args.run is not None:
+        raise CommandError("debug --check needs a record FILE (or two)")
+    files = [path for path in (args.file, args.other) if path is not None]
+    for path in files:   # a file that cannot be read is a mistake, not a finding
+        _need_file(path)
+    # Each file given is checked: a second one was once silently ignored.
+    return max(_check(path) for path in files)
 
 
 def _debug_files(args: argparse.Namespace) -> int:
@@ -348,12 +439,15 @@ def _debug_files(args: argparse.Namespace) -> int:
     if args.follow:
         if args.other is not None:
             raise CommandError("--follow takes one record")
+        _need_followable(args.file)
         return _viz([args.file, "--follow", *_view_options(args)])
+    if args.file.endswith(".onnx"):
+        _need_file(args.file)
+        return _debug_onnx(args)
+    _need_viz()   # said first: without it, no record can be opened anyway
     for path in (args.file, args.other):
         if path is not None:
-            _need_file(path)
-    if args.file.endswith(".onnx"):
-        return _debug_onnx(args)
+            _need_record(path)
     return _viz([args.file, *([args.other] if args.other else []), *_view_options(args)])
 
 
@@ -367,11 +461,9 @@ def _debug_run(args: argparse.Namespace) -> int:
         args.run, args.check_numerics = args.run[1:], True
     if not args.run:
         raise CommandError("debug --run needs a SCRIPT")
-    if importlib.util.find_spec("viz") is None:
-        raise CommandError(_VIZ_MISSING)
+    _need_viz()
+    _need_script(args.run[0])
     script, script_args = Path(args.run[0]), args.run[1:]
-    if not script.is_file():
-        raise CommandError(f"no such script: {script}")
     # The record lives in a temporary folder for as long as the debugger has it open.
     folder = Path(tempfile.mkdtemp(prefix="tinyflow-debug-"))
     try:
@@ -410,35 +502,37 @@ def _debug_onnx(args: argparse.Namespace) -> int:
     """Import MODEL.onnx, compile and run it for example inputs while recording, then
     open the record (or only write it, with --save)."""
     onnx_io = _onnx_io()
-    if args.batch < 1:
-        raise CommandError(f"--batch must be >= 1, got {args.batch}")
     out = args.save or str(Path(tempfile.mkdtemp(prefix="tinyflow-onnx-"))
                            / (Path(args.file).stem + ".tfdbg.json"))
-    try:
-        onnx_io.record_model(args.file, out, batch=args.batch)
+    try:   # (--batch is checked by its argparse type; None: not given, so 1)
+        onnx_io.record_model(args.file, out, batch=args.batch or 1)
     except tinyflow.TinyFlowError as err:
         raise CommandError(str(err)) from None
     print(f"tinyflow: record of {args.file} written to {out}", file=sys.stderr)
     return 0 if args.save else _viz([out])
 
 
+# export's options that shape one kind of output: refused with another.
+_EXPORT_ONLY = {"--after": "with --dot", "--all-nodes": "with --dot",
+                "--run": "with --perfetto", "--opset": "with --onnx"}
+_EXPORT_TARGETS = ("dot", "perfetto", "onnx", "tensorboard")
+
+
 def _export(args: argparse.Namespace) -> int:
     _need_file(args.file)
+    target = next(f"with --{name}" for name in _EXPORT_TARGETS
+                  if getattr(args, name) is not None)
+    _refuse_unused(args, {option: applies for option, applies in _EXPORT_ONLY.items()
+                          if applies != target})
     if args.tensorboard is not None:
         return _export_tensorboard(args.file, args.tensorboard)
     if args.onnx is not None:
-        onnx_io = _onnx_io()
-        try:
-            onnx_io.check_opset(args.opset)
-        except tinyflow.TinyFlowError as err:
-            raise CommandError(f"--opset: {err}") from None
-        try:
-            onnx_io.export_record(args.file, args.onnx, opset=args.opset)
-        except tinyflow.TinyFlowError as err:
-            raise CommandError(str(err)) from None
-        print(f"tinyflow: {args.onnx} written (the forward graph; a DebugRecord keeps no "
-              "weights, so Variables are graph inputs)", file=sys.stderr)
-        return 0
+        return _export_onnx(args.file, args.onnx, args.opset)
+    return _export_viz(args)
+
+
+def _export_viz(args: argparse.Namespace) -> int:
+    """--dot and --perfetto: `python -m viz export` draws and writes them."""
     command = ["export", args.file]
     if args.dot is not None:
         command += ["--dot", args.dot]
@@ -451,6 +545,22 @@ def _export(args: argparse.Namespace) -> int:
     if args.run is not None:
         command += ["--run", str(args.run)]
     return _viz(command)
+
+
+def _export_onnx(path: str, out: str, opset: int | None) -> int:
+    onnx_io = _onnx_io()
+    opset = onnx_io.DEFAULT_OPSET if opset is None else opset
+    try:
+        onnx_io.check_opset(opset)
+    except tinyflow.TinyFlowError as err:
+        raise CommandError(f"--opset: {err}") from None
+    try:
+        onnx_io.export_record(path, out, opset=opset)
+    except tinyflow.TinyFlowError as err:
+        raise CommandError(str(err)) from None
+    print(f"tinyflow: {out} written (the forward graph; a DebugRecord keeps no weights, so "
+          "Variables are graph inputs)", file=sys.stderr)
+    return 0
 
 
 def _export_tensorboard(path: str, logdir: str) -> int:
@@ -468,8 +578,7 @@ def _export_tensorboard(path: str, logdir: str) -> int:
 def _launch(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise CommandError(f"launch -n must be >= 1, got {args.n}")
-    if not Path(args.script).is_file():
-        raise CommandError(f"no such script: {args.script}")
+    _need_script(args.script)
     try:
         from tinyflow.allreduce import launch
     except ImportError as err:
@@ -487,6 +596,9 @@ def _launch(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    # (imported here, not at the top: the training scripts import this module for its
+    # argparse types and need no ONNX code)
+    from tinyflow.onnx_io import DEFAULT_OPSET
     parser = argparse.ArgumentParser(
         prog="tinyflow", description="TinyFlow: train the small models, debug, export, "
         "launch data-parallel runs.")
@@ -506,7 +618,11 @@ def build_parser() -> argparse.ArgumentParser:
     debug = commands.add_parser(
         "debug", help="open a DebugRecord in the terminal debugger",
         description="Open FILE (a DebugRecord) in the terminal debugger, or with --run "
-        "run SCRIPT with tracing on and then open what it recorded.")
+        "run SCRIPT with tracing on and then open what it recorded. A FILE that is not a "
+        "readable record is refused before the debugger starts.",
+        epilog="exit status: 0 on success; 1 when --check found problems (listed on "
+        "stdout) or the debugger could not open a record; 2 for a mistake on the command "
+        "line or a FILE that cannot be opened (missing, a folder, not a record).")
     debug.add_argument("file", nargs="?", metavar="FILE")
     debug.add_argument("other", nargs="?", metavar="FILE_B",
                        help="a second record: compare FILE with it")
@@ -519,12 +635,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --run: trace values and stop at the first NaN/Inf")
     debug.add_argument("--run", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
                        help="run SCRIPT (with ARGS) recording a trace, then open it")
-    debug.add_argument("--batch", type=int, default=1, metavar="N",
-                       help="FILE.onnx: the size of the model's unknown (batch) dims")
+    debug.add_argument("--batch", type=positive_int, metavar="N", help="FILE.onnx only: "
+                       "the size of the model's unknown (batch) dims (default 1)")
     debug.add_argument("--save", metavar="RECORD",
-                       help="FILE.onnx: write the record here instead of opening it")
+                       help="FILE.onnx only: write the record here instead of opening it")
     debug.add_argument("--check", action="store_true", help="check FILE against the "
-                       "DebugRecord schema and print every problem (exit 1 if any)")
+                       "DebugRecord schema and print every problem (exit status 1 if any)")
     debug.set_defaults(handler=_debug)
 
     diff = commands.add_parser(
@@ -537,12 +653,17 @@ def build_parser() -> argparse.ArgumentParser:
     diff.set_defaults(handler=_diff)
 
     export = commands.add_parser(
-        "export", help="export a DebugRecord as Graphviz DOT, Perfetto JSON, ONNX or TensorBoard")
+        "export", help="export a DebugRecord as Graphviz DOT, Perfetto JSON, ONNX or TensorBoard",
+        description="Export the DebugRecord FILE (exactly one target): its graph as a "
+        "picture or Graphviz DOT (--dot), its timelines for Perfetto (--perfetto), its "
+        "forward graph as ONNX (--onnx), its scalar series for TensorBoard "
+        "(--tensorboard).")
     export.add_argument("file", metavar="FILE")
     target = export.add_mutually_exclusive_group(required=True)
     # Output paths are checked before anything is read or computed (writable_file).
-    target.add_argument("--dot", metavar="OUT", type=writable_file,
-                        help="write the graph as DOT")
+    target.add_argument("--dot", metavar="OUT", type=dot_file,
+                        help="write the graph: OUT.svg as an SVG picture (laid out by "
+                        "Graphviz's dot, or graphviz-pure), OUT.dot or OUT.gv as DOT text")
     target.add_argument("--perfetto", metavar="OUT", type=writable_file,
                         help="write the timelines as Perfetto (chrome://tracing) JSON")
     target.add_argument("--onnx", metavar="OUT", type=writable_file, help="write the "
@@ -551,13 +672,15 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--tensorboard", metavar="DIR", type=writable_folder,
                         help="write the scalar series (loss, ...) as TensorBoard event "
                         "files in DIR")
-    export.add_argument("--opset", type=int, default=20, help="ONNX opset (--onnx)")
-    export.add_argument("--after", metavar="PASS", help="the graph after this pass "
-                        "(default: the last)")
+    export.add_argument("--opset", type=int, help="with --onnx: the ONNX opset (default "
+                        f"{DEFAULT_OPSET})")
+    export.add_argument("--after", metavar="PASS", help="with --dot: the graph after this "
+                        "pass (default: the last)")
     export.add_argument("--all-nodes", action="store_true", help="with --dot: draw every "
                         "node (a graph of more than 400 is drawn as its folded overview)")
-    export.add_argument("--run", type=int, metavar="N", help="with --perfetto: only run N "
-                        "(default: every recorded run)")
+    export.add_argument("--run", type=int, metavar="N", help="with --perfetto: only the "
+                        "recorded run N, counted as Python counts: 0 the first, -1 the "
+                        "last, -2 the one before (default: every recorded run)")
     export.set_defaults(handler=_export)
 
     launch = commands.add_parser(

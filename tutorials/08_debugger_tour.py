@@ -22,7 +22,9 @@
 # `viz/app.py`'s docstring and help text for the keys.
 
 # %%
+import getpass
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -36,7 +38,12 @@ from tinyflow.backend import set_blas_threads
 # busy machine more are much slower (README, "Threads"). 0 = numpy's default.
 set_blas_threads(1)
 
-folder = Path(tempfile.mkdtemp(prefix="tinyflow_lesson8_"))
+# The record stays after the lesson, for you to open in the debugger (section 3),
+# in a folder of your own that every run of the lesson empties and refills: runs
+# do not pile up in the temporary folder.
+folder = Path(tempfile.gettempdir()) / f"tinyflow_lesson8_{getpass.getuser()}"
+shutil.rmtree(folder, ignore_errors=True)
+folder.mkdir()
 record_path = folder / "mlp.tfdbg.json"
 
 # %% [markdown]
@@ -155,9 +162,11 @@ assert kinds.get("X", 0) == len(timelines[-1]["events"])
 
 # %% [markdown]
 # To open the record in the terminal debugger, run one of these in a shell (the
-# debugger is a full-screen app, so this lesson does not start it for you):
+# debugger is a full-screen app, so this lesson does not start it for you). The
+# files stay where they are until you run the lesson again:
 
 # %%
+print(f"the record and the Perfetto file stay in {folder} (replaced by the next run)")
 print(f"  tinyflow debug {record_path}")
 print(f"  python -m viz {record_path}")
 print(f"  tinyflow export {record_path} --dot graph.svg     # the graph, with Graphviz")

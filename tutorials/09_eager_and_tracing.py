@@ -12,7 +12,7 @@
 # 1. run ops eagerly on `Tensor`s and differentiate them with a tape;
 # 2. see why `y.backward()` twice needs `retain_graph=True`, and that it accumulates;
 # 3. train the same MLP eagerly and then *traced* into a graph (`tf.function`),
-#    get bitwise-equal numbers, and see what tracing buys;
+#    get bitwise-equal numbers, and measure what tracing buys (and where it does not);
 # 4. meet a *graph break*: Python control flow on a value the graph has not computed;
 # 5. put three memory strategies side by side for one training step: the static
 #    plan (lesson 4), a caching allocator (PyTorch's), and plain malloc.
@@ -23,6 +23,8 @@
 # `tinyflow/allocator.py`: `CachingAllocator` (`malloc`, `free`, `_split`, `_merge`).
 
 # %%
+import math
+import statistics
 import time
 
 import numpy as np
@@ -114,16 +116,24 @@ start = [p.numpy() for p in params]
 
 
 def train(step_fn, steps=30):
+    """The losses of `steps` steps from the same start, and each step's seconds."""
     with eager.no_grad():
         for p, value in zip(params, start):
             p.assign_(value)
-    losses = []
-    begin = time.perf_counter()
+    losses, seconds = [], []
     for i in range(steps):
         rows = slice((i * 64) % 512, (i * 64) % 512 + 64)
+        begin = time.perf_counter()
         losses.append(step_fn(eager.tensor(images[rows], dtype=np.float64),
                               eager.tensor(labels[rows])).item())
-    return losses, time.perf_counter() - begin
+        seconds.append(time.perf_counter() - begin)
+    return losses, seconds
+
+
+def step_ms(seconds):
+    """The median step after the first, in ms (the first traced call also traces
+    and compiles; the median shrugs off a step slowed by other work)."""
+    return 1e3 * statistics.median(seconds[1:])
 
 
 def make_step():
@@ -141,16 +151,84 @@ def make_step():
 eager_losses, eager_seconds = train(make_step())
 traced_step = tf.function(make_step())
 traced_losses, traced_seconds = train(traced_step)
-print(f"eager : loss {eager_losses[0]:.4f} -> {eager_losses[-1]:.4f} in {eager_seconds:.3f} s")
-print(f"traced: loss {traced_losses[0]:.4f} -> {traced_losses[-1]:.4f} in {traced_seconds:.3f} s")
+print(f"eager : loss {eager_losses[0]:.4f} -> {eager_losses[-1]:.4f}; "
+      f"{step_ms(eager_seconds):.3f} ms a step")
+print(f"traced: loss {traced_losses[0]:.4f} -> {traced_losses[-1]:.4f}; "
+      f"{step_ms(traced_seconds):.3f} ms a step, after a first call of "
+      f"{traced_seconds[0] * 1e3:.1f} ms (tracing and compiling)")
 assert eager_losses == traced_losses     # bitwise: the same ops in the same order
 print(traced_step.explain())
 program = traced_step.cache[next(iter(traced_step.cache))][0].program
 print("\n".join(tf.explain(program).splitlines()[:8]), "\n  ...")
 
 # %% [markdown]
-# What tracing bought: the first traced call pays for tracing and compiling; every
-# later call is one `Program.run` with fused kernels and a planned arena. The
+# What did tracing buy? Every traced call after the first is one `Program.run`:
+# the step's ops fused into fewer kernels (the pass table above counts the nodes
+# before and after each pass), writing into one planned arena, with no Python
+# work per op. The first call paid for tracing and compiling instead. Both show
+# in the numbers, so here they are side by side: a step in each mode, and how
+# many steps repay the first call (until then, tracing has cost time, not saved it).
+
+# %%
+def compare(what, eager_ms, traced_ms, first_ms, per):
+    """Print the two times, their ratio and what it says, and how many calls
+    repay the first traced call's tracing and compiling."""
+    ratio = traced_ms / eager_ms
+    if ratio < 0.9:
+        words = f"tracing made it {1 / ratio:.1f}x faster"
+    elif ratio > 1.1:
+        words = f"tracing made it {ratio:.1f}x slower"
+    else:
+        words = "about as fast either way"
+    print(f"{what}: eager {eager_ms:.3f} ms, traced {traced_ms:.3f} ms a {per}; "
+          f"traced/eager {ratio:.2f}: {words}")
+    if traced_ms < eager_ms:
+        print(f"  the first traced call took {first_ms:.1f} ms: repaid after about "
+              f"{math.ceil(first_ms / (eager_ms - traced_ms))} {per}s")
+    else:
+        print(f"  the first traced call took {first_ms:.1f} ms, never repaid here")
+
+
+compare("MLP step", step_ms(eager_seconds), step_ms(traced_seconds),
+        traced_seconds[0] * 1e3, "step")
+
+# %% [markdown]
+# Dispatch is nearly all there is in a chain of small ops that each do almost
+# nothing: eager mode's time is then the Python work of every op (the registry
+# lookup, the shape rule, the allocator), which the compiled program did once,
+# when it compiled. A chain of 200 ops on one number, timed both ways in turns:
+
+# %%
+def chain(y):
+    for i in range(200):
+        kind = i % 4
+        y = y + 0.5 if kind == 0 else y * 0.5 if kind == 1 else tf.tanh(y) if kind == 2 else -y
+    return y
+
+
+one = eager.tensor(np.array([0.25]))
+traced_chain = tf.function(chain)
+begin = time.perf_counter()
+traced_chain(one)                       # traces and compiles
+first_call = time.perf_counter() - begin
+assert np.array_equal(chain(one).numpy(), traced_chain(one).numpy())   # bitwise
+chain_seconds = {"eager": [], "traced": []}
+for _ in range(15):                     # in turns: other work slows both alike
+    for mode, run in (("eager", lambda: chain(one)), ("traced", lambda: traced_chain(one))):
+        begin = time.perf_counter()
+        run()
+        chain_seconds[mode].append(time.perf_counter() - begin)
+eager_ms, traced_ms = (1e3 * statistics.median(chain_seconds[m]) for m in ("eager", "traced"))
+compare("200 tiny ops", eager_ms, traced_ms, first_call * 1e3, "call")
+chain_program = traced_chain.cache[next(iter(traced_chain.cache))][0].program
+print(f"the traced chain runs as {len(chain_program.steps)} kernel(s) "
+      f"({len(chain_program.graph.nodes)} nodes after the passes)")
+
+# %% [markdown]
+# Put together: a traced call saves the Python work of each op, so it saves the
+# most, relative to the whole, where that work is most of the whole (compare the
+# two ratios above), and it pays only after enough calls to repay the first. (So
+# timing all 30 steps, the first call included, can show no gain at all.) The
 # trace is kept per input signature (shapes and dtypes): a new batch size traces
 # again, and `explain()` says why.
 

@@ -43,7 +43,7 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np
 
 import tinyflow as tf
-from tinyflow.cli import positive_float, positive_int, writable_file
+from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
 from tinyflow.allreduce import ThreadTransport, init_communicator, ring_allreduce, run_threads
 from tinyflow.data import load_digits, minibatches
 from tinyflow.parallel import DistributedOptimizer, broadcast_variables
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train the digits MLP data-parallel on N ranks (processes under "
                     "`tinyflow launch -n N`, or threads with --threads N).")
-    parser.add_argument("--threads", type=int, default=0, metavar="N",
+    parser.add_argument("--threads", type=nonnegative_int, default=0, metavar="N",
                         help="run N ranks as threads of this process")
     parser.add_argument("--epochs", type=positive_int, default=20)
     parser.add_argument("--batch-size", type=positive_int, default=64,

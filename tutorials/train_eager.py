@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import tinyflow as tf
-from tinyflow.cli import positive_float, positive_int, writable_file
+from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
 from tinyflow import eager, tracing
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow.data import load_digits, minibatches
@@ -44,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the minibatch order")
     parser.add_argument("--checkpoint", metavar="PATH", default="checkpoints/eager_mlp.safetensors",
                         help="where to save the trained parameters ('' to skip)")
-    parser.add_argument("--threads", type=int, default=DEFAULT_BLAS_THREADS, metavar="N",
+    parser.add_argument("--threads", type=nonnegative_int, metavar="N",
+                        default=DEFAULT_BLAS_THREADS,
                         help="BLAS threads (default %(default)s: fastest on a busy machine; "
                              "0: one per core)")
     args = parser.parse_args(argv)
@@ -123,10 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"test_accuracy={accuracy:.4f}")
     if args.checkpoint:
         os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
-        eager.save(model, args.checkpoint)
+        path = eager.save(model, args.checkpoint)
+        # Prove the checkpoint holds the model, as the other training scripts do: a
+        # fresh model, restore, re-score.
         fresh = eager.to_eager(tf.nn.MLP([64, args.hidden, args.hidden, 10]))
-        eager.restore(fresh, args.checkpoint)
-        print(f"restored_test_accuracy={evaluate(fresh, x_test, y_test):.4f}")
+        eager.restore(fresh, path)
+        restored_accuracy = evaluate(fresh, x_test, y_test)
+        print(f"checkpoint={path}")
+        print(f"restored_test_accuracy={restored_accuracy:.4f}")
+        if restored_accuracy != accuracy:
+            print("error: the restored model scores differently", file=sys.stderr)
+            return 1
     if args.traced:
         print(step.explain())
     if args.trace and not args.traced:

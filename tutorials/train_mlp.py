@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
-from tinyflow.cli import positive_float, positive_int, writable_file
+from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import load_digits, minibatches
@@ -55,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where to save the trained Variables ('' to skip)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the minibatch order (the train/test split is fixed)")
-    parser.add_argument("--threads", type=int, default=DEFAULT_BLAS_THREADS, metavar="N",
+    parser.add_argument("--threads", type=nonnegative_int, metavar="N",
+                        default=DEFAULT_BLAS_THREADS,
                         help="BLAS threads (default %(default)s: fastest on a busy machine; "
                              "0: one per core)")
     args = parser.parse_args(argv)

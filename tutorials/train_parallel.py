@@ -41,7 +41,7 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np
 
 import tinyflow as tf
-from tinyflow.cli import positive_float, positive_int, writable_file
+from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
 from tinyflow.allreduce import ThreadTransport, init_communicator, ring_allreduce, run_threads
 from tinyflow.collectives import all_gather
 from tinyflow.data import load_digits, minibatches
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      "`tinyflow launch -n N`.")
     parser.add_argument("--scheme", choices=SCHEMES, default="zero2")
     parser.add_argument("--model", choices=["mlp", "charlm"], default="mlp")
-    parser.add_argument("--threads", type=int, default=0, metavar="N",
+    parser.add_argument("--threads", type=nonnegative_int, default=0, metavar="N",
                         help="N ranks as threads (default: 4, or the launcher's ranks)")
     parser.add_argument("--epochs", type=positive_int, default=10)
     parser.add_argument("--batch-size", type=positive_int, default=48)
