@@ -705,8 +705,10 @@ def test_arguments_traces_cannot_follow_are_clear_errors():
 
     with pytest.raises(EagerError, match="argument 0, a Tensor with a history"):
         tracing.function(backward_through)(w * 2.0)
-    w.grad = E.tensor(np.float32(2.0))          # a 0-d .grad: its own shape
-    assert tracing.function(lambda a: a * 1.0 + w.grad)(E.tensor(np.float32(1.0))).shape == ()
+    # a float64 .grad: its own dtype (one of another shape is refused when set)
+    w.grad = E.tensor(np.full(3, 2.0))
+    assert tracing.function(lambda a: a * 1.0 + w.grad)(E.tensor(np.float32(1.0))).dtype \
+        == np.float64
 
 
 def test_traced_leaves_and_histories_match_eager():
@@ -1506,3 +1508,130 @@ def test_a_traced_function_called_with_the_wrong_arguments_says_so():
     with pytest.raises(tf.ArgumentError, match="unexpected keyword argument 'c'"):
         f(x, b=x, c=x)
     np.testing.assert_array_equal(f(x, b=x).numpy(), [1.0, 1.0])
+
+
+def test_numpy_cannot_read_a_tensor_that_requires_grad():
+    # Review (eager probe): np.exp(w) read w's values through __array__ and gave back
+    # an array without history, so (w * np.exp(w)).sum().backward() left a wrong
+    # w.grad without a word. PyTorch refuses ("Can't call numpy() on Tensor that
+    # requires grad"); the traced version was a graph break already.
+    w = E.tensor(np.array([0.5, 1.0]), requires_grad=True)
+    with pytest.raises(EagerError, match=r"test_eager.py:\d+.*requires grad.*tf.exp.*"
+                                         r"detach\(\)"):
+        (w * np.exp(w)).sum().backward()
+    assert w.grad is None
+    with pytest.raises(EagerError, match=r"np.asarray\(\) at test_eager.py:\d+"):
+        np.asarray(w, np.float32)
+    # The tf op keeps the history; the values can be read explicitly, or under no_grad.
+    (w * tf.exp(w)).sum().backward()
+    e = np.exp(w.numpy())
+    np.testing.assert_array_equal(w.grad.numpy(), e + w.numpy() * e)
+    np.testing.assert_array_equal(np.exp(w.detach()), e)
+    with E.no_grad():
+        np.testing.assert_array_equal(np.asarray(w), w.numpy())
+    np.testing.assert_array_equal(np.asarray(w.grad), w.grad.numpy())   # (no grad of its own)
+
+
+def _adam_by_hand(p, grads, dtype, lr, beta1=0.9, beta2=0.999, eps=1e-8):
+    """Adam as eager.Adam computes it, op by op, every number in `dtype` (TF1's form:
+    the bias correction folded into the step size)."""
+    def c(x):
+        return np.asarray(x, dtype)
+    p, t = c(p), c(0.0)
+    m, v = np.zeros_like(p), np.zeros_like(p)
+    for g in grads:
+        g = c(g)
+        t = t + c(1.0)
+        step = c(lr) * np.sqrt(c(1.0) - np.power(c(beta2), t)) / (
+            c(1.0) - np.power(c(beta1), t))
+        m = m * c(beta1) + (c(1.0) - c(beta1)) * g
+        v = v * c(beta2) + (c(1.0) - c(beta2)) * g * g
+        p = p - step * m / (np.sqrt(v) + c(eps))
+    return p
+
+
+def test_adam_steps_each_parameter_in_its_own_dtype():
+    # Review (eager probe): the step count and step size were in the first
+    # parameter's dtype, so a float64 parameter listed after a float32 one took a
+    # float32-rounded step (README: Adam computes its step in each variable's dtype).
+    rng = np.random.default_rng(7)
+    a0, b0 = rng.normal(size=3).astype(np.float32), rng.normal(size=2)
+    grads = [(rng.normal(size=3).astype(np.float32), rng.normal(size=2)) for _ in range(4)]
+    want_a = _adam_by_hand(a0, [ga for ga, _ in grads], np.float32, 0.1)
+    want_b = _adam_by_hand(b0, [gb for _, gb in grads], np.float64, 0.1)
+    for first_f32, traced in ((True, False), (False, False), (True, True)):
+        a, b = E.tensor(a0, requires_grad=True), E.tensor(b0, requires_grad=True)
+        opt = E.Adam([a, b] if first_f32 else [b, a], lr=0.1)
+        step = tracing.function(opt.step) if traced else opt.step
+        for ga, gb in grads:
+            a.grad, b.grad = E.tensor(ga), E.tensor(gb)
+            step()
+        assert not traced or len(step.traces) == 1
+        assert (a.dtype, b.dtype) == (np.float32, np.float64)
+        np.testing.assert_array_equal(a.numpy(), want_a)
+        np.testing.assert_array_equal(b.numpy(), want_b)
+
+
+def test_a_grad_is_set_only_to_a_tensor_of_the_same_shape_and_kind():
+    # Review (eager probe): `w.grad = x` took any shape, dtype or type; the next
+    # backward broadcast into it and SGD failed with numpy's error. PyTorch refuses
+    # ("assigned grad has data of a different size").
+    w = E.tensor(np.array([[1.0], [2.0]]), requires_grad=True)
+    with pytest.raises(EagerError, match=r"test_eager.py:\d+.*\(2,\).*\(2, 1\)"):
+        w.grad = E.tensor(np.zeros(2))
+    with pytest.raises(EagerError, match=r"test_eager.py:\d+.*int64.*float64"):
+        w.grad = E.tensor(np.zeros((2, 1), np.int64))
+    with pytest.raises(EagerError, match=r"test_eager.py:\d+.*a Tensor or None.*ndarray"):
+        w.grad = np.zeros((2, 1))
+    assert w.grad is None
+    w.grad = E.tensor(np.ones((2, 1), np.float32))   # same shape and kind: fine
+    (w * 3.0).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [[4.0], [4.0]])
+    w.grad = None
+    assert w.grad is None
+
+
+def test_assign_checks_numbers_and_arrays_as_ops_check_their_literals():
+    # Review (eager probe): assign_ checked Tensor values only. A float array or
+    # number into an int Tensor was truncated, 1e300 into float32 stored inf, 2**40
+    # into int32 was numpy's OverflowError, and a shape that does not broadcast was
+    # numpy's ValueError (the traced write: a ShapeError naming the line).
+    i32 = E.tensor(np.array([1, 2], np.int32))
+    for value in (np.array([1.5, 2.5]), 1.5, E.tensor([1.5, 2.5])):
+        with pytest.raises(EagerError, match=r"test_eager.py:\d+.*int32 Tensor cannot hold"):
+            i32.assign_(value)
+    with pytest.raises(tf.ShapeError, match=r"out of range for int32 \(at test_eager.py:\d+"):
+        i32.assign_(2**40)
+    f32 = E.tensor(np.ones(2, np.float32))
+    with pytest.raises(tf.ShapeError, match=r"too large for float32 .*test_eager.py:\d+"):
+        f32.assign_(1e300)
+    with pytest.raises(tf.ShapeError, match=r"\(3,\), \(2,\).*test_eager.py:\d+"):
+        E.tensor(np.zeros(2)).assign_(E.tensor(np.ones(3)))
+    with pytest.raises(tf.ShapeError, match=r"\(2, 3\), \(3,\).*test_eager.py:\d+"):
+        E.tensor(np.zeros(3)).add_(E.tensor(np.ones((2, 3))))
+    with E.no_grad(), pytest.raises(tf.ShapeError, match=r"\(2, 3\), \(3,\)"):
+        E.tensor(np.zeros(3)).add_(np.ones((2, 3)))     # (the no_grad fast path too)
+    np.testing.assert_array_equal(i32.numpy(), [1, 2])
+    np.testing.assert_array_equal(f32.numpy(), [1.0, 1.0])
+    # What a copy may do still: broadcast, a same-kind dtype, a lower kind, a number
+    f32.assign_(np.array([0.1, 0.2]))
+    np.testing.assert_array_equal(f32.numpy(), np.array([0.1, 0.2]).astype(np.float32))
+    i32.assign_(np.array([3, 4], np.int64))
+    np.testing.assert_array_equal(i32.numpy(), [3, 4])
+    i32.assign_(7)
+    f32.assign_(np.array([True, False]))
+    np.testing.assert_array_equal(f32.numpy(), [1.0, 0.0])
+    rows = E.tensor(np.zeros((2, 3))).assign_(np.arange(3.0))
+    np.testing.assert_array_equal(rows.numpy(), [[0.0, 1.0, 2.0]] * 2)
+    np.testing.assert_array_equal(i32.zero_().numpy(), [0, 0])
+
+
+@pytest.mark.parametrize("read", [bool, float, int])
+def test_python_values_of_a_tensor_need_one_element(read):
+    # Review (eager probe): bool(), float() and int() of several elements, or of
+    # none, raised numpy's ValueError and TypeError; .item() named the shape.
+    for value in (np.array([1.0, 2.0]), np.zeros((0, 3))):
+        with pytest.raises(EagerError, match=r"needs a Tensor of one element, this one "
+                                             r"has shape .*test_eager.py:\d+"):
+            read(E.tensor(value))
+    assert read(E.tensor(np.array([[3.0]]))) == read(3.0)

@@ -238,6 +238,8 @@ class Tensor:
         if key is not None:
             tracer.grad_writes[id(key)] = (key, value)
         else:
+            if value is not None:   # (PyTorch checks here; a wrong .grad failed later)
+                _check_grad(self, value)
             self._grad = value
 
     def __repr__(self) -> str:
@@ -253,27 +255,34 @@ class Tensor:
         return self.data.copy()
 
     def item(self) -> Any:
-        self._need_value("item()")
-        if self.data.size != 1:
-            raise EagerError(f"item() needs a Tensor of one element, this one has shape "
-                             f"{self.shape} (PyTorch says so too)")
+        self._need_one_value("item()")
         return self.data.item()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         self._need_value("np.asarray()")
+        if self.requires_grad and _mode.grad_enabled:
+            # numpy functions read a Tensor through here (np.exp(w)) and return a bare
+            # array: backward would skip that step and give a wrong gradient silently.
+            # PyTorch refuses too; .numpy() stays the explicit way to read the values.
+            raise EagerError(f"np.asarray() at {user_source_line()}, which numpy functions "
+                             "call (np.exp(x)), on a Tensor that requires grad: numpy "
+                             "computes on the bare values and backward would miss that "
+                             "step (a wrong gradient; PyTorch refuses too); use the tf op "
+                             "(tf.exp(x)), or read the values with x.detach() or x.numpy()")
         return self.data.astype(dtype) if dtype is not None else self.data.copy()
 
     def __bool__(self) -> bool:
-        self._need_value("a Python truth test (if / while / and / or)")
+        self._need_one_value("a Python truth test (if / while / and / or)")
         return bool(self.data)
 
     def __float__(self) -> float:
-        self._need_value("float()")
-        return float(self.data)
+        self._need_one_value("float()")
+        # (.item(): numpy 2 refuses float() of shape (1,); PyTorch takes one element)
+        return float(self.data.item())
 
     def __int__(self) -> int:
-        self._need_value("int()")
-        return int(self.data)
+        self._need_one_value("int()")
+        return int(self.data.item())
 
     def __len__(self) -> int:
         if not self.shape:
@@ -299,6 +308,14 @@ class Tensor:
             if _mode.tracer is not None:
                 _mode.tracer.breaks.append(message)
             raise GraphBreak(message)
+
+    def _need_one_value(self, what: str) -> None:
+        """`_need_value`, for one Python number or truth value: of several elements, or
+        none, numpy's own ValueError or TypeError came from this file, naming no line."""
+        self._need_value(what)
+        if self.data.size != 1:
+            raise EagerError(f"{what} needs a Tensor of one element, this one has shape "
+                             f"{self.shape} (at {user_source_line()}; PyTorch says so too)")
 
     # -- autograd --------------------------------------------------------------------
     def backward(self, gradient: Tensor | Any = None, retain_graph: bool = False,
@@ -359,15 +376,22 @@ class Tensor:
                              "requires grad into a Tensor that does not: eager mode does "
                              "not record in-place ops for backward; write the result to a "
                              "new Tensor (c = c + x, not c.add_(x)), or under eager.no_grad()")
-        if isinstance(value, Tensor) and value.dtype != self.dtype and not np.can_cast(
-                value.dtype, self.dtype, "same_kind"):
-            raise EagerError(f"in-place write at {user_source_line()}: the result is "
-                             f"{value.dtype}, which this {self.dtype} Tensor cannot hold "
+        # A number or an array is typed as an op types a literal beside this Tensor
+        # (`ops.literal_dtype`), so it meets the checks a Tensor meets: 1.5 into an int
+        # Tensor was truncated, 1e300 into float32 stored inf, 2**40 into int32 was
+        # numpy's OverflowError (now the ShapeError that `x + 2**40` gives).
+        new = value if isinstance(value, Tensor) else _constant_tensor("assign_", value,
+                                                                         self.dtype)
+        if new.dtype != self.dtype and not np.can_cast(new.dtype, self.dtype, "same_kind"):
+            raise EagerError(f"in-place write at {user_source_line()}: the value is "
+                             f"{new.dtype}, which this {self.dtype} Tensor cannot hold "
                              "(PyTorch refuses too); write it to a new Tensor")
         if _mode.tracer is not None:
-            _mode.tracer.write(self, value)
+            _mode.tracer.write(self, value if new is value else new.data)
             return self
-        self.data[...] = value.data if isinstance(value, Tensor) else value
+        if new.shape != self.shape:
+            _check_broadcasts_into(new, self)
+        self.data[...] = new.data
         self._version += 1
         if _mode.grad_enabled and self.requires_grad:
             # Its history is the op that made it, not the write: a backward that
@@ -492,6 +516,31 @@ def _check_differentiable(dtype: np.dtype) -> None:
     if np.dtype(dtype).kind not in "fc":
         raise EagerError(f"a Tensor of {dtype} cannot require grad (PyTorch: only "
                          "floating point Tensors can); make it a float first")
+
+
+def _check_grad(t: Tensor, grad: Any) -> None:
+    """`t.grad = grad` takes None or a Tensor of t's shape and dtype kind, as PyTorch
+    checks: a (2,) grad of a (2, 1) weight was taken, the next backward broadcast into
+    it, and SGD then failed with numpy's error."""
+    if not isinstance(grad, Tensor):
+        why = f"a .grad is a Tensor or None, not {type(grad).__name__}"
+    elif grad.shape != t.shape:
+        why = f"the gradient has shape {grad.shape}, the Tensor {t.shape}; they must match"
+    elif grad.dtype.kind != t.dtype.kind:
+        why = f"the gradient is {grad.dtype}, the Tensor {t.dtype}; use a {t.dtype} one"
+    else:
+        return
+    raise EagerError(f".grad set at {user_source_line()}: {why} (PyTorch checks too)")
+
+
+def _check_broadcasts_into(value: Tensor, target: Tensor) -> None:
+    """A value written in place must broadcast to the Tensor's shape (PyTorch's copy_
+    rule). numpy's ValueError named no line; a traced write's ShapeError does."""
+    try:
+        ops.require_broadcastable(value.shape, target.shape, "the value's shape")
+    except ops.Mismatch as why:
+        raise ops.shape_error("in-place write", [value.shape, target.shape], str(why),
+                              user_source_line()) from None
 
 
 def check_implicit_seed(shape: tuple | None) -> None:
@@ -1237,8 +1286,8 @@ class SGD(Optimizer):
 
 class Adam(Optimizer):
     """Adam (Kingma & Ba) in the form `tf.train.AdamOptimizer` uses: bias correction
-    folded into the step size. The step count is a Tensor, not a Python int, so a
-    traced step counts on each call instead of baking in the count it saw."""
+    folded into the step size. The step count (one per dtype) is a Tensor, not a Python
+    int, so a traced step counts on each call instead of baking in the count it saw."""
 
     def __init__(self, params: Sequence[Tensor], lr: float = 1e-3, beta1: float = 0.9,
                  beta2: float = 0.999, eps: float = 1e-8) -> None:
@@ -1248,16 +1297,21 @@ class Adam(Optimizer):
                 raise ops.argument_error("Adam", f"{name} must be in [0, 1), got {beta!r}")
         self.beta1, self.beta2 = beta1, beta2
         self.eps = ops.float_attr("Adam", "eps", eps, low=0.0)
-        dtype = self.params[0].dtype if self.params else np.float32
-        self.t = Tensor(np.zeros((), dtype))
+        # One step count per dtype, as optim.AdamOptimizer keeps: each parameter's step
+        # size is computed in its own dtype (with one count in the first parameter's
+        # dtype, a float64 parameter after a float32 one took a float32-rounded step).
+        self.t = {dtype: Tensor(np.zeros((), dtype))
+                  for dtype in dict.fromkeys(p.dtype for p in self.params)}
         self.m = [Tensor(np.zeros(p.shape, p.dtype)) for p in self.params]
         self.v = [Tensor(np.zeros(p.shape, p.dtype)) for p in self.params]
 
     def step(self) -> None:
         with _optimizer_step():
-            t = self.t.assign_(self.t + 1.0)
-            self._step_size = self.lr * ops.sqrt(1.0 - ops.power(self.beta2, t)) / (
-                1.0 - ops.power(self.beta1, t))
+            self._step_sizes = {}
+            for dtype, count in self.t.items():
+                t = count.assign_(count + 1.0)
+                self._step_sizes[dtype] = self.lr * ops.sqrt(
+                    1.0 - ops.power(self.beta2, t)) / (1.0 - ops.power(self.beta1, t))
         super().step()
 
     def _update(self, index: int, p: Tensor, grad: Tensor) -> None:
@@ -1265,4 +1319,4 @@ class Adam(Optimizer):
         # (1 - beta in the parameter's dtype: see optim.one_minus)
         m = self.m[index].mul_(self.beta1).add_(grad, alpha=one_minus(self.beta1, p.dtype))
         v = self.v[index].mul_(self.beta2).add_(one_minus(self.beta2, p.dtype) * grad * grad)
-        p.sub_(self._step_size * m / (ops.sqrt(v) + self.eps))
+        p.sub_(self._step_sizes[p.dtype] * m / (ops.sqrt(v) + self.eps))
