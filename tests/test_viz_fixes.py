@@ -1,7 +1,10 @@
 """Regression tests for the debugger problems a usability probe found: parallel runs'
 critical path and bars, the curves cursor's link to a timeline, busy shading, the
 memory view's unlisted bytes and header, the overview's layers of gradients, and
-small things (help scrolling, follow mode, search, cut text, focus)."""
+small things (help scrolling, follow mode, search, cut text, focus). At the end, a
+second probe's findings (tinyflow train mlp --trace, opened at 140x42 and 80x24): the
+graph view's cut boxes, panning and footer, the curves of different scales, the
+per-op table's cut flag, and ``5`` with one record."""
 
 from __future__ import annotations
 
@@ -13,18 +16,21 @@ import numpy as np
 import pytest
 from rich.text import Text
 from textual.containers import VerticalScroll
+from textual.widgets._footer import FooterKey
+from textual_plot import PlotWidget
 
 import tinyflow as tf
 from tinyflow import trace
 from tinyflow.rank_trace import collective_events, scheme_record
 from viz import palette
-from viz.app import DebuggerApp, HelpScreen
+from viz.app import HELP, DebuggerApp, HelpScreen
 from viz.curves_view import CurvesView
-from viz.graph_view import GraphView
+from viz.graph_view import CanvasView, GraphView
 from viz.inspector import Inspector
 from viz.memory_view import MemoryView
 from viz.model import RecordModel, fmt_bytes
 from viz.overview import Overview, layers, overview_of
+from viz.series import scale_groups
 from viz.timeline_view import TimelineView, wrap_names
 from viz_pilot import MLP, opened, pilot_test
 
@@ -412,3 +418,196 @@ async def test_the_memory_map_zooms_and_pans_over_the_steps():
         assert memory.window()[0] > first or first + span == steps
         await pilot.press("0")
         assert memory.window() == (0, steps) and "zoom" not in memory.render().plain
+
+
+# -- 6. a second probe: tinyflow debug on a fresh `train mlp --trace` record -------------
+
+def footer(app: DebuggerApp) -> dict[str, str]:
+    """{key as shown: description} of the footer's keys."""
+    return {key.key_display: key.description for key in app.query(FooterKey)}
+
+
+def box_in_view(view: CanvasView, key: str) -> bool:
+    """Whether the whole box `key` is on screen (screen column c shows canvas column
+    ox + c - 1; the first and last columns may hold a ◀ ▶ mark)."""
+    box = view.canvas.boxes[key]
+    ox, oy = view.origin()
+    width, height = view.size
+    return ox <= box.x and box.x + box.w <= ox + width - 2 and \
+        oy <= box.y and box.y + 3 <= oy + height
+
+
+@pilot_test
+async def test_the_footer_names_what_the_keys_do_in_the_graph():
+    """↑↓←→ move was missing from the footer until a search (Textual had focused the
+    compare view's hidden scroll, whose own arrow keys hid the app's), and + - said
+    "zoom" in the graph, where the help says (and the keys do) more / fewer hops."""
+    assert "+ -  more / fewer hops" in HELP
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await opened(pilot)
+        assert app.focused is None
+        keys = footer(app)
+        assert keys["↑↓←→"] == "move" and keys[",."] == "pan"
+        assert "+-" not in keys, "the overview has no hops"
+        assert keys["z"] == "neighbourhood"
+        await pilot.press("z")
+        await pilot.pause()
+        keys = footer(app)
+        assert keys["+-"] == "hops" and keys["z"] == "overview" and keys["↑↓←→"] == "move"
+        hops = app.query_one(GraphView).hops
+        await pilot.press("plus")
+        assert app.query_one(GraphView).hops == hops + 1
+        await pilot.press("2")
+        await pilot.pause()
+        assert footer(app)["+-"] == "zoom"
+        await pilot.press("plus")
+        assert app.query_one(TimelineView).zoom == 2
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(80, 24)) as pilot:   # all of them fit at 80 columns
+        await opened(pilot)
+        await pilot.press("z")
+        await pilot.pause()
+        assert max(key.region.right for key in app.query(FooterKey)) <= 80
+        assert "r" in footer(app)
+
+
+@pilot_test
+async def test_a_drawing_wider_than_the_view_pans_sideways_and_marks_its_cut_edges():
+    """Boxes were cut at the panel's edges ("┌mlp1▏") with no way to see the rest:
+    , . pan sideways (0 goes back), and ◀ ▶ mark the rows whose boxes go on."""
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot)
+        view = app.query_one(CanvasView)
+        width = view.size.width
+        assert view.canvas.width + 2 > width, "the overview is wider than the view"
+        start = view.origin()[0]
+        rows = "\n".join(view.render_line(y).text for y in range(view.size.height))
+        assert "▶" in rows or "◀" in rows
+        for _ in range(8):
+            await pilot.press("full_stop")
+        right = view.origin()[0]
+        assert right > start and right == view.canvas.width + 2 - width, "to the end"
+        rows = [view.render_line(y).text for y in range(view.size.height)]
+        assert not any(row.endswith("▶") for row in rows), "nothing more to the right"
+        await pilot.press("comma")
+        assert view.origin()[0] == right - round(0.25 * width), "back at once"
+        await pilot.press("0")
+        assert view.origin()[0] == start
+
+
+@pilot_test
+async def test_the_node_the_cursor_came_from_stays_in_view():
+    """↑ from an update to the learning rate it reads (a constant read by six
+    updates) drew the six updates side by side, the one come from far off the view.
+    It is drawn next to the cursor, and ↓ goes back to it (not to the first reader)."""
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(140, 42)) as pilot:
+        await opened(pilot)
+        graph, view = app.query_one(GraphView), app.query_one(CanvasView)
+        await pilot.press("z")
+        app.select("fused_sub_67")
+        await pilot.press("up")
+        await pilot.pause()
+        assert app.selected == "constant_57"
+        assert len(graph.canvas.boxes) > 6 and box_in_view(view, "constant_57")
+        assert box_in_view(view, "fused_sub_67")
+        came, here = graph.canvas.boxes["fused_sub_67"], graph.canvas.boxes["constant_57"]
+        assert came.center == here.center, "right under it"
+        await pilot.press("down")
+        assert app.selected == "fused_sub_67"
+
+
+def test_series_of_different_scales_get_plots_of_their_own():
+    assert scale_groups([("loss", 0.6, 2.2), ("test_accuracy", 0.90, 0.99)]) == \
+        [["loss"], ["test_accuracy"]]
+    assert scale_groups([("train_loss", 0.5, 2.3), ("lr", 0.1, 0.1),
+                         ("test_loss", 0.6, 2.0), ("bad", None, None)]) == \
+        [["train_loss", "test_loss"], ["lr"], ["bad"]]
+
+
+@pilot_test
+async def test_loss_and_accuracy_are_each_readable_in_the_curves_view():
+    """Loss (0.6–2.2) and test accuracy (0.90–0.99) on one y axis: accuracy was a
+    flat line along the top. Each gets a plot of its own, on the same steps."""
+    record = trace.load(MLP)
+    record["scalars"] = {
+        "loss": [[s, 0.6 + 1.6 * float(np.exp(-s / 40))] for s in range(225)],
+        "test_accuracy": [[s, 0.90 + 0.09 * s / 224] for s in range(0, 225, 56)]}
+    for size in ((140, 42), (80, 24)):
+        app = DebuggerApp(record=record, view="curves")
+        async with app.run_test(size=size) as pilot:
+            await opened(pilot)
+            await pilot.pause()
+            curves = app.query_one(CurvesView)
+            assert curves.plotted == [["loss"], ["test_accuracy"]]
+            plots = [p for p in app.query(PlotWidget) if p.display]
+            assert len(plots) == 2 and all(p.size.height >= 5 for p in plots)
+            accuracy = plots[1]
+            assert accuracy._y_max - accuracy._y_min < 0.2, "accuracy fills its plot"
+            assert plots[0]._x_min == accuracy._x_min and plots[0]._x_max == accuracy._x_max
+            assert "test_accuracy" in str(app.query_one("#plot-title-1").render())
+
+
+@pilot_test
+async def test_a_flat_series_draws_on_a_plot_of_its_own_and_plots_that_do_not_fit_wait():
+    """A constant learning rate, alone on its plot, made textual-plot fail on ticks
+    1e-6 apart. At 80x24 two plots fit: ↓ to the third series brings its plot in."""
+    record = trace.load(MLP)
+    record["scalars"] = {"loss": [[s, 2.0 - s / 100] for s in range(150)],
+                         "accuracy": [[s, 0.9 + s / 10000] for s in range(0, 150, 10)],
+                         "lr": [[s, 0.01] for s in range(150)]}
+    app = DebuggerApp(record=record, view="curves")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot)
+        await pilot.pause()
+        curves = app.query_one(CurvesView)
+        assert curves.plotted == [["loss"], ["accuracy"]] and curves.hidden_plots == 1
+        assert "1 more plot" in str(app.query_one("#series-list").render())
+        await pilot.press("down", "down")
+        await pilot.pause()
+        assert curves.selected_name() == "lr" and curves.plotted[-1] == ["lr"]
+        lr = [p for p in app.query(PlotWidget) if p.display][-1]
+        assert lr._y_min < 0.01 < lr._y_max
+
+
+@pilot_test
+async def test_the_outlier_flag_of_the_op_table_is_on_screen():
+    """The "slowest step" column came last and was cut ("fused_assign_178
+    260.3µs…"): a step 7.8x its op's mean was flagged where no one could see it.
+    Its ratio and ⚠ now come before the step's name, at 140 and at 80 columns."""
+    record = trace.load(MLP)
+    run = len(record["timelines"]) - 1
+    events = [e for e in record["timelines"][run]["events"] if e["op"] == "fused_elementwise"]
+    lengths = sorted(e["end"] - e["start"] for e in events)
+    events[0]["end"] = events[0]["start"] + 20 * lengths[len(lengths) // 2]
+    row = RecordModel(record).op_table([run])[0]
+    assert row["op"] == "fused_elementwise" and row["outlier"] >= 5
+    # 80 columns, 40 rows: at 24 rows this record's three lanes leave the table no room.
+    for size in ((140, 42), (80, 40)):
+        app = DebuggerApp(record=record, view="timeline")
+        async with app.run_test(size=size) as pilot:
+            await opened(pilot)
+            timeline = app.query_one(TimelineView)
+            assert app.run_index == run
+            lines = timeline.render().plain.split("\n")
+            shown = next(line for line in lines if line.startswith("fused_elementwise"))
+            shown = shown[:timeline.size.width]                # what fits on screen
+            assert f"⚠{row['outlier']:.1f}x" in shown and events[0]["node"] in shown
+            header = next(line for line in lines if line.startswith("op "))
+            assert "slowest" in header[:timeline.size.width]
+            if size[0] >= 140:
+                assert "bytes" in header, "the bytes column fits at 140"
+
+
+@pilot_test
+async def test_five_with_one_record_says_the_compare_view_needs_two():
+    app = DebuggerApp(MLP)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot)
+        await pilot.press("5")
+        await pilot.pause()
+        assert app.view == "graph"
+        said = " ".join(str(n.message) for n in app._notifications)
+        assert "needs two records" in said and "tinyflow debug A B" in said

@@ -59,7 +59,8 @@ A node selected in one view is selected in the others.
                layers folded into one box); z: neighbourhood of a node
   2  timeline  lanes per stream, ━ critical path; below: the per-op table
   3  memory    the arena, offset by step; ▓ = shared the selected bytes
-  4  curves    every scalar series (loss, accuracy, ...), smoothed
+  4  curves    every scalar series (loss, accuracy, ...), smoothed; series
+               of different scales get plots of their own
   5  compare   two records (tinyflow debug A B): graphs, memory, runs
 
 [b]Everywhere[/b]
@@ -74,7 +75,10 @@ A node selected in one view is selected in the others.
 
 [b]Graph[/b]     z  overview / neighbourhood   enter  expand/collapse a box
            + -  more / fewer hops   o  outline   f  show no-op passes
+           , .  pan sideways (◀ ▶: more there)   0  back to the cursor
+  The node the cursor came from is drawn next to it; ↓ after ↑ goes back.
 [b]Timeline[/b]  + -  zoom   , .  pan   0  fit   a  op table: this run/all
+  Op table: ×mean is the slowest step over its op's mean, ⚠ from 5x.
   A cell is shaded by how busy its column was: █ ▓ ▒ ░ (7/8, 5/8, 3/8 of
   its time, less); "busy N%" under a lane is its share of the run.
   ━ critical path: the chain of events that decided the run's length;
@@ -102,6 +106,9 @@ Values are traced (min/max/mean/NaN per node) with
 class HelpScreen(ModalScreen):
     """The help, scrollable: at 80x24 it is taller than the screen."""
 
+    # The app focuses nothing (DebuggerApp.AUTO_FOCUS); here the scroll takes the
+    # focus, so ↑ ↓ PgUp PgDn Home End scroll the help.
+    AUTO_FOCUS = "VerticalScroll"
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
@@ -123,6 +130,11 @@ class DebuggerApp(App):
 
     TITLE = "tinyflow debug"
     ENABLE_COMMAND_PALETTE = False
+    # Every key belongs to the app (the views are drawn, not typed in): a focused
+    # widget's own bindings shadow the app's in the footer. Textual focused the
+    # compare view's hidden scroll, whose ↑↓ (show=False) hid "↑↓←→ move" until a
+    # search gave the focus back.
+    AUTO_FOCUS = None
     CSS = """
     Screen { layout: vertical; }
     #status { height: 1; background: $panel; padding: 0 1; text-wrap: nowrap;
@@ -156,12 +168,19 @@ class DebuggerApp(App):
         Binding("right", "move('right')", "move", show=False),
         Binding("left_square_bracket", "pass_step(-1)", "pass", key_display="[]"),
         Binding("right_square_bracket", "pass_step(1)", "next pass", show=False),
+        # + - mean "more / fewer hops" in the graph and "zoom" elsewhere: one binding
+        # each, so the footer names what the key does in the current view
+        # (check_action enables one of them).
+        Binding("plus,equals_sign", "hops(1)", "hops", key_display="+-"),
+        Binding("minus", "hops(-1)", "fewer hops", show=False),
         Binding("plus,equals_sign", "zoom(2)", "zoom", key_display="+-"),
         Binding("minus", "zoom(0.5)", "zoom out", show=False),
         Binding("comma", "pan(-0.25)", "pan", key_display=",."),
         Binding("full_stop", "pan(0.25)", "pan right", show=False),
         Binding("0", "fit", "fit", show=False),
-        Binding("z", "overview", "overview"),
+        # z names the mode it switches to.
+        Binding("z", "graph_mode('neighbourhood')", "neighbourhood"),
+        Binding("z", "graph_mode('overview')", "overview"),
         Binding("enter", "expand", "expand", show=False),
         Binding("o", "outline", "outline", show=False),
         Binding("f", "fold", "fold", show=False),
@@ -237,6 +256,9 @@ class DebuggerApp(App):
         self.query_one("#body").set_class(narrow, "narrow")
         self.query_one(GraphView).set_class(width < 100, "tiny")
         self.query_one(CurvesView).set_class(width < 100, "tiny")
+        # At 80 columns the graph's keys (move, pass, hops, pan, mode, search, NaN,
+        # run) fit only without the padding around each key.
+        self.query_one(Footer).compact = width < 100
         if self.model is not None:
             self.sync()
 
@@ -452,25 +474,39 @@ class DebuggerApp(App):
             return False
         if self.query_one("#search", Input).has_class("open") and action in (
                 "quit", "help", "search", "next_match", "first_nonfinite", "smoothing",
-                "overview", "toggle_theme", "run_step", "toggle_series", "op_table_scope"):
+                "graph_mode", "toggle_theme", "run_step", "toggle_series",
+                "op_table_scope"):
             return False   # typing in the search box: letters are text, not keys
         only = {"pass_step": ("graph",), "outline": ("graph",), "fold": ("graph",),
-                "overview": ("graph",), "expand": ("graph",),
-                "pan": ("timeline", "memory"), "fit": ("timeline", "memory"),
+                "graph_mode": ("graph",), "expand": ("graph",), "hops": ("graph",),
+                "pan": ("graph", "timeline", "memory"),
+                "fit": ("graph", "timeline", "memory"),
                 "op_table_scope": ("timeline",),
-                "zoom": ("graph", "timeline", "memory"), "toggle_series": ("curves",),
+                "zoom": ("timeline", "memory"), "toggle_series": ("curves",),
                 "smoothing": ("curves",)}
         if action in only and self.view not in only[action]:
             return False
-        if action == "show" and parameters and parameters[0] == "compare" \
-                and self.other is None:
-            return False
+        if action in ("graph_mode", "hops"):
+            return self._graph_key_enabled(action, parameters)
         if action == "run_step" and (self.model is None or len(self.model.timelines) < 2):
             return False
         return True
 
+    def _graph_key_enabled(self, action: str, parameters: tuple) -> bool:
+        """z switches to the mode it names (the other one); + - change the hops of
+        the neighbourhood and the outline's depth, which the overview has not."""
+        graph = self.query_one(GraphView)
+        if action == "graph_mode":
+            return graph.overview_mode == (parameters[0] == "neighbourhood")
+        return graph.outline_mode or not graph.overview_mode
+
     def action_show(self, view: str) -> None:
         if self.model is None:
+            return
+        if view == "compare" and self.other is None:
+            # 5 is listed in the help with the other views: say why it shows nothing.
+            self.notify("The compare view (5) needs two records: tinyflow debug A B "
+                        "opens A and B side by side.", timeout=6)
             return
         self.view = view
         self.query_one("#views", ContentSwitcher).current = view
@@ -514,24 +550,32 @@ class DebuggerApp(App):
             self.query_one(TimelineView).zoom_by(factor)
         elif self.view == "memory":
             self.query_one(MemoryView).zoom_by(factor)
-        elif self.view == "graph":
-            graph = self.query_one(GraphView)
-            graph.hops = min(max(graph.hops + (1 if factor > 1 else -1), 1), 6)
-            self.sync()
+
+    def action_hops(self, delta: int) -> None:
+        """The graph's + -: more / fewer hops around the selected node."""
+        graph = self.query_one(GraphView)
+        graph.hops = min(max(graph.hops + delta, 1), 6)
+        self.sync()
 
     def action_pan(self, fraction: float) -> None:
-        if self.view in ("timeline", "memory"):
+        if self.view == "graph":   # sideways: a drawing wider than the view
+            self.query_one(GraphView).pan(fraction)
+        elif self.view in ("timeline", "memory"):
             self.query_one(TimelineView if self.view == "timeline" else MemoryView
                            ).pan(fraction)
 
     def action_fit(self) -> None:
-        if self.view in ("timeline", "memory"):
+        if self.view == "graph":   # back to the selected node
+            self.query_one(GraphView).recentre()
+        elif self.view in ("timeline", "memory"):
             self.query_one(TimelineView if self.view == "timeline" else MemoryView
                            ).reset()
 
-    def action_overview(self) -> None:
+    def action_graph_mode(self, mode: str) -> None:
+        """z: the overview, or the neighbourhood of the selected node."""
         graph = self.query_one(GraphView)
-        graph.overview_mode = not graph.overview_mode
+        graph.overview_mode = mode == "overview"
+        self.refresh_bindings()   # the footer's z and + - follow the mode
         self.sync()
 
     def action_expand(self) -> None:
@@ -600,6 +644,7 @@ class DebuggerApp(App):
     def action_outline(self) -> None:
         graph = self.query_one(GraphView)
         graph.outline_mode = not graph.outline_mode
+        self.refresh_bindings()   # + - set the outline's depth
         self.sync()
 
     def action_fold(self) -> None:

@@ -14,6 +14,12 @@ collapses it again). ``z`` switches to the neighbourhood of the selected node:
 everything within k hops (``+``/``-``), with name scopes other than the selected
 node's folded into one box each. ``o`` switches to an indented outline of the
 selected node's inputs, the fallback when a drawing would not help.
+
+A drawing is often wider than its panel (the neighbourhood of a constant read by
+eight updates is eight boxes wide): ``,`` ``.`` pan sideways, ``0`` goes back to the
+cursor, and ◀ ▶ in the edge columns mark the rows whose boxes go on beyond. After
+a move by key the box the cursor came from is laid out next to the cursor's
+(`layout.draw`'s `beside`) and framed with it, and ↓ after ↑ goes back to it.
 """
 
 from __future__ import annotations
@@ -45,8 +51,12 @@ SHOWN_REWRITES = 40   # rewrite records listed per pass (a big graph has thousan
 class CanvasView(Widget):
     """A character canvas drawn line by line (Textual's line API), so only the rows
     on screen become strips. The view follows the cursor: the focus region (the
-    selected box) is centred whatever the widget's size; the mouse wheel pans
-    (shift+wheel sideways) until the focus moves again."""
+    selected box) is centred whatever the widget's size, together with the box the
+    cursor came from when both fit (`also`); , . (and shift+wheel) pan sideways, the
+    wheel up and down, until the focus moves again. A drawing wider than the view
+    is cut at its edges: ◀ ▶ in the edge column say that a row goes on there."""
+
+    MARKS = ("◀", "▶")
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -55,12 +65,14 @@ class CanvasView(Widget):
         self._rows: dict[int, Strip] = {}
         self._parsed: dict[str, Style] = {}
         self._focus: Region | None = None
+        self._also: Region | None = None
         self._base = Style()   # the widget's own style, looked up once per repaint
         self.pan = [0, 0]
 
     def show(self, canvas: layout.Canvas, styles: dict[str, str],
-             focus: Region | None = None) -> None:
-        """Draw `canvas` with `focus` (canvas cells) in the middle of the view."""
+             focus: Region | None = None, also: Region | None = None) -> None:
+        """Draw `canvas` with `focus` (canvas cells) in the middle of the view, and
+        `also` (the box the cursor came from) beside it when both fit."""
         old = self.canvas
         if styles != self.styles_map:   # another theme: every strip is stale
             self._rows.clear()
@@ -71,17 +83,38 @@ class CanvasView(Widget):
                           and canvas.chars[y] is old.chars[y]
                           and canvas.styles[y] is old.styles[y]}
         self.canvas, self.styles_map = canvas, styles
-        self._focus = focus
+        self._focus, self._also = focus, also
         self.pan = [0, 0]
         self.refresh()
+
+    def framed(self) -> tuple[int, int]:
+        """The canvas cell at the top-left corner before any panning: the focus in
+        the middle; with `also`, both in the middle when they fit, else the focus
+        at the side facing `also` (the edge towards it shows as far as it can)."""
+        width, height = self.size
+        focus, also = self._focus, self._also
+        if focus is None:
+            return 0, 0
+        # Screen column c shows canvas column ox + c - 1 (column 0 is a margin).
+        fx = focus.x + focus.width // 2 + 1 - width // 2
+        fy = focus.y + focus.height // 2 - height // 2
+        if also is None:
+            return fx, fy
+        both = focus.union(also)
+        if both.width + 2 <= width:
+            fx = both.x + both.width // 2 + 1 - width // 2
+        elif also.x < focus.x:   # to the left: the focus at the right edge
+            fx = focus.right + 2 - width
+        else:
+            fx = focus.x
+        if both.height <= height:
+            fy = both.y + both.height // 2 - height // 2
+        return fx, fy
 
     def origin(self) -> tuple[int, int]:
         """The canvas cell shown at the widget's top-left corner."""
         width, height = self.size
-        fx, fy = (0, 0)
-        if self._focus is not None:
-            fx = self._focus.x + self._focus.width // 2 + 1 - width // 2
-            fy = self._focus.y + self._focus.height // 2 - height // 2
+        fx, fy = self.framed()
         ox = min(max(fx + self.pan[0], 0), max(self.canvas.width + 2 - width, 0))
         oy = min(max(fy + self.pan[1], 0), max(self.canvas.height - height, 0))
         return ox, oy
@@ -113,7 +146,34 @@ class CanvasView(Widget):
                 Segment(chunk, base + self._style(style))
                 for chunk, style in self.canvas.runs(row)]
             strip = self._rows[row] = Strip(segments, self.canvas.width + 1)
-        return strip.crop_extend(ox, ox + width, base)
+        return self._marked(strip.crop_extend(ox, ox + width, base), row, ox, width)
+
+    def _marked(self, strip: Strip, row: int, ox: int, width: int) -> Strip:
+        """`strip` with ◀ / ▶ in its first / last column where a box on canvas row
+        `row` is cut off by that edge of the view, or lies beyond it."""
+        left, right = self._extents().get(row, (ox, ox))
+        left = left < ox                    # column 0 shows canvas column ox - 1
+        right = right > ox + width - 2      # the last column shows ox + width - 2
+        if not left and not right:
+            return strip
+        mark = self._base + self._style("key")
+        parts = [Strip([Segment(self.MARKS[0], mark)], 1)] if left else []
+        parts.append(strip.crop(1 if left else 0, width - 1 if right else width))
+        if right:
+            parts.append(Strip([Segment(self.MARKS[1], mark)], 1))
+        return Strip.join(parts)
+
+    def _extents(self) -> dict[int, tuple[int, int]]:
+        """{canvas row: (first column, one past the last) of the boxes on it}, once
+        per canvas. Only boxes count: an edge running off the view needs no mark."""
+        if getattr(self, "_extents_of", None) is not self.canvas:
+            extents: dict[int, tuple[int, int]] = {}
+            for box in self.canvas.boxes.values():
+                for y in range(box.y, box.y + layout.BOX_H):
+                    lo, hi = extents.get(y, (box.x, box.x + box.w))
+                    extents[y] = (min(lo, box.x), max(hi, box.x + box.w))
+            self._extents_of, self._extent_rows = self.canvas, extents
+        return self._extent_rows
 
     def box_at(self, x: int, y: int) -> layout.Box | None:
         """The box under cell (x, y) of this widget, if any."""
@@ -124,16 +184,35 @@ class CanvasView(Widget):
                 return box
         return None
 
-    def _scroll(self, dx: int, dy: int) -> None:
+    def scroll_by_cells(self, dx: int, dy: int) -> None:
+        """Pan by (dx, dy) cells, no further than the drawing's edges (so the way
+        back takes as many presses as the way there)."""
+        fx, fy = self.framed()
         self.pan[0] += dx
         self.pan[1] += dy
+        ox, oy = self.origin()
+        self.pan = [ox - fx, oy - fy]
+        self.refresh()
+
+    def pan_by(self, fraction: float) -> None:
+        """Sideways by `fraction` of the view's width (the , . keys)."""
+        self.scroll_by_cells(round(fraction * self.size.width), 0)
+
+    def recentre(self) -> None:
+        self.pan = [0, 0]
         self.refresh()
 
     def on_mouse_scroll_down(self, event: MouseScrollDown) -> None:
-        self._scroll(*((4, 0) if event.shift else (0, 3)))
+        self.scroll_by_cells(*((4, 0) if event.shift else (0, 3)))
 
     def on_mouse_scroll_up(self, event: MouseScrollUp) -> None:
-        self._scroll(*((-4, 0) if event.shift else (0, -3)))
+        self.scroll_by_cells(*((-4, 0) if event.shift else (0, -3)))
+
+
+def box_region(canvas: layout.Canvas, key: str | None) -> Region | None:
+    """The cells of box `key` of `canvas` (None: not drawn there)."""
+    box = canvas.boxes.get(key) if key else None
+    return Region(box.x, box.y, box.w, layout.BOX_H) if box is not None else None
 
 
 class GraphScene:
@@ -141,8 +220,9 @@ class GraphScene:
     removed) around one center node, and how to draw them."""
 
     def __init__(self, model: RecordModel, index: int, center: str, hops: int,
-                 run: int) -> None:
+                 run: int, came_from: str | None = None) -> None:
         self.model, self.index, self.center, self.hops = model, index, center, hops
+        self.came_from = came_from   # drawn next to the center (layout.draw's beside)
         now = model.nodes(index)
         info = model.passes[index]
         self.removed = set(info.removed)
@@ -208,7 +288,8 @@ class GraphScene:
                         edges.append(edge)
         center = key_of.get(self.center, self.center)
         style = lambda a, b: "edge_sel" if center in (a, b) else "edge"
-        return layout.draw(boxes, edges, style)
+        came = key_of.get(self.came_from) if self.came_from else None
+        return layout.draw(boxes, edges, style, (center, came) if came else None)
 
     def outline(self) -> list[tuple[str, str, str]]:
         """(tree text, description, style name) rows of the outline fallback."""
@@ -253,6 +334,9 @@ class GraphView(Widget):
         self.canvas: layout.Canvas | None = None
         self.last_error = ""
         self._panel_key: tuple | None = None
+        # (from, to) of the last cursor move by key: the drawing around `to` keeps
+        # `from` in view when both fit, and ↓ after ↑ (↑ after ↓) goes back to it.
+        self.last_move: tuple[str, str] | None = None
 
     def compose(self) -> ComposeResult:
         # Not focusable: focused (Textual focuses the first focusable widget), it took
@@ -366,9 +450,10 @@ class GraphView(Widget):
                    "phase; ×N = N repeated layers) · enter expands · z: neighbourhood",
                    styles["dim"])
         self._caption(cap)
-        box = canvas.boxes.get(selected) if selected else None
-        focus = Region(box.x, box.y, box.w, layout.BOX_H) if box is not None else None
-        self.query_one("#graph-canvas", CanvasView).show(canvas, styles, focus)
+        came = overview.box_of(self.came_from() or "")
+        self.query_one("#graph-canvas", CanvasView).show(
+            canvas, styles, box_region(canvas, selected),
+            box_region(canvas, came) if came != selected else None)
 
     def _move_overview(self, direction: str) -> str | None:
         overview, canvas = self.overview(), self.canvas
@@ -377,19 +462,28 @@ class GraphView(Widget):
         if overview is None or canvas is None or current not in canvas.boxes:
             return None
         if direction in ("up", "down"):
-            edges = overview.last_edges
-            near = [a for a, b in edges if b == current] if direction == "up" \
-                else [b for a, b in edges if a == current]
-            if not near:
-                return None
-            me = canvas.boxes[current]
-            target = min(near, key=lambda k: abs(canvas.boxes[k].center - me.center))
-            return self._representative(overview, target)
+            return self._overview_up_down(overview, canvas, current, direction)
         me = canvas.boxes[current]
         row = sorted((b for b in canvas.boxes.values() if b.y == me.y), key=lambda b: b.x)
         k = next(i for i, b in enumerate(row) if b.key == current)
         k += -1 if direction == "left" else 1
         return self._representative(overview, row[k].key) if 0 <= k < len(row) else None
+
+    def _overview_up_down(self, overview: Overview, canvas: layout.Canvas, current: str,
+                          direction: str) -> str | None:
+        """↑ / ↓ in the overview: the box an edge joins to `current` from above /
+        below, the one nearest in x; the node the cursor came from when it is one."""
+        edges = overview.last_edges
+        near = [a for a, b in edges if b == current] if direction == "up" \
+            else [b for a, b in edges if a == current]
+        if not near:
+            return None
+        back = self.came_from()   # ↑ then ↓ returns where ↑ started
+        if back is not None and overview.box_of(back) in near:
+            return back
+        me = canvas.boxes[current]
+        target = min(near, key=lambda k: abs(canvas.boxes[k].center - me.center))
+        return self._representative(overview, target)
 
     # -- drawing ---------------------------------------------------------------------
 
@@ -425,7 +519,8 @@ class GraphView(Widget):
         """The k-hop drawing around `center` (or the outline), with its caption."""
         app = self.tapp
         view = self.query_one("#graph-canvas", CanvasView)
-        scene = GraphScene(model, index, center, self.hops, app.run_index)
+        came = self.came_from()
+        scene = GraphScene(model, index, center, self.hops, app.run_index, came)
         info = model.passes[index]
         cap = Text(no_wrap=True, overflow="ellipsis")
         cap.append(f"after {info.name}", styles["title"])
@@ -448,7 +543,7 @@ class GraphView(Widget):
             y = next((k for k, (t, _, _) in enumerate(rows) if t == center), 0)
             view.show(canvas, styles, Region(0, y, 1, 1))
             return
-        key = (id(model), index, center, self.hops, app.run_index)
+        key = (id(model), index, center, self.hops, app.run_index, came)
         canvas = self._cache.get(key)
         if canvas is None:
             try:
@@ -462,9 +557,7 @@ class GraphView(Widget):
             if len(self._cache) > 32:
                 self._cache.popitem(last=False)
         self.canvas = canvas
-        box = canvas.boxes.get(center)
-        focus = Region(box.x, box.y, box.w, layout.BOX_H) if box is not None else None
-        view.show(canvas, styles, focus)
+        view.show(canvas, styles, box_region(canvas, center), box_region(canvas, came))
 
     @staticmethod
     def center(model: RecordModel, index: int, selected: str | None) -> str | None:
@@ -545,18 +638,33 @@ class GraphView(Widget):
         if center is None:
             return None
         if self.overview_mode and not self.outline_mode:
-            return self._move_overview(direction)
-        return self._move_neighbourhood(model, index, center, direction)
+            target = self._move_overview(direction)
+        else:
+            target = self._move_neighbourhood(model, index, center, direction)
+        if target is not None:
+            self.last_move = (app.selected or center, target)
+        return target
+
+    def came_from(self) -> str | None:
+        """The node the cursor was on before its last move by key, while it is
+        still where that move took it (a click or a search starts afresh)."""
+        if self.last_move is not None and self.last_move[1] == self.tapp.selected:
+            return self.last_move[0]
+        return None
+
+    def pan(self, fraction: float) -> None:
+        self.query_one("#graph-canvas", CanvasView).pan_by(fraction)
+
+    def recentre(self) -> None:
+        self.query_one("#graph-canvas", CanvasView).recentre()
 
     def _move_neighbourhood(self, model: RecordModel, index: int, center: str,
                             direction: str) -> str | None:
         scene = GraphScene(model, index, center, self.hops, self.tapp.run_index)
-        if direction == "up":
-            inputs = scene.inputs(center)
-            return inputs[0] if inputs else None
-        if direction == "down":
-            users = scene.users(center)
-            return users[0] if users else None
+        if direction in ("up", "down"):
+            near = scene.inputs(center) if direction == "up" else scene.users(center)
+            back = self.came_from()   # ↑ then ↓ returns where ↑ started
+            return back if back in near else (near[0] if near else None)
         step = -1 if direction == "left" else 1
         canvas = self.canvas
         if canvas is not None and center in canvas.boxes and not self.outline_mode:

@@ -50,92 +50,121 @@ class Inspector(Static):
         text = Text(end="")
         if model is None or app.selected is None:
             return text
-        index = app.pass_index
-        node_id = model.locate(app.selected, index) or app.selected
-        node = model.nodes(index).get(node_id)
-        if node is None and index > 0:
-            node = model.nodes(index - 1).get(node_id)
-        if node is None:
-            for k in range(len(model.graphs) - 1, -1, -1):
-                node = model.nodes(k).get(node_id)
-                if node is not None:
-                    break
+        node = self._node(model)
         if node is None:
             return self._event(text, model, styles) or \
                 Text(f"{app.selected}: not in this record", styles["dim"], end="")
-        sep = "\n"
         text.append(node["id"], styles["edge_sel"])
         text.append(f"  {node['op']}", styles["title"])
         if node["phase"] == "backward":
             text.append("  backward", styles["dim"])
-        text.append(sep)
+        text.append("\n")
         text.append("shape ", styles["dim"])
         text.append(f"{fmt_shape(node['shape'])} {node['dtype'] or '?'} "
                     f"{fmt_bytes(node['bytes'])}")
         text.append("  at ", styles["dim"])
         text.append(node["where"], styles["key"])
-        text.append(sep)
-        fate = model.fate(node["id"])
+        text.append("\n")
         final = model.final_id(node["id"])
+        self._history(text, model, node, final, styles)
+        if final:
+            self._memory(text, model.tensor_of.get(final), styles)
+            event = model.events_of(app.run_index).get(final)
+            self._summary(text, event.get("summary") if event else None, styles)
+        self._graph_facts(text, node, styles)
+        check = model.record.get("check")
+        if check and check["node"] == final:
+            text.append(check["message"], styles["nan"])
+        return text
+
+    def _node(self, model) -> dict | None:
+        """The selected node as the current pass's graph has it, else the graph
+        before (a node this pass removed), else the last graph that holds it."""
+        app = self.tapp
+        index = app.pass_index
+        node_id = model.locate(app.selected, index) or app.selected
+        node = model.nodes(index).get(node_id)
+        if node is None and index > 0:
+            node = model.nodes(index - 1).get(node_id)
+        for k in range(len(model.graphs) - 1, -1, -1):
+            if node is not None:
+                break
+            node = model.nodes(k).get(node_id)
+        return node
+
+    def _history(self, text: Text, model, node: dict, final: str | None,
+                 styles: dict) -> None:
+        """What the passes did to the node (removed by, made by), and where and
+        when it ran in the selected run, or that it did not run."""
+        app = self.tapp
+        fate = model.fate(node["id"])
         if fate:
-            text.append(fate + sep, styles["removed"].replace("strike ", ""))
+            text.append(fate + "\n", styles["removed"].replace("strike ", ""))
         origin = model.origin(node["id"])
         if origin:
-            text.append(origin + sep, styles["added"])
+            text.append(origin + "\n", styles["added"])
         step = model.step_of.get(final) if final else None
-        if step is not None:
-            entry = model.entry_of_step[step]
-            text.append("ran ", styles["dim"])
-            text.append(f"step {step} on {model.streams.get(entry['stream'])}")
-            event = model.events_of(app.run_index).get(final)
-            if event:
-                text.append(f" · {fmt_time(event['end'] - event['start'])}")
-                if event["start"] >= 0:
-                    text.append(f" at {fmt_time(event['start'] - model.span(app.run_index)[0])}",
-                                styles["dim"])
-            if final != node["id"]:
-                text.append(f" (as {final})", styles["dim"])
-            text.append(sep)
-        elif final is None and not fate:
-            text.append("not run (removed or never scheduled)" + sep, styles["dim"])
-        tensor = model.tensor_of.get(final) if final else None
-        if tensor:
-            text.append("memory ", styles["dim"])
-            if tensor["offset"] is None:
-                text.append(tensor.get("reason") or f"outside the arena ({tensor['kind']})")
-            else:
-                text.append(f"{where_text(tensor)} +{fmt_bytes(tensor['nbytes'])}"
-                            f" steps {tensor['first_step']}–{tensor['last_step']}")
-            if tensor["inplace_of"]:
-                text.append(f" in place of {tensor['inplace_of']}", styles["dim"])
-            text.append(sep)
-        event = model.events_of(app.run_index).get(final) if final else None
-        summary = event.get("summary") if event else None
-        if summary:
-            bad = summary["nan"] or summary["inf"]
-            text.append("value ", styles["dim"])
-            text.append(f"min {_num(summary['min'])} max {_num(summary['max'])} "
-                        f"mean {_num(summary['mean'])}")
-            text.append(f" nan {summary['nan']} inf {summary['inf']}",
-                        styles["nan"] if bad else styles["dim"])
-            text.append(sep)
+        if step is None:
+            if final is None and not fate:
+                text.append("not run (removed or never scheduled)\n", styles["dim"])
+            return
+        entry = model.entry_of_step[step]
+        text.append("ran ", styles["dim"])
+        text.append(f"step {step} on {model.streams.get(entry['stream'])}")
+        event = model.events_of(app.run_index).get(final)
+        if event:
+            text.append(f" · {fmt_time(event['end'] - event['start'])}")
+            if event["start"] >= 0:
+                text.append(f" at {fmt_time(event['start'] - model.span(app.run_index)[0])}",
+                            styles["dim"])
+        if final != node["id"]:
+            text.append(f" (as {final})", styles["dim"])
+        text.append("\n")
+
+    @staticmethod
+    def _memory(text: Text, tensor: dict | None, styles: dict) -> None:
+        """Where the memory plan put the node's result."""
+        if not tensor:
+            return
+        text.append("memory ", styles["dim"])
+        if tensor["offset"] is None:
+            text.append(tensor.get("reason") or f"outside the arena ({tensor['kind']})")
+        else:
+            text.append(f"{where_text(tensor)} +{fmt_bytes(tensor['nbytes'])}"
+                        f" steps {tensor['first_step']}–{tensor['last_step']}")
+        if tensor["inplace_of"]:
+            text.append(f" in place of {tensor['inplace_of']}", styles["dim"])
+        text.append("\n")
+
+    @staticmethod
+    def _summary(text: Text, summary: dict | None, styles: dict) -> None:
+        """The traced value of the node's result: min, max, mean, NaN and Inf."""
+        if not summary:
+            return
+        bad = summary["nan"] or summary["inf"]
+        text.append("value ", styles["dim"])
+        text.append(f"min {_num(summary['min'])} max {_num(summary['max'])} "
+                    f"mean {_num(summary['mean'])}")
+        text.append(f" nan {summary['nan']} inf {summary['inf']}",
+                    styles["nan"] if bad else styles["dim"])
+        text.append("\n")
+
+    @staticmethod
+    def _graph_facts(text: Text, node: dict, styles: dict) -> None:
+        """The user-level nodes it stands for, its attributes and its inputs."""
         if node["provenance"] != [node["id"]]:
             text.append("from ", styles["dim"])
             text.append(", ".join(node["provenance"][:12]))
             if len(node["provenance"]) > 12:
                 text.append(f" +{len(node['provenance']) - 12}")
-            text.append(sep)
+            text.append("\n")
         if node["attrs"]:
             attrs = ", ".join(f"{k}={json.dumps(v)}" for k, v in node["attrs"].items())
             text.append("attrs ", styles["dim"])
-            text.append(attrs[:300] + sep)
+            text.append(attrs[:300] + "\n")
         if node["inputs"]:
             text.append("inputs ", styles["dim"])
-            text.append(", ".join(node["inputs"][:8]) + sep)
-        check = model.record.get("check")
-        if check and check["node"] == final:
-            text.append(check["message"], styles["nan"])
-        return text
+            text.append(", ".join(node["inputs"][:8]) + "\n")
 
     def _event(self, text: Text, model, styles: dict) -> Text | None:
         """A bar of the timeline that is no node of the graph (a parallel run's F0 on

@@ -144,18 +144,57 @@ class _EdgeView:
         self.points = points
 
 
-def _layered(boxes: dict[str, Box], edges: list[tuple[str, str]]
+def _layered(boxes: dict[str, Box], edges: list[tuple[str, str]],
+             beside: tuple[str, str] | None = None
              ) -> tuple[dict[str, tuple[int, float]], dict[tuple[str, str], list[float]]]:
-    """Run grandalf: {key: (layer, x center)} and {edge: x of each dummy point}."""
-    from grandalf.graphs import Edge, Vertex, graph_core
-    from grandalf.layouts import SugiyamaLayout
+    """Run grandalf: {key: (layer, x center)} and {edge: x of each dummy point}.
+    `beside` = (anchor, mover): see `_move_beside`."""
+    from grandalf.graphs import Edge, Vertex
 
     vertices = {k: Vertex(k) for k in boxes}
     for k, v in vertices.items():
         v.view = _VertexView(boxes[k].w, BOX_H)
-    # Connected components, found here in a fixed order: grandalf's own Graph
-    # collects edges in a set, and a set of objects iterates in a different order
-    # in every process, which would make the drawing change from run to run.
+    place: dict[str, tuple[int, float]] = {}
+    dummies: dict[tuple[str, str], list[float]] = {}
+    offset = 0.0
+    for keys in _components(boxes, edges):
+        inside = set(keys)
+        gedges = []
+        for a, b in edges:
+            if a in inside:
+                e = Edge(vertices[a], vertices[b])
+                e.view = _EdgeView()
+                gedges.append(e)
+        pair = beside if beside and beside[0] in inside and beside[1] in inside else None
+        sug = _sugiyama([vertices[k] for k in keys], gedges,
+                        pair and (vertices[pair[0]], vertices[pair[1]]))
+        offset += _collect(sug, offset, place, dummies) + 4
+    return place, dummies
+
+
+def _collect(sug, offset: float, place: dict, dummies: dict) -> float:
+    """Add the places of one laid out component to `place` and `dummies`, shifted
+    right by `offset`; returns its width."""
+    component = sug.g
+    xs = [v.view.xy[0] - v.view.w / 2 for v in component.sV]
+    xs += [d.view.xy[0] for e in sug.ctrls for d in sug.ctrls[e].values()]
+    left = min(xs)
+    right = max([v.view.xy[0] + v.view.w / 2 for v in component.sV] + xs)
+    for v in component.sV:
+        place[v.data] = (sug.grx[v].rank, v.view.xy[0] - left + offset)
+    for e in component.sE:
+        if e in sug.ctrls:  # {rank: point}, the end points included
+            ctrl = sug.ctrls[e]
+            r0, r1 = sug.grx[e.v[0]].rank, sug.grx[e.v[1]].rank
+            dummies[(e.v[0].data, e.v[1].data)] = [
+                ctrl[r].view.xy[0] - left + offset for r in sorted(ctrl) if r0 < r < r1]
+    return right - left
+
+
+def _components(boxes: dict[str, Box], edges: list[tuple[str, str]]) -> list[list[str]]:
+    """The keys of each connected component, found here in a fixed order: grandalf's
+    own Graph collects edges in a set, and a set of objects iterates in a different
+    order in every process, which would make the drawing change from run to run."""
     parent = {k: k for k in boxes}
 
     def find(k: str) -> str:
@@ -168,54 +207,91 @@ def _layered(boxes: dict[str, Box], edges: list[tuple[str, str]]
     groups: dict[str, list[str]] = {}
     for k in boxes:
         groups.setdefault(find(k), []).append(k)
-    components = []
-    for keys in groups.values():
-        inside = set(keys)
-        gedges = []
-        for a, b in edges:
-            if a in inside:
-                e = Edge(vertices[a], vertices[b])
-                e.view = _EdgeView()
-                gedges.append(e)
-        components.append(graph_core([vertices[k] for k in keys], gedges))
-    place: dict[str, tuple[int, float]] = {}
-    dummies: dict[tuple[str, str], list[float]] = {}
-    offset = 0.0
-    for component in components:
-        sug = SugiyamaLayout(component)
-        sug.xspace, sug.yspace = 2, BOX_H + GAP
-        sug.dw, sug.dh = 1, BOX_H
-        sug.init_all()
-        sug.draw(2)
-        xs = [v.view.xy[0] - v.view.w / 2 for v in component.sV]
-        xs += [d.view.xy[0] for e in sug.ctrls for d in sug.ctrls[e].values()]
-        left = min(xs)
-        right = max([v.view.xy[0] + v.view.w / 2 for v in component.sV] + xs)
-        for v in component.sV:
-            place[v.data] = (sug.grx[v].rank, v.view.xy[0] - left + offset)
-        for e in component.sE:
-            if e in sug.ctrls:  # {rank: point}, the end points included
-                ctrl = sug.ctrls[e]
-                r0, r1 = sug.grx[e.v[0]].rank, sug.grx[e.v[1]].rank
-                dummies[(e.v[0].data, e.v[1].data)] = [
-                    ctrl[r].view.xy[0] - left + offset for r in sorted(ctrl) if r0 < r < r1]
-        offset += right - left + 4
-    return place, dummies
+    return list(groups.values())
 
 
-def draw(boxes: dict[str, Box], edges: list[tuple[str, str]],
-         edge_style: Callable[[str, str], str] = lambda a, b: "edge") -> Canvas:
-    """Lay out `boxes` joined by `edges` (source above target) and draw them.
+def _sugiyama(vertices: list, edges: list, beside: tuple | None):
+    """grandalf's layered layout of one connected component, its vertices' views
+    placed; with `beside` = (anchor, mover) vertices, `mover` next to `anchor`."""
+    from grandalf.graphs import graph_core
+    from grandalf.layouts import SugiyamaLayout
 
-    `edge_style(a, b)` names the style of an edge (to highlight the selected node's).
-    The boxes get their x/y filled in; the canvas keeps them by key so a view can
-    scroll to the selected one.
+    sug = SugiyamaLayout(graph_core(vertices, edges))
+    sug.xspace, sug.yspace = 2, BOX_H + GAP
+    sug.dw, sug.dh = 1, BOX_H
+    sug.init_all()
+    # sug.draw(2), in its steps: two rounds of ordering the layers (fewer crossings),
+    # the coordinates, the edge routes; `mover` is moved between them.
+    for _ in range(2):
+        for _ in sug.ordering_step():
+            pass
+    adjacent = beside is not None and abs(sug.grx[beside[0]].rank
+                                          - sug.grx[beside[1]].rank) == 1
+    if adjacent:
+        _order_beside(sug, *beside)
+    sug.setxy()
+    if adjacent:
+        _move_beside(sug, *beside)
+    sug.draw_edges()
+    return sug
+
+
+def _order_beside(sug, anchor, mover) -> None:
+    """Move vertex `mover` in its layer to the median slot among `anchor`'s
+    neighbours there (about where the coordinates will put `anchor`), so that
+    `_move_beside` has little to move and its edges cross few others."""
+    grx = sug.grx
+    near = getattr(grx[anchor], "nvs", {}).get(grx[mover].rank - grx[anchor].rank, [])
+    layer = sug.layers[grx[mover].rank]
+    slots = sorted(grx[v].pos for v in near if v is not mover and v in layer)
+    if not slots:
+        return
+    target = layer[slots[(len(slots) - 1) // 2]]
+    layer.remove(mover)
+    layer.insert(layer.index(target), mover)
+    step = 1.0 / (len(layer) - 1) if len(layer) > 1 else 1.0
+    for i, v in enumerate(layer):   # what grandalf's Layer.setup sets
+        grx[v].pos, grx[v].bar = i, i * step
+
+
+def _move_beside(sug, anchor, mover) -> None:
+    """Put vertex `mover` right above or below vertex `anchor` (adjacent layers),
+    pushing the other vertices of its layer, dummy points of long edges included,
+    aside to make room (edges are routed through the dummy points after this).
+
+    The neighbourhood of a node read by eight others is eight boxes wide, and the
+    layout centred the node over the middle of its readers: the reader the cursor
+    came from was drawn 150 columns away, off the view, though it is the box the
+    user just looked at. Brandes & Köpf's coordinates cannot be asked to align two
+    given vertices, so they are moved after.
     """
-    place, dummies = _layered(boxes, edges)
+    layer = sug.layers[sug.grx[mover].rank]
+    x = lambda v: v.view.xy[0]
+    target = x(anchor)
+    mover.view.xy = (target, mover.view.xy[1])
+    for side in (1, -1):   # the vertices to the right, then to the left
+        edge = target + side * mover.view.w / 2
+        others = sorted((v for v in layer if v is not mover and (x(v) >= target) == (side > 0)),
+                        key=lambda v: side * x(v))
+        for v in others:
+            least = edge + side * (sug.xspace + v.view.w / 2)
+            if side * x(v) < side * least:
+                v.view.xy = (least, v.view.xy[1])
+            edge = x(v) + side * v.view.w / 2
+
+
+def _place_boxes(boxes: dict[str, Box], place: dict[str, tuple[int, float]],
+                 beside: tuple[str, str] | None) -> None:
+    """Fill in each box's x and y from its (layer, x center) in `place`."""
     layer_top = lambda r: r * (BOX_H + GAP)
     for key, box in boxes.items():
         rank, cx = place[key]
         box.x, box.y = max(0, round(cx - box.w / 2)), layer_top(rank)
+    if beside is not None and abs(place[beside[0]][0] - place[beside[1]][0]) == 1:
+        # Rounded apart, boxes of odd and even widths put their edges' arrows in
+        # two neighbouring columns (▼▼): one column for both.
+        anchor, mover = boxes[beside[0]], boxes[beside[1]]
+        mover.x = max(0, anchor.center - mover.w // 2)
     # Boxes in one layer must not overlap after rounding: push right when they do.
     by_layer: dict[int, list[Box]] = {}
     for box in boxes.values():
@@ -224,6 +300,21 @@ def draw(boxes: dict[str, Box], edges: list[tuple[str, str]],
         row.sort(key=lambda b: b.x)
         for left, right in zip(row, row[1:]):
             right.x = max(right.x, left.x + left.w + 1)
+
+
+def draw(boxes: dict[str, Box], edges: list[tuple[str, str]],
+         edge_style: Callable[[str, str], str] = lambda a, b: "edge",
+         beside: tuple[str, str] | None = None) -> Canvas:
+    """Lay out `boxes` joined by `edges` (source above target) and draw them.
+
+    `edge_style(a, b)` names the style of an edge (to highlight the selected node's).
+    `beside` = (anchor, mover): box `mover` is placed next to box `anchor` when
+    they are in adjacent layers (the box the cursor came from, next to it).
+    The boxes get their x/y filled in; the canvas keeps them by key so a view can
+    scroll to the selected one.
+    """
+    place, dummies = _layered(boxes, edges, beside)
+    _place_boxes(boxes, place, beside)
     width = max([b.x + b.w for b in boxes.values()] + [1]) + 2
     height = max([b.y + BOX_H for b in boxes.values()] + [1])
     masks = [[0] * width for _ in range(height)]

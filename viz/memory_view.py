@@ -149,18 +149,41 @@ class MemoryView(palette.TextLines, Widget):
         cols = width   # steps are spread over the whole width (to scale)
         # The header and the axis above the map, the curve and the info below.
         rows = max(self.size.height - header_rows - 1 - 1 - (info.plain.count("\n") + 1), 3)
-        arena = max(stats["arena"], 1)
-        per_row = arena / rows
+        per_row = max(stats["arena"], 1) / rows
+        grid = self._fill_grid(model, tensor, rows, cols, per_row)
+        self._grid = grid
+        unused = self._never_used_rows(model, rows, per_row, cols)
+
+        text.append("step →".rjust(LABEL - 1) + " ", styles["dim"])
+        text.append(step_axis(first, span, cols) + "\n", styles["axis"])
+        self._map_top = header_rows + 1
+        for r, line in enumerate(grid):
+            label = fmt_bytes(r * per_row).replace(" ", "") if r % 2 == 0 else ""
+            text.append(f"{label:>{LABEL - 1}} ", styles["axis"])
+            if r in unused:   # bytes no block of the record ever used: not "free"
+                text.append(unused[r][:cols].ljust(cols, UNLISTED), styles["dim"])
+            else:
+                self._map_row(text, line, tensor, sharers, styles)
+            text.append("\n")
+        self._live_curve(text, model, first, span, cols, styles)
+        text.append_text(info)
+        return text
+
+    def _fill_grid(self, model, tensor: dict | None, rows: int, cols: int,
+                   per_row: float) -> list[list[dict | None]]:
+        """The map as a grid of rows (bytes) and columns (steps of the window): the
+        block that holds each cell, None where none does."""
+        first, span = self.window()
         grid: list[list[dict | None]] = [[None] * cols for _ in range(rows)]
-        col_of = lambda step: min(max(int((step - first) * cols / span), 0), cols - 1)
 
         def place(t: dict) -> None:
             """Draw block t over the columns of its steps that are in the window."""
             if t["last_step"] < first or t["first_step"] >= first + span:
                 return
-            c0 = col_of(t["first_step"])
+            c0 = step_column(t["first_step"], first, span, cols)
             end = t["last_step"] + 1
-            c1 = cols - 1 if end >= first + span else max(c0, col_of(end) - 1)
+            c1 = cols - 1 if end >= first + span else \
+                max(c0, step_column(end, first, span, cols) - 1)
             r0 = min(int(t["offset"] / per_row), rows - 1)
             r1 = max(r0, min(int((t["offset"] + t["nbytes"] - 1) / per_row), rows - 1))
             for r in range(r0, r1 + 1):
@@ -172,52 +195,40 @@ class MemoryView(palette.TextLines, Widget):
             place(t)
         if tensor is not None and tensor["offset"] is not None:  # the selection on top
             place(tensor)
-        self._grid = grid
-        unused = self._never_used_rows(model, rows, per_row, cols)
+        return grid
 
-        text.append("step →".rjust(LABEL - 1) + " ", styles["dim"])
-        axis = [" "] * cols
-        for step in range(first, first + span, max(1, span // max(cols // 8, 1))):
-            label = f"┊{step}"
-            c = col_of(step)
-            if all(axis[c + k] == " " for k in range(min(len(label) + 1, cols - c))):
-                for k, ch in enumerate(label[: cols - c]):
-                    axis[c + k] = ch
-        text.append("".join(axis) + "\n", styles["axis"])
-        self._map_top = header_rows + 1
-        for r, line in enumerate(grid):
-            label = fmt_bytes(r * per_row).replace(" ", "") if r % 2 == 0 else ""
-            text.append(f"{label:>{LABEL - 1}} ", styles["axis"])
-            if r in unused:   # bytes no block of the record ever used: not "free"
-                text.append(unused[r][:cols].ljust(cols, UNLISTED), styles["dim"])
-                text.append("\n")
-                continue
-            c = 0
-            while c < cols:
-                owner = line[c]
-                end = c
-                while end + 1 < cols and line[end + 1] is owner:
-                    end += 1
-                n = end - c + 1
-                if owner is None:
-                    text.append("·" * n, styles["axis"])
-                elif owner is tensor:
-                    text.append("█" * n, styles["sel"].replace("reverse ", ""))
-                elif id(owner) in sharers:
-                    text.append("▓" * n, styles["edge_sel"])
-                else:
-                    body = "█" * n
-                    if n > 1:
-                        body = body[:-1] + "▌"
-                    text.append(body, palette.bar_color(owner["node"], app.dark))
-                c = end + 1
-            text.append("\n")
-        # The live-bytes curve: the most bytes alive in each column's steps.
+    def _map_row(self, text: Text, line: list, tensor: dict | None, sharers: set,
+                 styles: dict) -> None:
+        """One row of the map: runs of cells of one block each."""
+        cols = len(line)
+        c = 0
+        while c < cols:
+            owner = line[c]
+            end = c
+            while end + 1 < cols and line[end + 1] is owner:
+                end += 1
+            n = end - c + 1
+            if owner is None:
+                text.append("·" * n, styles["axis"])
+            elif owner is tensor:
+                text.append("█" * n, styles["sel"].replace("reverse ", ""))
+            elif id(owner) in sharers:
+                text.append("▓" * n, styles["edge_sel"])
+            else:
+                body = "█" * n
+                if n > 1:
+                    body = body[:-1] + "▌"
+                text.append(body, palette.bar_color(owner["node"], self.tapp.dark))
+            c = end + 1
+
+    @staticmethod
+    def _live_curve(text: Text, model, first: int, span: int, cols: int,
+                    styles: dict) -> None:
+        """The live-bytes curve: the most bytes alive in each column's steps."""
         text.append(f"{'live':<{LABEL}}", styles["dim"])
         if not model.live:   # a flat line would read as "nothing alive"
             text.append(f"{NO_LIVE}\n", styles["dim"])
-            text.append_text(info)
-            return text
+            return
         peak = max(model.live.values(), default=0) or 1
         for c in range(cols):
             lo = first + c * span // cols
@@ -226,8 +237,6 @@ class MemoryView(palette.TextLines, Widget):
             text.append(SPARK[min(int(value / peak * (len(SPARK) - 1) + 0.5),
                                   len(SPARK) - 1)], styles["ok"])
         text.append("\n")
-        text.append_text(info)
-        return text
 
     @staticmethod
     def _plan_header(text: Text, model, stats: dict, styles: dict, width: int) -> None:
@@ -403,3 +412,20 @@ def story(tensor: dict, blame, plan: dict | None) -> str:
     if alignment and alignment > 1 and tensor["offset"] is not None:
         reason += f" (sizes rounded up to {alignment}-byte alignment)"
     return reason
+
+
+def step_column(step: int, first: int, span: int, cols: int) -> int:
+    """The map's column of `step`, in a window of `span` steps from `first`."""
+    return min(max(int((step - first) * cols / span), 0), cols - 1)
+
+
+def step_axis(first: int, span: int, cols: int) -> str:
+    """The step numbers above the map, ┊ at their columns, none overlapping."""
+    axis = [" "] * cols
+    for step in range(first, first + span, max(1, span // max(cols // 8, 1))):
+        label = f"┊{step}"
+        c = step_column(step, first, span, cols)
+        if all(axis[c + k] == " " for k in range(min(len(label) + 1, cols - c))):
+            for k, ch in enumerate(label[: cols - c]):
+                axis[c + k] = ch
+    return "".join(axis)

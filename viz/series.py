@@ -20,6 +20,7 @@ from functools import cached_property
 import numpy as np
 
 SPIKE_SIGMAS = 6.0    # a point this many robust sigmas above its neighbourhood is a spike
+SHARE = 0.25          # series share a plot only where each spans this much of its height
 
 
 @dataclass
@@ -54,6 +55,12 @@ class Series:
         """The smallest finite value (None: there is none)."""
         finite = self.values[np.isfinite(self.values)]
         return float(finite.min()) if len(finite) else None
+
+    @cached_property
+    def finite_max(self) -> float | None:
+        """The largest finite value (None: there is none)."""
+        finite = self.values[np.isfinite(self.values)]
+        return float(finite.max()) if len(finite) else None
 
     def last(self) -> float | None:
         return float(self.values[-1]) if len(self.values) else None
@@ -119,3 +126,36 @@ def spikes(values: np.ndarray, window: int = 25) -> np.ndarray:
         hits = np.nonzero(np.isfinite(block) & (block - median > SPIKE_SIGMAS * mad))[0]
         found.extend((hits + start).tolist())
     return np.array([k for k in found if finite[k]], dtype=int)
+
+
+def scale_groups(ranges: list[tuple[str, float | None, float | None]]) -> list[list[str]]:
+    """The names of `ranges` ((name, finite min, finite max); None, None: no finite
+    value) grouped so that each group can share one plot's y axis, in order.
+
+    On one axis a series is readable only where it spans a good part of the height:
+    loss (0.6–2.2) and accuracy (0.90–0.99) drawn together made accuracy a flat line
+    at the top. So a series joins the first group in which, with it, every member
+    spans at least SHARE of the group's range (train and test loss do); else it
+    starts a group, a plot, of its own. A series without a finite value (all NaN)
+    is plotted alone.
+    """
+    groups: list[tuple[list[str], list[tuple[float, float]] | None]] = []
+    for name, low, high in ranges:
+        span = None if low is None or high is None else (low, high)
+        for names, spans in groups:
+            if span is not None and spans is not None and _readable(spans + [span]):
+                names.append(name)
+                spans.append(span)
+                break
+        else:
+            groups.append(([name], None if span is None else [span]))
+    return [names for names, _ in groups]
+
+
+def _readable(spans: list[tuple[float, float]]) -> bool:
+    """Whether each of `spans` covers at least SHARE of their joint range."""
+    low = min(lo for lo, _ in spans)
+    high = max(hi for _, hi in spans)
+    if high == low:   # constants of one value
+        return True
+    return all(hi - lo >= SHARE * (high - low) for lo, hi in spans)

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
     from viz.app import DebuggerApp
 
 LABEL = 10   # the fewest columns for the lane names (wider when a name needs it)
+OUTLIER = 5.0   # an op's slowest step this many times its mean or more is flagged ⚠
+# The per-op table (see `op_columns`): the op column is OP_COLUMNS wide at most;
+# FIXED_COLUMNS are total, count, mean, share, slowest, ×mean and a space.
+OP_COLUMNS, MIN_OP_COLUMNS, STEP_COLUMNS = 22, 10, 16
+FIXED_COLUMNS = 8 + 6 + 8 + 7 + 8 + 6 + 1
+BYTES_COLUMNS = 10
 
 
 class TimelineView(palette.TextLines, Widget):
@@ -156,56 +162,11 @@ class TimelineView(palette.TextLines, Widget):
             return text
         run = app.run_index
         lanes = model.lanes(run)
-        label_cols = self.label_width = self._label_columns(
-            [model.streams.get(s, str(s)) for s in lanes])
-        width = max(self.size.width - label_cols, 10)
-        start, span = self.window()
-        per_col = span / width
+        self.label_width = self._label_columns([model.streams.get(s, str(s)) for s in lanes])
         critical = model.critical_path(run)
         selected = self.current_event()
-        t0, t1 = model.span(run)
         self._header(text, model, run, styles)
-        # Time axis: a tick label every ~12 columns.
-        axis = [" "] * width
-        col = 0
-        while col < width - 6:
-            label = "┊" + fmt_time(max(0.0, start + col * per_col - t0))
-            for k, ch in enumerate(label):
-                if col + k < width:
-                    axis[col + k] = ch
-            col += max(len(label) + 2, 12)
-        text.append(" " * label_cols + "".join(axis) + "\n", styles["axis"])
-
-        self._lane_rows.clear()
-        self._cells.clear()
-        row = text.plain.count("\n")
-        busy = model.lane_busy(run)
-        for stream, events in lanes.items():
-            owners, fill = self._owners(events, start, per_col, width)
-            if selected is not None and selected["stream"] == stream:
-                c0 = int((selected["start"] - start) / per_col)
-                c1 = max(c0, int((selected["end"] - start) / per_col - 1e-9))
-                for c in range(max(c0, 0), min(c1, width - 1) + 1):
-                    owners[c] = selected
-                    fill[c] = max(fill[c], 1e-9)
-            self._cells[stream] = owners
-            self._lane_rows[row] = stream
-            name = model.streams.get(stream, str(stream))
-            text.append(lane_label(name, label_cols), styles["title"])
-            self._bars(text, owners, fill, selected if selected is not None and
-                       selected["stream"] == stream else None, styles, app.dark, start,
-                       per_col, model, run)
-            text.append("\n")
-            # Under the bars: how busy the lane was over the whole run, and ━ where
-            # the critical path runs.
-            share = busy.get(stream, 0.0) / max(t1 - t0, 1e-12)
-            text.append(f"{f'busy {share:.0%}':<{label_cols}}", styles["dim"])
-            for owner in owners:
-                on_path = owner is not None and id(owner) in critical
-                text.append("━" if on_path else " ", styles["crit"] if on_path else None)
-            text.append("\n")
-            row += 2
-
+        self._lanes(text, model, run, selected, styles)
         text.append("\n")
         if selected is None:
             self._nothing_selected(text, model, run, styles)
@@ -218,22 +179,69 @@ class TimelineView(palette.TextLines, Widget):
         room = self.size.height - text.plain.count("\n") - 1
         if room >= 3:
             room -= self._critical_chain(text, model, run, critical, styles, room - 1)
-        waits = [(e, w) for e in model.schedule for w in e["waits"]]
-        if room >= 3 and waits:
-            text.append(f"\ncross-stream waits ({len(waits)}):\n", styles["title"])
-            room -= 2
-            events = model.events_of(run)
-            chosen = selected["node"] if selected else None
-            for entry, wait in waits[:room]:
-                producer = model.entry_of_step[wait["step"]]["node"]
-                mine, done = events.get(entry["node"]), events.get(producer)
-                slack = f", ready {fmt_time(max(0.0, mine['start'] - done['end']))} before" \
-                    if mine and done else ""
-                text.append(f"  {entry['node']} ({model.streams.get(entry['stream'])}) "
-                            f"waits on event {wait['event']} ← {producer} "
-                            f"({model.streams.get(wait['stream'])}){slack}\n",
-                            styles["edge_sel"] if chosen == entry["node"] else styles["dim"])
+        if room >= 3:
+            self._waits(text, model, run, selected, styles, room)
         return text
+
+    def _lanes(self, text: Text, model, run: int, selected: dict | None,
+               styles: dict) -> None:
+        """The time axis, then per lane its bars and, under them, how busy it was
+        and ━ where the critical path runs."""
+        label_cols = self.label_width
+        width = max(self.size.width - label_cols, 10)
+        start, span = self.window()
+        per_col = span / width
+        critical = model.critical_path(run)
+        t0, t1 = model.span(run)
+        text.append(" " * label_cols + time_axis(start, t0, per_col, width) + "\n",
+                    styles["axis"])
+        self._lane_rows.clear()
+        self._cells.clear()
+        row = text.plain.count("\n")
+        busy = model.lane_busy(run)
+        for stream, events in model.lanes(run).items():
+            owners, fill = self._owners(events, start, per_col, width)
+            mine = selected if selected is not None and selected["stream"] == stream \
+                else None
+            if mine is not None:
+                c0 = int((mine["start"] - start) / per_col)
+                c1 = max(c0, int((mine["end"] - start) / per_col - 1e-9))
+                for c in range(max(c0, 0), min(c1, width - 1) + 1):
+                    owners[c] = mine
+                    fill[c] = max(fill[c], 1e-9)
+            self._cells[stream] = owners
+            self._lane_rows[row] = stream
+            name = model.streams.get(stream, str(stream))
+            text.append(lane_label(name, label_cols), styles["title"])
+            self._bars(text, owners, fill, mine, styles, self.tapp.dark, start, per_col,
+                       model, run)
+            text.append("\n")
+            share = busy.get(stream, 0.0) / max(t1 - t0, 1e-12)
+            text.append(f"{f'busy {share:.0%}':<{label_cols}}", styles["dim"])
+            for owner in owners:
+                on_path = owner is not None and id(owner) in critical
+                text.append("━" if on_path else " ", styles["crit"] if on_path else None)
+            text.append("\n")
+            row += 2
+
+    def _waits(self, text: Text, model, run: int, selected: dict | None, styles: dict,
+               room: int) -> None:
+        """Every cross-stream wait of the schedule, as many as fit in `room`."""
+        waits = [(e, w) for e in model.schedule for w in e["waits"]]
+        if not waits:
+            return
+        text.append(f"\ncross-stream waits ({len(waits)}):\n", styles["title"])
+        events = model.events_of(run)
+        chosen = selected["node"] if selected else None
+        for entry, wait in waits[:room - 2]:
+            producer = model.entry_of_step[wait["step"]]["node"]
+            mine, done = events.get(entry["node"]), events.get(producer)
+            slack = f", ready {fmt_time(max(0.0, mine['start'] - done['end']))} before" \
+                if mine and done else ""
+            text.append(f"  {entry['node']} ({model.streams.get(entry['stream'])}) "
+                        f"waits on event {wait['event']} ← {producer} "
+                        f"({model.streams.get(wait['stream'])}){slack}\n",
+                        styles["edge_sel"] if chosen == entry["node"] else styles["dim"])
 
     def _header(self, text: Text, model, run: int, styles: dict) -> None:
         """Which run, its length and zoom, and the critical path's figures: its
@@ -316,24 +324,39 @@ class TimelineView(palette.TextLines, Widget):
         return len(lines) + 1
 
     def _op_table(self, text: Text, model, run: int, styles: dict, room: int) -> None:
-        """The per-op summary, as many rows as fit in `room`."""
+        """The per-op summary, as many rows as fit in `room`.
+
+        The slowest step's time and how many times its op's mean it took come
+        before the step's name, in columns of their own, and a step of
+        OUTLIER times its mean or more is flagged ⚠ there: at the end of the row,
+        after a long name, the flag was cut off. The op column narrows (its names
+        end in "…") and then the bytes column goes, so the name of the slowest
+        step keeps at least STEP_COLUMNS."""
         runs = list(range(len(model.timelines))) if self.all_runs else [run]
         rows = model.op_table(runs)
         scope = f"all {len(runs)} recorded runs" if self.all_runs else "this run"
         text.append(f"\nops over {scope} (a: {'this run' if self.all_runs else 'all runs'})\n",
                     styles["title"])
-        text.append(f"{'op':<22}{'total':>9}{'count':>7}{'mean':>9}{'share':>7}"
-                    f"{'bytes':>11}  slowest step\n", styles["dim"])
+        name_w, with_bytes = op_columns([row["op"] for row in rows], self.size.width)
+        bytes_head = f"{'bytes':>10}" if with_bytes else ""
+        step_w = self.size.width - name_w - FIXED_COLUMNS - len(bytes_head)
+        text.append(f"{'op':<{name_w}}{'total':>8}{'count':>6}{'mean':>8}{'share':>7}"
+                    f"{bytes_head}{'slowest':>8}{'×mean':>6} step\n", styles["dim"])
         for row in rows[:max(room - 2, 1)]:
             worst, node, worst_run = row["worst"]
-            flag = row["outlier"] >= 5 and row["count"] > 1
-            text.append(f"{row['op'][:21]:<22}{fmt_time(row['total']):>9}{row['count']:>7}"
-                        f"{fmt_time(row['mean']):>9}{row['share'] * 100:>6.1f}%"
-                        f"{fmt_bytes(row['bytes']):>11}  ")
+            flag = row["outlier"] >= OUTLIER and row["count"] > 1
+            cells = f"{fmt_bytes(row['bytes']):>10}" if with_bytes else ""
+            text.append(f"{elide_name(row['op'], name_w - 1):<{name_w}}"
+                        f"{fmt_time(row['total']):>8}{row['count']:>6}"
+                        f"{fmt_time(row['mean']):>8}{row['share'] * 100:>6.1f}%{cells}"
+                        f"{fmt_time(worst):>8}", styles["warn"] if flag else None)
+            ratio = f"{'⚠' if flag else ''}{fmt_ratio(row['outlier'])}"
+            text.append(f"{ratio:>6}", styles["warn"] if flag else styles["dim"])
+            # Which run, when it fits whole: cut, it cut the step's name instead.
             where = f" ({run_label(model.timelines[worst_run])})" if self.all_runs else ""
-            text.append(f"{node} {fmt_time(worst)}{where}" + (
-                f" = {row['outlier']:.0f}x mean ⚠" if flag else "") + "\n",
-                styles["warn"] if flag else styles["dim"])
+            if len(node) + len(where) > step_w:
+                where = ""
+            text.append(f" {node}{where}\n", styles["warn"] if flag else styles["dim"])
 
     def _label_columns(self, names: list[str]) -> int:
         """Columns for the lane names: the longest name and a space, so lanes such
@@ -372,17 +395,7 @@ class TimelineView(palette.TextLines, Widget):
         """One lane's bars; `selected` is the cursor's event if it is on this lane.
         A cell is shaded by how busy its column was (`shade`): a lane of many short
         ops with gaps between them is not drawn as one solid bar."""
-        # The idle gap before the selected step, when it waited on another stream.
-        gap = set()
-        if selected is not None and selected["step"] is not None and \
-                model.entry_of_step[selected["step"]]["waits"]:
-            lane = model.lanes(run)[selected["stream"]]
-            k = next(i for i, e in enumerate(lane) if e is selected)
-            idle_from = lane[k - 1]["end"] if k else model.span(run)[0]
-            for c in range(len(owners)):
-                t = start + (c + 0.5) * per_col
-                if idle_from <= t < selected["start"] and owners[c] is None:
-                    gap.add(c)
+        gap = self._wait_gap(owners, selected, start, per_col, model, run)
         c = 0
         width = len(owners)
         while c < width:
@@ -394,25 +407,26 @@ class TimelineView(palette.TextLines, Widget):
             end = c
             while end + 1 < width and owners[end + 1] is owner:
                 end += 1
-            n = end - c + 1
-            color = bar_style = palette.bar_color(owner["op"], dark)
-            if owner is selected:
-                bar_style = styles["sel"]
-            label = owner["op"] if n >= len(owner["op"]) + 2 else ""
-            if label:
-                body = (" " + label).ljust(n)
-                ink = "black" if dark else "white"
-                text.append(body, styles["sel"] if owner is selected
-                            else f"bold {ink} on {color}")
-            else:
-                body = "".join(shade(fill[k]) for k in range(c, end + 1))
-                # The last cell of a full bar followed by another bar: a half block,
-                # so neighbours of the same color stay two bars.
-                if n > 1 and end + 1 < width and owners[end + 1] is not None \
-                        and body[-1] == "█":
-                    body = body[:-1] + "▌"
-                text.append(body, bar_style)
+            text.append(*bar_cells(owners, fill, c, end, owner is selected, styles, dark))
             c = end + 1
+
+    @staticmethod
+    def _wait_gap(owners: list, selected: dict | None, start: float, per_col: float,
+                  model, run: int) -> set[int]:
+        """The idle columns before the selected step, when it waited on another
+        stream (drawn ┄)."""
+        gap: set[int] = set()
+        if selected is None or selected["step"] is None or \
+                not model.entry_of_step[selected["step"]]["waits"]:
+            return gap
+        lane = model.lanes(run)[selected["stream"]]
+        k = next(i for i, e in enumerate(lane) if e is selected)
+        idle_from = lane[k - 1]["end"] if k else model.span(run)[0]
+        for c in range(len(owners)):
+            t = start + (c + 0.5) * per_col
+            if idle_from <= t < selected["start"] and owners[c] is None:
+                gap.add(c)
+        return gap
 
     def on_click(self, event: Click) -> None:
         offset = event.get_content_offset(self)
@@ -456,6 +470,62 @@ def wrap_names(names: list[str], width: int, head: str, room: int) -> list[str]:
         left += 1
         lines[-1] = ("  " if len(rows) > 1 else head) + " → ".join(rows[-1])
     return lines
+
+
+def op_columns(ops: list[str], width: int) -> tuple[int, bool]:
+    """(the op column's width, whether the bytes column fits) for a per-op table
+    `width` cells wide, so that the slowest step's name keeps STEP_COLUMNS: the
+    longest op name and a space, at most OP_COLUMNS; narrowed to STEP_COLUMNS to
+    keep the bytes column; else without bytes, narrowed to MIN_OP_COLUMNS at most."""
+    name = min(max([len(op) for op in ops] + [2]) + 1, OP_COLUMNS)
+    room = width - FIXED_COLUMNS - STEP_COLUMNS   # for the op and bytes columns
+    if min(name, STEP_COLUMNS) + BYTES_COLUMNS <= room:
+        return min(name, room - BYTES_COLUMNS), True
+    return max(min(name, room), MIN_OP_COLUMNS), False
+
+
+def elide_name(name: str, width: int) -> str:
+    """`name` in at most `width` cells, its end replaced by "…" when cut."""
+    return name if len(name) <= width else name[:max(width - 1, 0)] + "…"
+
+
+def fmt_ratio(ratio: float) -> str:
+    """How many times its mean the slowest step took: "7.8x", "12x"."""
+    return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:.0f}x"
+
+
+def bar_cells(owners: list, fill: list[float], c: int, end: int, selected: bool,
+              styles: dict, dark: bool) -> tuple[str, str]:
+    """(text, style) of the bar of event owners[c] over columns c..end: its op's
+    name when it fits, else cells shaded by how busy each column was."""
+    owner, width, n = owners[c], len(owners), end - c + 1
+    color = bar_style = palette.bar_color(owner["op"], dark)
+    if selected:
+        bar_style = styles["sel"]
+    if n >= len(owner["op"]) + 2:
+        ink = "black" if dark else "white"
+        return (" " + owner["op"]).ljust(n), \
+            styles["sel"] if selected else f"bold {ink} on {color}"
+    body = "".join(shade(fill[k]) for k in range(c, end + 1))
+    # The last cell of a full bar followed by another bar: a half block, so
+    # neighbours of the same color stay two bars.
+    if n > 1 and end + 1 < width and owners[end + 1] is not None and body[-1] == "█":
+        body = body[:-1] + "▌"
+    return body, bar_style
+
+
+def time_axis(start: float, t0: float, per_col: float, width: int) -> str:
+    """The time axis of `width` columns from time `start` of a run begun at `t0`:
+    a tick label every ~12 columns."""
+    axis = [" "] * width
+    col = 0
+    while col < width - 6:
+        label = "┊" + fmt_time(max(0.0, start + col * per_col - t0))
+        for k, ch in enumerate(label):
+            if col + k < width:
+                axis[col + k] = ch
+        col += max(len(label) + 2, 12)
+    return "".join(axis)
 
 
 def shade(fill: float) -> str:
