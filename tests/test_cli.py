@@ -472,21 +472,24 @@ def _record_copy(tmp_path: Path) -> Path:
     ('{"a": 1}\n', "not a TinyFlow debug record"),
     ('{"format": "tinyflow.debugrecord", "version": 1', "the file is truncated"),
 ])
-def test_debug_of_a_file_that_is_not_a_record_is_a_cli_error(viz_calls, tmp_path, capsys,
-                                                             content, message):
+def test_debug_of_a_file_that_is_not_a_record_is_one_line_before_the_screen(
+        tmp_path, capsys, monkeypatch, content, message):
     # It opened the full-screen debugger, which said "Cannot open this record ...
-    # Press q to quit", while a missing file was a one-line error.
+    # Press q to quit", while a missing file was a one-line error. viz reads the
+    # record before its app starts (once: the CLI does not read it first).
+    import viz.app
+    from viz import __main__ as viz_main
+    monkeypatch.setenv("VIZ_PROG", "tinyflow")
+    monkeypatch.setattr(viz.app, "DebuggerApp",
+                        lambda *a, **k: pytest.fail("the debugger's screen opened"))
     bad = tmp_path / "bad.json"
     bad.write_text(content)
     good = str(_record_copy(tmp_path))
-    for argv in (["debug", str(bad)], ["debug", good, str(bad)]):
-        with pytest.raises(SystemExit) as stop:
-            cli.main(argv)
-        assert stop.value.code == 2
+    for argv in ([str(bad)], [good, str(bad)]):
+        assert viz_main.main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"tinyflow: error: {bad}: ") and message in err, err
         assert err.count("\n") == 1
-    assert viz_calls == []  # refused before the debugger started
 
 
 def test_debug_follow_still_waits_for_a_record_not_written_yet(viz_calls, tmp_path, capsys):

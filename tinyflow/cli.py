@@ -309,20 +309,6 @@ def _need_file(path: str) -> None:
         raise CommandError(f"{path} is not a regular file (a FIFO, device or socket)")
 
 
-def _need_record(path: str) -> None:
-    """Refuse (CommandError) an input `path` that is not a readable DebugRecord, with
-    the reason `tinyflow.trace.load` gives (not JSON, not a record, truncated, a
-    malformed field by its JSON path): the debugger would otherwise start, full
-    screen, only to say so. The file is read twice (here, then by the debugger), about
-    a second for a 20 MB record, the price of failing before the screen changes."""
-    _need_file(path)
-    from tinyflow import trace
-    try:
-        trace.load(path)
-    except trace.RecordError as err:
-        raise CommandError(str(err)) from None
-
-
 def _need_followable(path: str) -> None:
     """`debug --follow FILE`: FILE may not exist yet (the run has not started) or be
     half written, and the debugger waits for it; only what can never become a record
@@ -444,10 +430,10 @@ def _debug_files(args: argparse.Namespace) -> int:
     if args.file.endswith(".onnx"):
         _need_file(args.file)
         return _debug_onnx(args)
-    _need_viz()   # said first: without it, no record can be opened anyway
     for path in (args.file, args.other):
         if path is not None:
-            _need_record(path)
+            _need_file(path)
+    # (a file that is not a record: viz says so in one line before its screen opens)
     return _viz([args.file, *([args.other] if args.other else []), *_view_options(args)])
 
 

@@ -7,7 +7,8 @@
     python -m viz diff A B                 # the comparison as text
 
 Exit status: 0 on success, 1 when a record could not be opened or exported
-(the message says why), 2 for a wrong command line. Messages name the command the
+(the message says why), 2 for a wrong command line or a FILE that is not a
+DebugRecord (said in one line, before the debugger's screen opens). Messages name the command the
 user typed: `tinyflow` sets VIZ_PROG=tinyflow when it runs this module.
 """
 
@@ -77,9 +78,19 @@ def main(argv: list[str] | None = None) -> int:
         if path and not args.follow and not os.path.exists(path):
             print(f"{prog}: {path}: no such file", file=sys.stderr)
             return 1
+    records: list[dict | None] = [None, None]
+    if not args.follow:
+        # Read here, once, rather than in the app: a file that is not a record is then
+        # one line, as a missing one is, not a full screen saying so.
+        from tinyflow import trace
+        try:
+            records = [trace.load(path) if path else None for path in (args.file, args.other)]
+        except trace.RecordError as err:
+            print(f"{prog}: error: {err}", file=sys.stderr)
+            return 2
     from viz.app import DebuggerApp
-    app = DebuggerApp(args.file, view=args.view, theme=args.theme, follow=args.follow,
-                      other=args.other)
+    app = DebuggerApp(args.file, record=records[0], view=args.view, theme=args.theme,
+                      follow=args.follow, other=args.other, other_record=records[1])
     app.run()
     if app.error:
         print(f"{prog}: {app.error}", file=sys.stderr)

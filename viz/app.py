@@ -197,13 +197,14 @@ class DebuggerApp(App):
 
     def __init__(self, path: str | None = None, record: dict | None = None,
                  view: str = "graph", theme: str | None = None, follow: bool = False,
-                 other: str | dict | None = None) -> None:
+                 other: str | dict | None = None, other_record: dict | None = None) -> None:
         super().__init__()
         if view not in VIEWS:
             raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
         self.path = path
         self._record = record
         self._other_source = other
+        self._other_record = other_record   # B's contents, when `other` is its path, read
         self.follow = follow
         self.reader: trace.LiveReader | None = None
         self.first_view = "compare" if other is not None and view == "graph" else view
@@ -297,8 +298,10 @@ class DebuggerApp(App):
             record = trace.load(self.path)
         model = RecordModel(record, self.path or "")
         if self._other_source is not None:
-            other = self._other_source if isinstance(self._other_source, dict) \
-                else trace.load(self._other_source)
+            other = self._other_record
+            if other is None:
+                other = self._other_source if isinstance(self._other_source, dict) \
+                    else trace.load(self._other_source)
             trace.validate(other)
             self.other = RecordModel(other, other_name(self._other_source))
         # Warm the indexes the first screen needs, here rather than in the UI.
