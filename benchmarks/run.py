@@ -181,7 +181,7 @@ def json_safe(rows: list[dict]) -> list[dict]:
              for k, v in row.items()} for row in rows]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few runs")
     parser.add_argument("--only", metavar="NAME", nargs="+",
@@ -194,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
                              "as JSON to OUT")
     parser.add_argument("--threads", type=int,
                         help="BLAS/OpenMP threads for every library (default 1)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        os.environ["TINYFLOW_BENCH_THREADS"] = str(args.threads)
-    # The repository root on sys.path, so modules import `tinyflow` uninstalled too.
-    sys.path.insert(0, str(BENCH_DIR.parent))
+    return parser.parse_args(argv)
 
+
+def collect(args: argparse.Namespace) -> tuple[list[dict], dict[str, float]] | None:
+    """Every figure the chosen modules give (one row per name) and each module's
+    seconds; None when an --only NAME matches nothing."""
     all_paths = discover()
     rows: list[dict] = []
     seconds: dict[str, float] = {}
@@ -215,9 +215,22 @@ def main(argv: list[str] | None = None) -> int:
             seconds[module_name(path)] = round(took, 2)
         if only and not found:
             print(f"no benchmark module or figure matches {only!r}", file=sys.stderr)
-            return 1
+            return None
         known = {r["name"] for r in rows}
         rows += [r for r in found if r["name"] not in known]
+    return rows, seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        os.environ["TINYFLOW_BENCH_THREADS"] = str(args.threads)
+    # The repository root on sys.path, so modules import `tinyflow` uninstalled too.
+    sys.path.insert(0, str(BENCH_DIR.parent))
+    collected = collect(args)
+    if collected is None:
+        return 1
+    rows, seconds = collected
     if args.json:
         print(json.dumps({r["name"]: r["value"] for r in json_safe(rows)}))
     else:

@@ -340,17 +340,39 @@ def one_rank_weights(model, data, args):
     return _flat(sess.variables[p] for p in model["params"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def communicators(args):
+    """The ranks and whether `tinyflow launch` started them (one per process);
+    otherwise all of them here, as threads."""
     comms = [] if args.threads else [init_communicator(args.timeout)]
     launched = bool(comms) and comms[0].size > 1
     if not launched:  # not under `tinyflow launch`: ranks as threads
         comms = ThreadTransport.group_of(args.threads or 4, args.timeout)
+    return comms, launched
+
+
+def model_and_data(args):
     if args.model == "charlm":
         model = build_charlm_model()
-        data = model["data"]
-    else:
-        data, model = load_digits(), build_model(args.hidden)
+        return model, model["data"]
+    data = load_digits()
+    return build_model(args.hidden), data
+
+
+def save_trace(comms, sessions, results, args):
+    """One record of every rank's timeline, and what each rank keeps between steps."""
+    held = {c.rank: {v.name: tf.backend.to_host(a)
+                     for v, a in sessions[c.rank].variables_in_use().items()}
+            for c in comms}
+    record = scheme_record([e for r in results for e in r[1]],
+                           f"{args.scheme} on {comms[0].size} ranks", held=held)
+    tf.trace.save(record, args.trace)
+    print(f"trace={args.trace}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    comms, launched = communicators(args)
+    model, data = model_and_data(args)
     init = tf.global_variables_initializer()  # the weights: a pipeline stage picks its own
     runners = {c.rank: make_runner(model, c, args, init) for c in comms}
     init_all = tf.global_variables_initializer()  # and the optimizer slots the runners made
@@ -368,13 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     flat, events, seconds = mine
     report(model, flat, data, args, seconds, comms[0].size)
     if args.trace and not launched:
-        held = {c.rank: {v.name: tf.backend.to_host(a)   # what each rank keeps between
-                         for v, a in sessions[c.rank].variables_in_use().items()}  # steps
-                for c in comms}
-        record = scheme_record([e for r in results for e in r[1]],
-                               f"{args.scheme} on {comms[0].size} ranks", held=held)
-        tf.trace.save(record, args.trace)
-        print(f"trace={args.trace}")
+        save_trace(comms, sessions, results, args)
     if args.check:
         reference = one_rank_weights(model, data, args)
         diff = np.max(np.abs(flat - reference) / (np.abs(reference) + 1e-12))
