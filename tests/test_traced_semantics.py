@@ -227,5 +227,69 @@ def test_a_decorated_method_gets_its_instance():
     assert model.forward(x).item() == 11.0
     assert Model(2.0).forward(x).item() == 22.0
     model.forward(x)
-    assert "2 trace(s)" in model.forward.explain()   # one per instance
+    assert "1 trace(s)" in model.forward.explain()   # its own traces, kept with it
     assert isinstance(Model.forward, tf.function(lambda: None).__class__)
+
+
+def test_a_method_of_an_unhashable_instance_is_traced_and_freed_with_it():
+    # The instance was a Python value of each call, in the cache key: a dataclass
+    # (unhashable) was refused, and the cache kept every instance alive.
+    import gc
+    import weakref
+
+    @dataclasses.dataclass
+    class Scale:
+        w: object
+
+        @tf.function
+        def __call__(self, x):
+            return self.w * x
+
+    scale = Scale(eager.tensor(np.array([2.0])))
+    np.testing.assert_array_equal(scale(eager.tensor(np.array([3.0]))).numpy(), [6.0])
+    gone = weakref.ref(scale)
+    del scale
+    gc.collect()
+    assert gone() is None
+
+
+def test_nested_arguments_are_named_by_their_place_in_messages():
+    @tf.function
+    def f(pair):
+        return pair[0] * 2.0
+
+    a = eager.tensor(np.ones(2))
+    f((a, a))
+    f((a, eager.tensor(np.ones(2))))
+    assert "argument 0[1] is ((2,), '<f8', False, True); traced for the same as " \
+        "argument 0[0]" in f.explain()
+    f([a, a])
+    assert "the arguments are (list(x, x)); traced for (tuple(x, x))" in f.explain()
+
+    @tf.function
+    def write(pair):
+        pair[1].add_(1.0)
+
+    with pytest.raises(EagerError, match=r"into argument 0\[1\], a numpy array"):
+        write((a, np.ones(2)))
+
+
+def test_dicts_are_opened_and_other_tuple_subclasses_are_values():
+    class Pair(tuple):
+        def __new__(cls, a, b):
+            return super().__new__(cls, (a, b))
+
+    @tf.function
+    def f(weights, pair):
+        return {"y": weights["w"] * float(pair[0])}
+
+    out = f({"w": eager.tensor(np.array([1.5]))}, Pair(2, 3))
+    np.testing.assert_array_equal(out["y"].numpy(), [3.0])
+    f({"w": eager.tensor(np.array([2.5]))}, Pair(2, 3))
+    assert len(f.traces) == 1
+
+
+def test_session_run_gives_a_namedtuple_back_too():
+    x = tf.constant(2.0)
+    got = tf.Session().run(Out(x, x * 3.0))
+    assert type(got) is Out and got.logits == 6.0

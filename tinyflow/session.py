@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyflow import nest
 from tinyflow.errors import ArgumentError
 from tinyflow.executor import DEBUG_HOOKS, Program, check_feed, compile, validate_options
 from tinyflow.graph import OPERATOR_BUILDERS, FeedError, Node, TinyFlowError
@@ -83,7 +84,13 @@ class Session:
     def run(self, fetches: Any, feed_dict: dict | None = None) -> Any:
         """Evaluate `fetches` (a node, or a list/tuple/dict of them) given feeds."""
         flat: list[Node] = []
-        structure = _flatten(fetches, flat)
+        structure = nest.flatten(fetches, flat)
+        for fetch in flat:
+            if not isinstance(fetch, Node):
+                # ArgumentError is a TypeError too: code that caught the TypeError
+                # this once was still catches it.
+                raise ArgumentError(f"Session.run: cannot fetch {_describe(fetch)}: fetch "
+                                    "graph nodes, or lists/tuples/dicts of them")
         if feed_dict is not None and not isinstance(feed_dict, dict):
             raise FeedError(f"feed_dict must be a dict {{placeholder: value}}, got a "
                             f"{type(feed_dict).__name__}")
@@ -107,7 +114,7 @@ class Session:
                 recorder.add_run(program)
         # Running an op for its effect (tf.group) gives None, as in TF1.
         results = [None if REGISTRY[n.op].effect_only else r for n, r in zip(flat, results)]
-        return _unflatten(structure, iter(results))
+        return nest.unflatten(structure, iter(results))
 
     def program_for(self, fetches: list[Node], feeds: dict[Node, np.ndarray],
                     extra_options: dict | None = None) -> Program:
@@ -243,21 +250,6 @@ def _eval(node: Node, feed_dict: dict | None = None, session: Session | None = N
 OPERATOR_BUILDERS["eval"] = _eval     # graph.Node.eval
 
 
-def _flatten(fetches: Any, out: list[Node]) -> Any:
-    """Record the nesting of `fetches` and collect its nodes into `out`."""
-    if isinstance(fetches, Node):
-        out.append(fetches)
-        return None
-    if isinstance(fetches, dict):
-        return ("dict", {k: _flatten(v, out) for k, v in fetches.items()})
-    if isinstance(fetches, (list, tuple)):
-        return (type(fetches).__name__, [_flatten(v, out) for v in fetches])
-    # ArgumentError is a TypeError too: code that caught the TypeError this once was
-    # still catches it.
-    raise ArgumentError(f"Session.run: cannot fetch {_describe(fetches)}: fetch graph "
-                        "nodes, or lists/tuples/dicts of them")
-
-
 def _describe(value: Any) -> str:
     """A short description of a fetch that is not a node, for an error message: an
     array by its shape (its repr could be megabytes), anything else by its repr."""
@@ -270,11 +262,3 @@ def _describe(value: Any) -> str:
     return text
 
 
-def _unflatten(structure: Any, results) -> Any:
-    if structure is None:
-        return next(results)
-    kind, inner = structure
-    if kind == "dict":
-        return {k: _unflatten(v, results) for k, v in inner.items()}
-    items = [_unflatten(v, results) for v in inner]
-    return tuple(items) if kind == "tuple" else items

@@ -34,13 +34,13 @@ import functools
 import inspect
 import math
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tinyflow import api, ops, shape_ops
+from tinyflow import api, nest, ops, shape_ops
 from tinyflow.allocator import CachingAllocator
 from tinyflow.eager import (SECOND_BACKWARD, EagerError, GraphBreak, Tensor, _mode, _wrap,
                             check_implicit_seed, check_seed_shape, set_allocator)
@@ -86,6 +86,7 @@ class _Trace:
         # is args[index].grad at each call (the trace-time argument gives shapes).
         self.argument_index: dict[int, int] = {}    # id(argument stand-in) -> index
         self.args: tuple = ()                       # the call being traced (Function._trace)
+        self.paths: list[str] = []                  # each argument's name in messages
         # Nodes with no history in eager terms (made under no_grad, or written in
         # place), and the stop_gradient put in front of each (see input_of).
         self.no_history: dict[int, Node] = {}
@@ -189,7 +190,7 @@ class _Trace:
             index = self.argument_index[id(stand_in)]
             real = self.args[index]
             if isinstance(real, Tensor) and real.requires_grad and not real.is_leaf:
-                found[id(stand_in.node)] = f"argument {index}, a Tensor with a history"
+                found[id(stand_in.node)] = f"{self.paths[index]}, a Tensor with a history"
         return found
 
     def grad_key(self, t: Tensor) -> Tensor | None:
@@ -395,6 +396,7 @@ class _Concrete:
     grads_read: list[Tensor | int]              # Tensors (arguments) whose .grad it read
     outside: list[Tensor]                       # Tensors it used from outside
     outside_flags: list[tuple[Tensor, bool]]    # their requires_grad when first read
+    paths: list[str]                            # each argument's name in messages
 
     def guards_hold(self, args: tuple) -> str | None:
         """None when this trace fits the world as it is now, else why not."""
@@ -409,8 +411,8 @@ class _Concrete:
                        f"now, {flag} when traced"
         for index, t, same in self.identities:
             if (args[index] is t) != same:
-                return (f"argument {index} is {'no longer' if same else 'now'} a Tensor "
-                        "the function also uses from outside")
+                return (f"{self.paths[index]} is {'no longer' if same else 'now'} a "
+                        "Tensor the function also uses from outside")
         if self.grads_read:   # no .grad it reads may be reachable under another name
             grads = {id((args[t] if isinstance(t, int) else t)._grad) for t in self.grads_read}
             if any(id(x) in grads for x in [*args, *self.outside]):
@@ -436,12 +438,23 @@ class Function:
         self.breaks: list[str] = []
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        """A decorated method: `model.step(x)` calls the function with `model` first
-        (a Python value of the trace: the Tensors it holds are read from outside, on
-        every call), as tf.function and torch.compile bind methods."""
+        """A decorated method: `model.step` is a Function of its own for each instance,
+        of the method bound to it (kept in the instance's __dict__, so it lives and
+        dies with the instance), as tf.function binds methods; the Tensors the
+        instance holds are read from outside, on every call. An instance without a
+        __dict__ (__slots__) is passed as a Python value of each call instead."""
         if instance is None:
             return self
-        return types.MethodType(self, instance)   # (model.step.explain() reaches us)
+        try:
+            state = vars(instance)
+        except TypeError:
+            return types.MethodType(self, instance)
+        slot = f"_tf_function_{id(self)}"   # (this Function's: an override has another)
+        bound = state.get(slot)
+        if bound is None:
+            bound = state[slot] = Function(types.MethodType(self.fn, instance),
+                                           **self.compile_options)
+        return bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _mode.tracer is not None:
@@ -450,15 +463,10 @@ class Function:
             return self.fn(*args, **kwargs)
         if kwargs:
             args = self._positional(args, kwargs)
-        self._bind(args, {})   # (the call's arity, said plainly, before it is traced)
-        # Tuples and lists are opened (JAX's pytrees, TF2's nests): each Tensor in them
-        # is an input of its own, not a Python value keyed by its identity.
-        leaves: list = []
-        nesting = tuple(_flatten(arg, leaves) for arg in args)
-        flat = tuple(leaves)
-        key = _call_signature(flat)
-        if any(n is not None for n in nesting):
-            key += (("nesting", nesting),)
+        flat, nesting, key = args, None, _call_signature(args)
+        if key is None:   # a list, tuple or dict among the arguments: opened
+            flat, nesting = _open_arguments(args)
+            key = _call_signature(flat, nesting)
         reason = "first call"
         for concrete in self.cache.get(key, []):
             reason = concrete.guards_hold(flat)
@@ -466,6 +474,8 @@ class Function:
                 return self._run(concrete, flat)
         if key not in self.cache and self.cache:
             reason = _why_new(key, list(self.cache))
+        if not kwargs:   # (a miss only: the call's arity, said plainly, before tracing)
+            self._bind(args, {})
         concrete = self._trace(flat, key, nesting)
         self.traces.append({"signature": key, "reason": reason, "nodes": concrete.nodes})
         self.cache.setdefault(key, []).append(concrete)
@@ -498,10 +508,11 @@ class Function:
         bound.apply_defaults()    # (keyword-only defaults stay the function's own)
         return bound.args
 
-    def _trace(self, args: tuple, key: tuple, nesting: tuple) -> _Concrete:
+    def _trace(self, args: tuple, key: tuple, nesting: tuple | None) -> _Concrete:
         from tinyflow.executor import compile as compile_graph
         trace = _Trace()
         trace.args = args
+        trace.paths = _leaf_paths(nesting, len(args))
         symbolic, arg_slots = [], []
         for index, arg in enumerate(args):
             if id(arg) in trace.arguments:     # the same Tensor again: one stand-in
@@ -518,8 +529,10 @@ class Function:
                     trace.leaves[id(value)] = value   # backward in the trace reaches it
             else:
                 symbolic.append(arg)
-        values = iter(symbolic)
-        call_args = [_unflatten(n, values) for n in nesting]
+        call_args = symbolic
+        if nesting is not None:
+            values = iter(symbolic)
+            call_args = [nest.unflatten(n, values) for n in nesting]
         before, _mode.tracer = _mode.tracer, trace
         try:
             result = self.fn(*call_args)
@@ -551,7 +564,8 @@ class Function:
         return _Concrete(program, arg_slots, list(trace.captures.values()), outputs,
                          grad_writes, writes, list(trace.grad_guards.values()), nodes,
                          _identities(args, trace), trace.flags, trace.grads_read(),
-                         list(trace.outside.values()), list(trace.outside_flags.values()))
+                         list(trace.outside.values()), list(trace.outside_flags.values()),
+                         trace.paths)
 
     def _run(self, concrete: _Concrete, args: tuple) -> Any:
         values: list = []
@@ -578,7 +592,7 @@ class Function:
         """What was traced, how often and why; graph breaks with their lines."""
         lines = [f"{self.__name__}: {len(self.traces)} trace(s)"]
         for i, entry in enumerate(self.traces):
-            shapes = ", ".join(_describe(s) for s in entry["signature"])
+            shapes = _signature_text(entry["signature"])
             lines.append(f"  trace {i}: {entry['reason']}; inputs ({shapes}); "
                          f"{entry['nodes']} nodes after the passes")
         for message in self.breaks:
@@ -626,20 +640,65 @@ def _grad_alias_error(t: Tensor) -> EagerError:
         "call the function eagerly")
 
 
-def _call_signature(args: tuple) -> tuple:
-    """The cache key of a call: each argument's signature, or, for a Tensor passed
-    again, which argument it is the same as (writes through one name must show
-    through the other, so such a call is traced on its own)."""
+def _open_arguments(args: tuple) -> tuple[tuple, tuple]:
+    """The call's leaves (nest.flatten: each Tensor in a list, tuple or dict is an
+    input of its own, as in JAX's pytrees and TF2's nests, not a Python value keyed
+    by its identity) and how they nest."""
+    leaves: list = []
+    nesting = tuple(nest.flatten(arg, leaves) for arg in args)
+    return tuple(leaves), nesting
+
+
+def _leaf_paths(nesting: tuple | None, count: int) -> list[str]:
+    """Each leaf's name in messages: "argument 1", or "argument 1[0]" in a tuple."""
+    if nesting is None:
+        return [f"argument {i}" for i in range(count)]
+    return [path for i, n in enumerate(nesting) for path in nest.paths(n, f"argument {i}")]
+
+
+def _call_signature(args: tuple, nesting: tuple | None = None) -> tuple | None:
+    """The cache key of a call: each leaf's signature, or, for a Tensor passed
+    again, ("alias", the leaf it is the same as) (writes through one name must show
+    through the other, so such a call is traced on its own); then the nesting, if
+    any. None when an argument is a container to open (`_open_arguments`)."""
     first: dict[int, int] = {}
     key = []
     for index, arg in enumerate(args):
         if isinstance(arg, (Tensor, np.ndarray)):
             seen = first.setdefault(id(arg), index)
             if seen != index:
-                key.append(("tensor", f"the same as argument {seen}"))
+                key.append(("alias", seen))
                 continue
+        elif nest.opens(arg):
+            return None
         key.append(_signature(arg))
+    if nesting is not None:
+        key.append(("nesting", nesting))
     return tuple(key)
+
+
+def _split_key(key: tuple) -> tuple[tuple, tuple | None]:
+    """A cache key as (the leaves' signatures, the nesting or None)."""
+    if key and key[-1][0] == "nesting":
+        return key[:-1], key[-1][1]
+    return key, None
+
+
+def _entry_text(entry: tuple, paths: list[str]) -> str:
+    if entry[0] == "alias":
+        return f"the same as {paths[entry[1]]}"
+    return str(entry[1:])
+
+
+def _signature_text(key: tuple) -> str:
+    """A cache key as `explain` prints it."""
+    leaves, nesting = _split_key(key)
+    paths = _leaf_paths(nesting, len(leaves))
+    text = ", ".join(_entry_text(entry, paths) if entry[0] == "alias" else str(entry)
+                     for entry in leaves)
+    if nesting is not None:
+        text += ", arguments nested as " + ", ".join(map(nest.describe, nesting))
+    return text
 
 
 def _identities(args: tuple, trace: _Trace) -> list[tuple[int, Tensor, bool]]:
@@ -681,12 +740,21 @@ def _exact(value: Any) -> Any:
 
 def _why_new(key: tuple, seen: list[tuple]) -> str:
     """Name the first argument that differs from the closest signature seen."""
-    closest = seen[-1]
-    if len(key) != len(closest):
-        return f"called with {len(key)} arguments, traced with {len(closest)}"
-    for index, (now, then) in enumerate(zip(key, closest)):
+    (now_leaves, now_nesting), (then_leaves, then_nesting) = _split_key(key), \
+        _split_key(seen[-1])
+    if now_nesting != then_nesting:
+        def shape(leaves: tuple, nesting: tuple | None) -> str:
+            parts = ["x"] * len(leaves) if nesting is None else map(nest.describe, nesting)
+            return ", ".join(parts)
+        return (f"the arguments are ({shape(now_leaves, now_nesting)}); traced for "
+                f"({shape(then_leaves, then_nesting)})")
+    if len(now_leaves) != len(then_leaves):
+        return f"called with {len(now_leaves)} arguments, traced with {len(then_leaves)}"
+    paths = _leaf_paths(now_nesting, len(now_leaves))
+    for index, (now, then) in enumerate(zip(now_leaves, then_leaves)):
         if now != then:
-            return f"argument {index} is {now[1:]}; traced for {then[1:]}"
+            return (f"{paths[index]} is {_entry_text(now, paths)}; traced for "
+                    f"{_entry_text(then, paths)}")
     return "new signature"
 
 
@@ -709,73 +777,37 @@ def _write_target(t: Tensor, args: tuple, trace: _Trace) -> Any:
     if index is None:
         return None
     if not isinstance(args[index], Tensor):
-        raise EagerError(f"the traced function writes in place into argument {index}, "
+        raise EagerError(f"the traced function writes in place into {trace.paths[index]}, "
                          "a numpy array; pass an eager Tensor (eager.tensor) to have "
                          "it updated")
     return index
 
 
-def _flatten(value: Any, leaves: list) -> Any:
-    """The nesting of `value`, its tuples and lists opened and each leaf appended
-    to `leaves`, left to right: None for a leaf, else (the container's type, the
-    nestings of its items)."""
-    if isinstance(value, (tuple, list)):
-        return (type(value), tuple(_flatten(item, leaves) for item in value))
-    leaves.append(value)
-    return None
-
-
-def _describe(entry: tuple) -> str:
-    """One entry of a call's signature as `explain` prints it: an argument's, or
-    how its tuples and lists nest (x for each Tensor or value in them)."""
-    if entry[0] != "nesting":
-        return str(entry)
-
-    def nest(n: Any) -> str:
-        return "x" if n is None else f"{n[0].__name__}({', '.join(map(nest, n[1]))})"
-    return "arguments nested as " + ", ".join(map(nest, entry[1]))
-
-
-def _unflatten(nesting: Any, leaves: Iterator) -> Any:
-    """The value `_flatten` opened, rebuilt from `nesting` with the next leaves."""
-    if nesting is None:
-        return next(leaves)
-    kind, items = nesting
-    values = [_unflatten(item, leaves) for item in items]
-    return _container(kind, values)
-
-
-def _container(kind: type, items: list) -> Any:
-    """A list, a tuple, or a namedtuple (whose fields are its arguments) of `items`."""
-    if kind is list:
-        return items
-    return kind(*items) if hasattr(kind, "_fields") else kind(items)
-
-
 def _collect(result: Any, fetches: list[Node], node_of: Callable[[Tensor], Node]) -> Any:
-    """The result's structure, symbolic Tensors replaced by their fetch index (the
-    node `node_of` gives: the latest in-place write, if any). Tuples (namedtuples
-    too), lists and dicts are opened; any other object holding a traced Tensor is
-    an error: it would keep the trace's stand-in, the same on every call."""
-    if isinstance(result, Tensor):
-        if result.node is None:
-            return ("value", result)
-        fetches.append(node_of(result))
-        kind = "fetch with history" if result.requires_grad else "fetch"
-        return (kind, len(fetches) - 1)
-    if isinstance(result, (list, tuple)):
-        return (type(result), [_collect(r, fetches, node_of) for r in result])
-    if isinstance(result, dict):
-        return ("dict", {k: _collect(v, fetches, node_of) for k, v in result.items()})
-    held = vars(result).values() if hasattr(result, "__dict__") else ()
-    if any(isinstance(v, Tensor) and v.node is not None for v in held):
-        raise EagerError(f"a traced function returned a {type(result).__name__} holding a "
-                         "traced Tensor; return Tensors in a tuple, list, namedtuple or "
-                         "dict (their values come back on every call)")
-    return ("value", result)
+    """The result as (its nesting, each leaf's part): a symbolic Tensor is
+    ("fetch", index) of the node `node_of` gives (the latest in-place write, if any),
+    or ("fetch with history", index) when it required grad; anything else is
+    ("value", the leaf), kept as it is. An object holding a traced Tensor is an
+    error: it would keep the trace's stand-in, the same on every call."""
+    leaves: list = []
+    nesting = nest.flatten(result, leaves)
+    parts = []
+    for leaf in leaves:
+        if isinstance(leaf, Tensor) and leaf.node is not None:
+            fetches.append(node_of(leaf))
+            kind = "fetch with history" if leaf.requires_grad else "fetch"
+            parts.append((kind, len(fetches) - 1))
+            continue
+        held = vars(leaf).values() if hasattr(leaf, "__dict__") else ()
+        if any(isinstance(v, Tensor) and v.node is not None for v in held):
+            raise EagerError(f"a traced function returned a {type(leaf).__name__} holding "
+                             "a traced Tensor; return Tensors in a tuple, list, namedtuple "
+                             "or dict (their values come back on every call)")
+        parts.append(("value", leaf))
+    return nesting, parts
 
 
-def _rebuild(structure: Any, values: list, name: str) -> Any:
+def _rebuild(outputs: Any, values: list, name: str) -> Any:
     """The result as the function returned it, each fetch a new Tensor of its value.
 
     A result that required grad in the trace requires grad here too, as eager's
@@ -783,24 +815,24 @@ def _rebuild(structure: Any, values: list, name: str) -> Any:
     opaque, so a backward that reaches it is an error, not a gradient that silently
     misses every path through the function (torch.compile differentiates through
     its graphs; tf.function's results are used with a GradientTape around the call)."""
-    kind, inner = structure
-    if kind == "fetch":
-        return Tensor(values[inner])
-    if kind == "fetch with history":
-        result = Tensor(values[inner])
-        if _mode.grad_enabled:
-            result.requires_grad, result._op = True, "tf.function"   # (not a leaf)
-            result._opaque = (
-                f"the result of a call of tf.function {name}: the compiled program "
-                "keeps no tape for eager backward; call backward inside "
-                "the function (it writes the .grad of what it reads), or call the "
-                "function eagerly")
-        return result
-    if kind == "value":
-        return inner
-    if kind == "dict":
-        return {k: _rebuild(v, values, name) for k, v in inner.items()}
-    return _container(kind, [_rebuild(v, values, name) for v in inner])
+    nesting, parts = outputs
+    if nesting is None:   # one result, the common case (a comprehension costs a call)
+        kind, inner = parts[0]
+        return inner if kind == "value" else _result_tensor(values[inner], kind, name)
+    leaves = [inner if kind == "value" else _result_tensor(values[inner], kind, name)
+              for kind, inner in parts]
+    return nest.unflatten(nesting, iter(leaves))
+
+
+def _result_tensor(value: np.ndarray, kind: str, name: str) -> Tensor:
+    result = Tensor(value)
+    if kind == "fetch with history" and _mode.grad_enabled:
+        result.requires_grad, result._op = True, "tf.function"   # (not a leaf)
+        result._opaque = (
+            f"the result of a call of tf.function {name}: the compiled program keeps no "
+            "tape for eager backward; call backward inside the function (it writes the "
+            ".grad of what it reads), or call the function eagerly")
+    return result
 
 
 # ----------------------------------------------------------------------------------
