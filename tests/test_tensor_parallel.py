@@ -3,6 +3,8 @@ graph rewrite with reasons; same weights as one rank; bytes per step as in theor
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -216,3 +218,136 @@ def test_a_reshape_that_mixes_the_split_axis_is_refused():
     tp.split_column(w)
     with pytest.raises(TinyFlowError, match=r"reshape 6x8 -> 8x6 mixes the split axis 1"):
         tp.apply(out)
+
+
+# ----------------------------------------------------------------------------------
+# Transposed operands, split weights read elsewhere, transposes with default axes
+# ----------------------------------------------------------------------------------
+
+T_IN, T_HID, T_OUT, T_BATCH = 5, 8, 3, 6
+
+
+def serial_and_split(ranks, loss, params, mark, feed):
+    """The loss and the weights after one SGD step, serial and on each of `ranks`
+    ranks (weights gathered back): [(loss, weights)] with the serial one first."""
+    single = tf.train.SGD(0.5).minimize(loss, params)
+    comms = ThreadTransport.group_of(ranks, timeout=20)
+    tps, locals_, trains = [], [], []
+    for comm in comms:
+        tp = TensorParallel(comm)
+        mark(tp)
+        locals_.append(tp.apply(loss))
+        mine = [tp.shards[id(p)][1] if id(p) in tp.shards else p for p in params]
+        trains.append(tf.train.SGD(0.5).minimize(locals_[-1], mine))
+        tps.append(tp)
+    init = tf.global_variables_initializer()
+    sess = tf.Session()
+    sess.run(init)
+    serial_loss = sess.run(loss, feed)
+    sess.run(single, feed)
+    serial = [(serial_loss, sess.run(params))]
+
+    def rank(comm):
+        sess = tf.Session()
+        sess.run(init)
+        tps[comm.rank].shard(sess)
+        value = sess.run(locals_[comm.rank], feed)
+        sess.run(trains[comm.rank], feed)
+        return value, tps[comm.rank].gather_variables(sess, params)
+
+    return serial + run_threads(comms, rank)
+
+
+def build_transposed(ta1, tb1, ta2, tb2, sizes=(T_IN, T_HID, T_OUT), seed=5):
+    """An MLP block whose matmuls read x, h and the weights transposed as the flags
+    say (a transposed weight is stored out x in, as torch.nn.Linear stores it)."""
+    rng = np.random.default_rng(seed)
+    n_in, hidden, n_out = sizes
+    x = tf.placeholder(tf.float64, (n_in, T_BATCH) if ta1 else (T_BATCH, n_in))
+    y = tf.placeholder(tf.int64, (T_BATCH,))
+    w1 = tf.Variable(rng.standard_normal((hidden, n_in) if tb1 else (n_in, hidden)) * 0.5,
+                     dtype=tf.float64, name="t_w1")
+    b1 = tf.Variable(rng.standard_normal(hidden) * 0.1, dtype=tf.float64, name="t_b1")
+    w2 = tf.Variable(rng.standard_normal((n_out, hidden) if tb2 else (hidden, n_out)) * 0.4,
+                     dtype=tf.float64, name="t_w2")
+    h = tf.nn.tanh(tf.matmul(x, w1, transpose_a=ta1, transpose_b=tb1) + b1)
+    if ta2:  # (hidden, B): the slice moves to axis 0, the one transpose_a sums over
+        h = tf.transpose(h, (1, 0))
+    logits = tf.matmul(h, w2, transpose_a=ta2, transpose_b=tb2)
+    loss = tf.nn.mean_sparse_softmax_cross_entropy_with_logits(logits, y)
+    feed = {x: rng.standard_normal(x.shape), y: rng.integers(0, n_out, T_BATCH)}
+    return loss, [w1, b1, w2], feed
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+@pytest.mark.parametrize("flags", [(0, 0, 0, 0), (0, 1, 0, 1), (1, 0, 1, 0), (1, 1, 1, 1),
+                                   (0, 1, 0, 0), (1, 0, 0, 1)],
+                         ids=lambda f: "ta{}tb{}-ta{}tb{}".format(*f))
+# Distinct sizes: a cut on the wrong axis fails to build. Square ones: it builds and
+# silently computes another model (as it did before transposes were handled).
+@pytest.mark.parametrize("sizes", [(T_IN, T_HID, T_OUT), (8, 8, 8)],
+                         ids=["distinct", "square"])
+def test_transposed_operands_match_serial(ranks, flags, sizes):
+    """Forward and one SGD step on 1, 2 and 4 ranks equal the serial program's, with
+    transpose_a/transpose_b on the column-split and the row-split matmul."""
+    loss, (w1, b1, w2), feed = build_transposed(*map(bool, flags), sizes=sizes)
+
+    def mark(tp):
+        tp.split_column(w1, bias=b1)
+        tp.split_row(w2)
+
+    (want_loss, want), *results = serial_and_split(ranks, loss, [w1, b1, w2], mark, feed)
+    for got_loss, got in results:
+        np.testing.assert_allclose(got_loss, want_loss, rtol=1e-12)
+        for a, b, p in zip(got, want, (w1, b1, w2)):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, err_msg=p.name)
+
+
+def test_a_weight_used_both_plain_and_transposed_is_refused():
+    x = tf.placeholder(tf.float64, (2, 4))
+    w = tf.Variable(np.ones((4, 4)), dtype=tf.float64, name="tied_w")
+    second = tf.matmul(x, w, transpose_b=True)  # needs w's rows cut, the first its columns
+    tp = TensorParallel(ThreadTransport.group_of(2)[0])
+    tp.split_column(w)
+    with pytest.raises(TinyFlowError, match=re.escape(
+            f"{second.name} (matmul, at {second.where}) splits tied_w along axis 0, but "
+            "another matmul already split it along axis 1")):
+        tp.apply(tf.matmul(x, w) + second)
+
+
+@pytest.mark.parametrize("read", ["w1", "b1", "w2"])
+def test_a_split_weight_read_outside_its_matmul_is_refused(read):
+    """An L2 term on a split weight would read the full Variable, which no rank keeps:
+    its gradient was silently dropped."""
+    loss, (w1, b1, w2), _ = build_transposed(False, False, False, False)
+    weight = {"w1": w1, "b1": b1, "w2": w2}[read]
+    penalty = tf.square(weight)
+    tp = TensorParallel(ThreadTransport.group_of(1)[0])
+    tp.split_column(w1, bias=b1)
+    tp.split_row(w2)
+    with pytest.raises(TinyFlowError, match=re.escape(
+            f"{penalty.name} (mul, at {penalty.where}) reads {weight.name}")) as err:
+        tp.apply(loss + 0.01 * tf.reduce_sum(penalty))
+    assert "test_tensor_parallel.py:" in str(err.value)
+    assert "each rank holds only its shard" in str(err.value)
+
+
+@pytest.mark.parametrize("axes", [None, (-1, -2)])
+def test_transpose_with_default_or_negative_axes_moves_the_slice(axes):
+    rng = np.random.default_rng(6)
+    x = tf.placeholder(tf.float64, (T_BATCH, T_IN))
+    w1 = tf.Variable(rng.standard_normal((T_IN, T_HID)), dtype=tf.float64, name="d_w1")
+    w2 = tf.Variable(rng.standard_normal((T_HID, T_OUT)), dtype=tf.float64, name="d_w2")
+    h = tf.transpose(tf.nn.tanh(tf.matmul(x, w1)), axes)  # (HID, B): the slice on axis 0
+    loss = tf.reduce_sum(tf.square(tf.matmul(tf.transpose(h, axes), w2)))
+
+    def mark(tp):
+        tp.split_column(w1)
+        tp.split_row(w2)
+
+    feed = {x: rng.standard_normal((T_BATCH, T_IN))}
+    (want_loss, want), *results = serial_and_split(2, loss, [w1, w2], mark, feed)
+    for got_loss, got in results:
+        np.testing.assert_allclose(got_loss, want_loss, rtol=1e-12)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow import api, ops
+from tinyflow import api
 from tinyflow.allreduce import chunk_bounds, ring_allreduce
 from tinyflow.graph import Graph, Node, TinyFlowError, topological_order
 from tinyflow.ops import REGISTRY, OpDef, make, register
@@ -114,16 +114,20 @@ class TensorParallel:
         self.ctx = PassContext(current_pass="tensor_parallel")
 
     def split_column(self, weight: Node, bias: Node | None = None) -> None:
-        """Split `weight` (in x out) and `bias` (out) by output columns."""
+        """Split `weight` (in x out) and `bias` (out) by output columns (W's rows when
+        its matmul reads it transposed, transpose_b: W is then out x in)."""
         self.columns[id(weight)] = bias
 
     def split_row(self, weight: Node) -> None:
-        """Split `weight` (in x out) by input rows; its matmul's result is allreduced."""
+        """Split `weight` (in x out) by input rows (W's columns under transpose_b); its
+        matmul's result is allreduced."""
         self.rows.add(id(weight))
 
-    def _shard(self, full: Node, axis: int) -> Node:
+    def _shard(self, full: Node, axis: int, reader: Node) -> Node:
         """This rank's Variable for its slice of `full` along `axis` (made once)."""
-        if id(full) not in self.shards:
+        if id(full) in self.shards:
+            self._check_same_cut(full, axis, reader)
+        else:
             n = full.shape[axis]
             if n % self.comm.size:
                 raise TinyFlowError(f"tensor parallel: {full.name} has {n} "
@@ -138,10 +142,23 @@ class TensorParallel:
             self.shards[id(full)] = (full, shard, index)
         return self.shards[id(full)][1]
 
+    def _check_same_cut(self, full: Node, axis: int, reader: Node) -> None:
+        """One Variable holds one slice, so every reader must cut `full` the same way:
+        a weight used both as W and as W^T (tied) would need both of its axes cut."""
+        index = self.shards[id(full)][2]
+        if index[axis] == slice(None):
+            held = next(a for a, s in enumerate(index) if s != slice(None))
+            raise TinyFlowError(
+                f"tensor parallel: {reader.name} ({reader.op}, at {reader.where}) splits "
+                f"{full.name} along axis {axis}, but another matmul already split it along "
+                f"axis {held}; a weight can be split only one way (a transposed use cuts "
+                "the other axis)")
+
     def apply(self, output: Node) -> Node:
         """`output`'s graph rewritten for this rank: marked matmuls split, collectives
         inserted. Raises TinyFlowError when a split tensor reaches an op that is not
-        elementwise (its math would change) before a row-split matmul joins it."""
+        elementwise (its math would change) before a row-split matmul joins it, or when
+        anything but its marked matmul reads a split weight (no rank holds it whole)."""
         self.mapped: dict[int, Node] = {}
         # id(new node) -> the axis along which it holds only this rank's slice
         self.split: dict[int, int] = {}
@@ -149,6 +166,7 @@ class TensorParallel:
         began = time.perf_counter()
         for node in topological_order([output]):
             self.mapped[id(node)] = self._rewrite(node)
+            self._check_reads(node, self.mapped[id(node)])
         result = self.mapped[id(output)]
         # Snapshots before and after, as the compile pipeline keeps them, so the
         # debugger and tf.explain step through this rewrite like any pass.
@@ -178,6 +196,20 @@ class TensorParallel:
         self.split[id(new)] = axis
         return new
 
+    def _check_reads(self, node: Node, new: Node) -> None:
+        """Only the marked matmul (and the add of a marked bias) read a split Variable:
+        there the rewrite swaps in the shard. Any other reader, an L2 term say, would
+        still read the full Variable, which `shard()` drops on every rank: training
+        would silently lose that term's gradient, so it is refused here."""
+        for i in new.inputs:
+            if id(i) in self.columns or id(i) in self.rows or self._is_bias(i):
+                raise TinyFlowError(
+                    f"tensor parallel: {node.name} ({node.op}, at {node.where}) reads "
+                    f"{i.name} {_shape(i)} whole, but {i.name} is split over the ranks: "
+                    "each rank holds only its shard (only its marked matmul, or its "
+                    "bias add, reads it). Compute such a term on the shard and "
+                    "all-reduce it, or don't split that weight")
+
     def _refuse(self, node: Node, why: str) -> TinyFlowError:
         return TinyFlowError(f"tensor parallel: {node.name} ({node.op}, at {node.where}) "
                              f"reads a column-split tensor but {why}")
@@ -197,7 +229,7 @@ class TensorParallel:
             if id(i) in self.split or own < 0 or i.shape[own] == 1:
                 sharded.append(i)
             elif self._is_bias(i):
-                sharded.append(self._shard(i, 0))
+                sharded.append(self._shard(i, 0, node))
             else:
                 raise self._refuse(node, f"also reads {i.name} {_shape(i)} whole along "
                                          f"the split axis {axis}")
@@ -207,33 +239,41 @@ class TensorParallel:
         return any(bias is node for bias in self.columns.values())
 
     def _column(self, node: Node, inputs: list[Node]) -> Node:
-        weight = node.inputs[1]
+        weight, transposed = node.inputs[1], node.attrs.get("transpose_b", False)
         # One f per input: Q, K and V read the same x, so their gradients meet in one
         # tp_copy and backward allreduces their sum once (as Megatron's f does).
         if id(inputs[0]) not in self.copies:
             self.copies[id(inputs[0])] = make("tp_copy", inputs[0], comm=self.key)
         x = self.copies[id(inputs[0])]
-        new = ops.matmul(x, self._shard(weight, 1))
+        # x W^T (transpose_b) stores W as (out x in): its output columns are W's rows.
+        shard = self._shard(weight, 0 if transposed else 1, node)
+        new = make("matmul", x, shard, **node.attrs)  # keeps transpose_a/_b
         self.split[id(new)] = len(new.shape) - 1
         self.ctx.record([node], [x, new],
-                        f"column-split {weight.name} {_shape(weight)} -> "
-                        f"{_shape(self._shard(weight, 1))} on rank {self.comm.rank} of "
-                        f"{self.comm.size}; tp_copy (f) before it: its gradient is "
-                        "allreduced in backward")
+                        f"column-split {weight.name} {_shape(weight)} -> {_shape(shard)}"
+                        f"{' (used transposed: its rows)' if transposed else ''} on rank "
+                        f"{self.comm.rank} of {self.comm.size}; tp_copy (f) before it: its "
+                        "gradient is allreduced in backward")
         return new
 
     def _row(self, node: Node, inputs: list[Node]) -> Node:
         weight, x = node.inputs[1], inputs[0]
-        if self.split.get(id(x)) != len(x.shape) - 1:
+        transposed = node.attrs.get("transpose_b", False)
+        # The matmul sums over x's last axis (its second last with transpose_a): that
+        # axis must hold this rank's slice, to meet the rows of W it keeps.
+        inner = len(x.shape) - (2 if node.attrs.get("transpose_a") else 1)
+        if self.split.get(id(x)) != inner:
             raise TinyFlowError(f"tensor parallel: {weight.name} is split by rows, so its "
                                 f"input must be column-split (mark the previous layer with "
                                 f"split_column); {node.name} at {node.where}")
-        partial = ops.matmul(x, self._shard(weight, 0))
+        # x W^T (transpose_b) stores W as (out x in): the rows it sums over are W's columns.
+        shard = self._shard(weight, 1 if transposed else 0, node)
+        partial = make("matmul", x, shard, **node.attrs)  # keeps transpose_a/_b
         total = make("tp_allreduce", partial, comm=self.key)
         self.ctx.record([node], [partial, total],
-                        f"row-split {weight.name} {_shape(weight)} -> "
-                        f"{_shape(self._shard(weight, 0))}; tp_allreduce (g) sums the "
-                        "ranks' partial products")
+                        f"row-split {weight.name} {_shape(weight)} -> {_shape(shard)}"
+                        f"{' (used transposed: its columns)' if transposed else ''}; "
+                        "tp_allreduce (g) sums the ranks' partial products")
         return total
 
     # -- around training --------------------------------------------------------------
@@ -293,9 +333,12 @@ def _split_reshape(tp: TensorParallel, node: Node, inputs: list[Node]) -> tuple[
 
 
 def _split_transpose(tp: TensorParallel, node: Node, inputs: list[Node]) -> tuple[Node, int]:
-    """The slice moves with its axis."""
+    """The slice moves with its axis. No axes reverse them (numpy's default); a
+    negative axis counts from the end."""
     (x,) = inputs
-    return make("transpose", x, **node.attrs), list(node.attrs["axes"]).index(tp.split[id(x)])
+    ndim, axes = len(x.shape), node.attrs.get("axes")
+    order = list(reversed(range(ndim))) if axes is None else [a % ndim for a in axes]
+    return make("transpose", x, **node.attrs), order.index(tp.split[id(x)])
 
 
 def _split_batched_matmul(tp: TensorParallel, node: Node, inputs: list[Node]
