@@ -25,6 +25,8 @@ import pytest
 from tinyflow.allreduce import (
     CollectiveError,
     ThreadTransport,
+    _tag,
+    agree,
     broadcast,
     chunk_bounds,
     find_mpiexec,
@@ -37,6 +39,7 @@ from tinyflow.allreduce import (
     run_threads,
     spawn_local,
 )
+from tinyflow.errors import TinyFlowError
 
 DTYPES = ["float32", "float64", "int64"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -273,6 +276,84 @@ def test_thread_group_needs_a_rank():
         ThreadTransport.group_of(0)
 
 
+LONG_LABEL = "a_fairly_long_label_naming_this_bucket_of_grads" * 2  # tags past 64 bytes
+
+
+def test_long_tags_are_compared_whole():
+    """A socket header holds a readable prefix of the tag; `agree` used to compare
+    only the first 64 bytes too, so tags that differ after them "agreed"."""
+    run_threads(2, lambda comm: ring_allreduce(np.ones(4), comm, label=LONG_LABEL),
+                timeout=10)
+    errors = run_threads(3, _catching(lambda comm: agree(comm, LONG_LABEL + str(comm.rank))),
+                         timeout=10)
+    assert all(isinstance(e, CollectiveError) for e in errors), errors
+    assert all("disagree" in str(e) for e in errors)
+
+
+def test_byte_orders_are_told_apart():
+    """float32 and its byte-swapped twin share `dtype.name`: the tag (all MPI checks)
+    must still differ, and the message must show the difference."""
+    swapped = np.dtype(np.float32).newbyteorder()
+    assert _tag("allreduce", np.ones(4, np.float32)) != _tag("allreduce", np.ones(4, swapped))
+    errors = run_threads(2, _catching(lambda comm: ring_allreduce(
+        np.ones(4, swapped if comm.rank else np.float32), comm)), timeout=10)
+    assert all(isinstance(e, CollectiveError) for e in errors), errors
+    assert all(swapped.str in str(e) for e in errors), errors
+
+
+@pytest.mark.parametrize("bad", [0, -3, float("nan"), float("inf"), "5", True])
+def test_bad_timeouts_are_refused_naming_the_argument(bad):
+    """timeout=-3 made a healthy allreduce fail ("waited -3 s"), 0 raced."""
+    for make in (lambda: ThreadTransport.group_of(2, bad),
+                 lambda: run_threads(2, lambda comm: None, timeout=bad),
+                 lambda: init_communicator(timeout=bad)):
+        with pytest.raises(TinyFlowError, match="timeout") as info:
+            make()
+        assert repr(bad) in str(info.value)
+
+
+@pytest.fixture
+def empty_script(tmp_path):
+    script = tmp_path / "empty.py"
+    script.write_text("")
+    return str(script)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"n": "2"}, "n"), ({"n": 2.5}, "n"), ({"n": 0}, "n"), ({"n": True}, "n"),
+    ({"timeout": -3}, "timeout"), ({"timeout": 0}, "timeout"),
+    ({"timeout": "abc"}, "timeout"), ({"use_mpi": "yes"}, "use_mpi")])
+def test_launch_refuses_bad_arguments_up_front(empty_script, kwargs, name):
+    kwargs = {"n": 2, "use_mpi": False, **kwargs}
+    with pytest.raises(TinyFlowError, match=f"launch: {name} ") as info:
+        launch(script=empty_script, **kwargs)
+    assert repr(kwargs[name]) in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["abc", "-1", "0", "nan"])
+def test_a_bad_timeout_variable_is_named(empty_script, monkeypatch, text):
+    """TINYFLOW_TIMEOUT=abc was a raw ValueError in every rank, naming nothing."""
+    monkeypatch.setenv("TINYFLOW_TIMEOUT", text)
+    with pytest.raises(TinyFlowError, match=f"TINYFLOW_TIMEOUT={text!r}"):
+        init_communicator()
+    with pytest.raises(TinyFlowError, match=f"TINYFLOW_TIMEOUT={text!r}"):
+        launch(2, empty_script, use_mpi=False)   # once, before any rank starts
+    assert init_communicator(timeout=5).timeout == 5   # an explicit timeout wins
+
+
+@pytest.mark.parametrize("rank, size, name", [("0", "0", "TINYFLOW_SIZE"),
+                                              ("0", "two", "TINYFLOW_SIZE"),
+                                              ("2", "2", "TINYFLOW_RANK"),
+                                              ("-1", "2", "TINYFLOW_RANK")])
+def test_a_bad_rank_environment_is_named(monkeypatch, tmp_path, rank, size, name):
+    """TINYFLOW_SIZE=0 read "rank 0 is not in 0..-1"."""
+    monkeypatch.setenv("TINYFLOW_RANK", rank)
+    monkeypatch.setenv("TINYFLOW_SIZE", size)
+    monkeypatch.setenv("TINYFLOW_ADDR", str(tmp_path))
+    with pytest.raises(TinyFlowError, match=name):
+        init_communicator(timeout=1)
+
+
 # ----------------------------------------------------------------------------------
 # Real ranks: processes (sockets) and MPI, through a child script
 # ----------------------------------------------------------------------------------
@@ -358,6 +439,21 @@ elif mode == "late":         # rank 1's receive completes while its send still w
             report(error=None, got=got.tolist())
         except CollectiveError as err:
             report(error=str(err), peer=err.peer)
+elif mode == "longtag":     # a label past the header's 64-byte readable prefix
+    label = "a_fairly_long_label_naming_this_bucket_of_grads" * 2
+    same = ring_allreduce(np.ones(4), comm, label=label).tolist()
+    try:                    # labels that differ only at their end
+        ring_allreduce(np.ones(4), comm, label=label + str(comm.rank))
+        report(same=same, error=None)
+    except CollectiveError as err:
+        report(same=same, error=str(err))
+elif mode == "byteorder":   # the same bytes, in the other byte order on rank 1
+    swapped = np.dtype(np.float32).newbyteorder()
+    x = np.ones(4, swapped if comm.rank == 1 else np.float32)
+    try:
+        report(error=None, got=ring_allreduce(x, comm).tolist())
+    except CollectiveError as err:
+        report(error=str(err), swapped=swapped.str)
 elif mode == "die":         # the last rank dies in the middle of the second allreduce
     x = np.ones(1 << 15)
     ring_allreduce(x, comm)
@@ -406,6 +502,19 @@ def test_mismatched_sizes_on_processes(child, tmp_path):
     found = reports(tmp_path, 3)
     assert all(r["error"] for r in found)       # every rank raised, none hung
     assert any("disagree" in r["error"] for r in found)
+
+
+def check_long_tags(child, folder, use_mpi):
+    """The same long label works; labels that differ after byte 64 fail everywhere
+    (over processes the first always failed: the header cut the tag at 64 bytes)."""
+    assert launch(2, str(child), ["longtag", str(folder), "20"], use_mpi=use_mpi) == 0
+    for found in reports(folder, 2):
+        assert found["same"] == [2.0] * 4, found
+        assert found["error"] and "disagree" in found["error"], found
+
+
+def test_long_tags_on_processes(child, tmp_path):
+    check_long_tags(child, tmp_path, use_mpi=False)
 
 
 def test_a_rank_killed_mid_allreduce_makes_the_others_raise(child, tmp_path):
@@ -581,6 +690,20 @@ def test_a_finished_mpi_receive_keeps_its_message_while_the_send_waits(child, tm
     found = reports(tmp_path, 2)
     assert found[1] == {"error": None, "got": list(range(8)),
                         "transport": "MPITransport"}, found
+
+
+@needs_mpi
+def test_long_tags_on_mpi(child, tmp_path):
+    check_long_tags(child, tmp_path, use_mpi=True)
+
+
+@needs_mpi
+def test_mixed_byte_orders_on_mpi_raise(child, tmp_path):
+    """MPI moves bytes without a dtype: '<f4' and '>f4' arrays reduced to garbage."""
+    assert launch(2, str(child), ["byteorder", str(tmp_path), "20"], use_mpi=True) == 0
+    found = reports(tmp_path, 2)
+    assert all(r["error"] and "disagree" in r["error"] for r in found), found
+    assert found[1]["swapped"] in found[1]["error"]
 
 
 @needs_mpi

@@ -169,6 +169,38 @@ def test_pipeline_checks_its_arguments():
                  schedule="zigzag")
 
 
+@pytest.mark.parametrize("microbatches, batch, name", [
+    (0, 8, "microbatches"), (-2, 8, "microbatches"), (2.0, 8, "microbatches"),
+    (True, 8, "microbatches"), (2, 0, "batch_size"), (2, -4, "batch_size"),
+    (2, "8", "batch_size")])
+def test_pipeline_refuses_bad_counts_naming_them(microbatches, batch, name):
+    """microbatches=0 was a ZeroDivisionError, -2 a ShapeError of a placeholder,
+    batch_size=0 accepted."""
+    (comm,) = ThreadTransport.group_of(1)
+    with pytest.raises(tf.TinyFlowError, match=f"Pipeline: {name} must be") as info:
+        Pipeline([make_layers()[0]], loss_fn, comm, (WIDTHS[0],), batch, microbatches,
+                 tf.train.SGD(0.1))
+    assert repr(microbatches if name == "microbatches" else batch) in str(info.value)
+
+
+@pytest.mark.parametrize("rows, label_rows, name", [(7, 7, "x"), (6, 6, "x"),
+                                                    (8, 6, "labels")])
+def test_a_batch_of_the_wrong_size_is_named(rows, label_rows, name):
+    """A 7-row batch for batch_size=8 was numpy's "array split does not result in an
+    equal division"."""
+    (comm,) = ThreadTransport.group_of(1, timeout=5)
+    pipe = Pipeline([make_layers()[0]], loss_fn, comm, (WIDTHS[0],), 8, 2,
+                    tf.train.SGD(0.1), init=tf.global_variables_initializer(),
+                    dtype=np.float64)
+    sess = tf.Session()
+    sess.run(pipe.init)
+    wrong = rows if name == "x" else label_rows
+    with pytest.raises(tf.TinyFlowError, match=rf"{name} has shape \({wrong}\b.*batch_size 8"):
+        pipe.train_step(sess, np.ones((rows, WIDTHS[0])), np.zeros(label_rows, np.int64))
+    with pytest.raises(tf.TinyFlowError, match="x is None"):
+        pipe.train_step(sess, None, np.zeros(8, np.int64))
+
+
 def test_a_stages_slots_keep_their_initializer_for_variables_initializer():
     # A stage takes its optimizer slots' initializers out of the global list (another
     # rank's global initializer must not run them); tf.variables_initializer then

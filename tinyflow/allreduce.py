@@ -41,6 +41,8 @@ from tinyflow.launcher import (  # noqa: F401  (public here too)
     spawn_local,
 )
 from tinyflow.transports import (
+    TAG_DIGEST_BYTES,
+    TAG_PREFIX_BYTES,
     CollectiveError,
     MPITransport,
     NCCLTransport,
@@ -48,6 +50,7 @@ from tinyflow.transports import (
     ThreadTransport,
     Transport,
     run_threads,
+    wire_tag,
 )
 
 __all__ = ["ring_allreduce", "naive_allreduce", "broadcast", "chunk_bounds",
@@ -104,38 +107,42 @@ def _tag(operation: str, flat: Any, detail: str = "") -> str:
 
 @functools.lru_cache(maxsize=64)
 def _dtype_name(dtype: Any) -> str:
-    """`dtype.name`, remembered: numpy 2 computes it in Python, 1.6 us a call, and
-    16 us as the first thing a rank does after a barrier (measured under mpiexec),
-    which was 7% of a 1 MiB ring allreduce on 2 ranks."""
-    return dtype.name
-
-
-TAG_BYTES = 64  # the longest tag `agree` compares (the socket header's tag field)
+    """`dtype.name`, with the byte order when it is not native ("float32 (>f4)"):
+    float32 and its byte-swapped twin share a name, and MPI, which checks only the
+    tag, reduced one rank's '<f4' with another's '>f4' into garbage. Remembered:
+    numpy 2 computes the name in Python, 1.6 us a call, and 16 us as the first thing
+    a rank does after a barrier (measured under mpiexec), which was 7% of a 1 MiB
+    ring allreduce on 2 ranks."""
+    return dtype.name if dtype.isnative else f"{dtype.name} ({dtype.str})"
 
 
 def agree(comm: Transport, tag: str) -> None:
     """Check that every rank calls the same collective (the same `tag`); raise the
     same CollectiveError on every rank if not.
 
-    A ring all-gather of the tags, N-1 steps of 64 bytes: every rank sees every
-    rank's tag, so every rank decides alike (a plain header check would stop only
-    the ranks that receive a mismatched message, and a broadcast whose ranks disagree
-    on the root can otherwise finish silently on some of them).
+    A ring all-gather of the tags as the transports send them (a digest of the whole
+    tag, compared, and a readable prefix, shown), N-1 steps of 80 bytes: every rank
+    sees every rank's tag, so every rank decides alike (a plain header check would
+    stop only the ranks that receive a mismatched message, and a broadcast whose
+    ranks disagree on the root can otherwise finish silently on some of them).
     """
     size, rank = comm.size, comm.rank
     if size == 1:
         return
-    tags = np.zeros((size, TAG_BYTES), dtype=np.uint8)
-    mine = tag.encode()[:TAG_BYTES]
+    tags = np.zeros((size, TAG_DIGEST_BYTES + TAG_PREFIX_BYTES), dtype=np.uint8)
+    prefix, digest = wire_tag(tag)
+    mine = digest + prefix.encode()
     tags[rank, :len(mine)] = np.frombuffer(mine, np.uint8)
     right, left = (rank + 1) % size, (rank - 1) % size
     for step in range(size - 1):  # pass on what arrived last step, as in all-gather
         comm.sendrecv(tags[(rank - step) % size], right, tags[(rank - step - 1) % size],
                       left, "agree")
-    said = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in tags]
-    if len(set(said)) > 1:
+    digests = [bytes(row[:TAG_DIGEST_BYTES]) for row in tags]
+    if len(set(digests)) > 1:
+        said = [bytes(row[TAG_DIGEST_BYTES:]).rstrip(b"\0").decode(errors="replace")
+                for row in tags]
         calls = "; ".join(f"rank {r} calls '{t}'" for r, t in enumerate(said))
-        first = next(r for r, t in enumerate(said) if t != said[0])
+        first = next(r for r, d in enumerate(digests) if d != digests[0])
         raise CollectiveError(f"{_operation_of(tag)}: the ranks disagree on the "
                               f"collective: {calls}", peer=first,
                               operation=_operation_of(tag))

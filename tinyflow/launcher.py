@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import numbers
 import os
 import shutil
 import signal
@@ -29,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tinyflow.errors import TinyFlowError
+from tinyflow.errors import ArgumentError, TinyFlowError
 from tinyflow.transports import (
     ENV_ADDR,
     ENV_BOARD,
@@ -40,6 +41,8 @@ from tinyflow.transports import (
     ProcessTransport,
     ThreadTransport,
     Transport,
+    check_timeout,
+    timeout_from_env,
 )
 
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -55,8 +58,10 @@ def init_communicator(timeout: float | None = None) -> Transport:
 
     `timeout` (default: $TINYFLOW_TIMEOUT, else 60 s) bounds every wait on a peer.
     """
-    if timeout is None and ENV_TIMEOUT in os.environ:
-        timeout = float(os.environ[ENV_TIMEOUT])
+    if timeout is None:
+        timeout = timeout_from_env("init_communicator")
+    else:
+        timeout = check_timeout(timeout, "init_communicator")
     if ENV_RANK in os.environ:
         return ProcessTransport.from_env(timeout)
     if any(v in os.environ for v in MPI_RANK_VARIABLES):
@@ -112,11 +117,17 @@ def launch(n: int, script: str, args: Sequence[str] = (), use_mpi: bool | str = 
     killed by a signal gives 128 + signal). mpiexec does the same for MPI jobs.
     This is what ``tinyflow launch -n N script.py`` calls.
     """
-    if n < 1:
-        raise ValueError(f"launch needs n >= 1 ranks, got {n}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ArgumentError(f"launch: n must be a whole number of ranks >= 1, got {n!r}")
+    if not (isinstance(use_mpi, bool) or use_mpi == "auto"):
+        raise ArgumentError(f"launch: use_mpi must be True, False or 'auto', got {use_mpi!r}")
+    if timeout is not None:
+        timeout = check_timeout(timeout, "launch")
     if not Path(script).exists():
         raise FileNotFoundError(f"launch: no script {script!r}")
     child_env = _rank_environment(n, env, timeout)
+    if timeout is None:  # a bad inherited $TINYFLOW_TIMEOUT: one error here, not one per rank
+        timeout_from_env("launch", child_env)
     if use_mpi == "auto":
         use_mpi = _mpi_available() and trace is None
     if use_mpi and trace is not None:

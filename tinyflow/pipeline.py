@@ -31,6 +31,7 @@ Lamport clocks). Logical time is the schedule itself, free of the machine's nois
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ import numpy as np
 
 from tinyflow import api
 from tinyflow.autodiff import gradients
+from tinyflow.errors import ArgumentError
 from tinyflow.graph import Node, TinyFlowError, reachable
 from tinyflow.transports import Transport
 
@@ -85,6 +87,13 @@ def idle_fraction(events_per_rank: Sequence[Sequence[dict]], clock: str = "logic
     return 1.0 - busy / (len(events_per_rank) * (end - start))
 
 
+def _check_count(name: str, value: Any) -> None:
+    """A count argument must be a whole number >= 1 (0 divided by zero, a negative
+    one made a placeholder of negative shape, naming neither)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ArgumentError(f"Pipeline: {name} must be a whole number >= 1, got {value!r}")
+
+
 def _take_initializers(variables: set[int]) -> list[Node]:
     """Remove the initializers of `variables` (ids) from the global list and return
     them: this stage runs them itself, so a later global initializer on another
@@ -121,10 +130,13 @@ class Pipeline:
                                 f"the communicator has {comm.size}")
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+        _check_count("batch_size", batch_size)
+        _check_count("microbatches", microbatches)
         if batch_size % microbatches:
             raise ValueError(f"{microbatches} microbatches do not divide the batch of "
                              f"{batch_size}")
         self.comm, self.schedule, self.m = comm, schedule, microbatches
+        self.batch_size = batch_size
         self.stage, self.p = comm.rank, comm.size
         mb = batch_size // microbatches
         inputs, outputs = [], []
@@ -172,8 +184,8 @@ class Pipeline:
         """Run one step of the schedule; return the batch's mean loss on the last stage
         (None on the others). Stage 0 needs `x`, the last stage `labels`."""
         m, s = self.m, self.stage
-        xs = np.split(x, m) if s == 0 else None
-        ys = np.split(labels, m) if s == self.p - 1 else None
+        xs = np.split(self._whole_batch("x", x), m) if s == 0 else None
+        ys = np.split(self._whole_batch("labels", labels), m) if s == self.p - 1 else None
         stash: dict[int, np.ndarray] = {}
         sums = [np.zeros(v.shape, v.dtype) for v in self.variables]
         losses: list[float] = []
@@ -187,6 +199,18 @@ class Pipeline:
                 self._backward(session, i, stash.pop(i), ys, sums)
         session.run(self.update, dict(zip(self.grad_feeds, sums)))
         return float(np.mean(losses)) if losses else None
+
+    def _whole_batch(self, name: str, array: np.ndarray | None) -> np.ndarray:
+        """`array` when it holds batch_size rows (it is cut into the microbatches),
+        else a TinyFlowError naming it and both sizes (numpy said only "array split
+        does not result in an equal division")."""
+        shape = None if array is None else np.shape(array)
+        if shape is None or shape[:1] != (self.batch_size,):
+            got = "is None" if shape is None else f"has shape {shape}"
+            raise TinyFlowError(f"Pipeline.train_step: {name} {got}, stage {self.stage} "
+                                f"needs batch_size {self.batch_size} rows (cut into "
+                                f"{self.m} microbatches)")
+        return array
 
     def _forward(self, session, i, xs, ys, losses) -> np.ndarray:
         if self.stage == 0:

@@ -23,7 +23,9 @@ receiver that is itself still sending.
 Every message carries a `tag` naming the collective and its array ("allreduce of 10
 float32"). Transports that frame messages compare tag, dtype and byte count with what
 the receiver expects, so ranks that disagree (one reduces 10 elements, another 12)
-get a `CollectiveError` that says so, rather than garbage or a hang. Every wait has a
+get a `CollectiveError` that says so, rather than garbage or a hang. A tag travels
+as a fixed-size digest of the whole tag (what is compared, however long the tag)
+and a readable prefix (what error messages show). Every wait has a
 deadline (`timeout` seconds): a peer that died or stopped answering is named in the
 error instead of hanging the job. The rank named is the one that is actually late:
 while a rank waits it posts "rank r waits for rank s" on a shared `WaitBoard` (a
@@ -48,7 +50,9 @@ Four transports, from the lesson to the real engines:
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
+import math
 import os
 import queue
 import select
@@ -63,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from tinyflow.errors import TinyFlowError
+from tinyflow.errors import ArgumentError, TinyFlowError
 
 DEFAULT_TIMEOUT = 60.0
 # Ranks are processes started one after another, each importing numpy and tinyflow
@@ -92,12 +96,67 @@ class CollectiveError(TinyFlowError, RuntimeError):
         self.operation = operation
 
 
+def check_timeout(timeout: Any, where: str, name: str = "timeout") -> float:
+    """`timeout` as float seconds, or an ArgumentError naming `name` and the value.
+    A deadline must be positive and finite: 0 or less fails a healthy wait at once
+    (blaming a peer that is not late), inf or nan would never end a dead one."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer,
+                                                             np.floating)):
+        raise ArgumentError(f"{where}: {name} must be a number of seconds, got {timeout!r}")
+    if not 0 < float(timeout) < math.inf:
+        raise ArgumentError(f"{where}: {name} must be a positive, finite number of "
+                            f"seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def timeout_from_env(where: str, environ: Any = os.environ) -> float | None:
+    """$TINYFLOW_TIMEOUT as seconds (None when unset), or an ArgumentError naming the
+    variable and its text (a raw ValueError in every rank named nothing)."""
+    text = environ.get(ENV_TIMEOUT)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan  # refused just below, with the text as it was written
+    if not 0 < value < math.inf:
+        raise ArgumentError(f"{where}: {ENV_TIMEOUT}={text!r} is not a positive, finite "
+                            "number of seconds")
+    return value
+
+
 def _operation(tag: str) -> str:
     return tag.split(" ", 1)[0] if tag else "message"
 
 
+# A tag travels as a readable prefix (for messages) and a digest of the whole tag
+# (for the check): both of fixed size, so a socket header holds any tag, and two
+# tags that differ only past the prefix still differ.
+TAG_PREFIX_BYTES = 64
+TAG_DIGEST_BYTES = 16
+
+
+@functools.lru_cache(maxsize=256)
+def wire_tag(tag: str) -> tuple[str, bytes]:
+    """(readable prefix, digest) of `tag`: the prefix is the tag itself when it fits
+    in TAG_PREFIX_BYTES, else its start and "...". (Remembered: a ring sends the same
+    tag 2(N-1) times per call.)"""
+    raw = tag.encode()
+    digest = hashlib.blake2b(raw, digest_size=TAG_DIGEST_BYTES).digest()
+    if len(raw) > TAG_PREFIX_BYTES:  # (a character cut in two is dropped: "ignore")
+        return raw[:TAG_PREFIX_BYTES - 3].decode(errors="ignore") + "...", digest
+    return tag, digest
+
+
+def _dtype_text(dtype: Any) -> str:
+    """The dtype's name, with its byte order when not native: float32 and '>f4' have
+    the same name, and "float32 ... expected float32" hid the difference."""
+    dtype = np.dtype(dtype)
+    return dtype.name if dtype.isnative else f"{dtype.name} ({dtype.str})"
+
+
 def _describe(tag: str, dtype: str, nbytes: int) -> str:
-    return f"'{tag}' ({nbytes} bytes of {np.dtype(dtype).name})"
+    return f"'{wire_tag(tag)[0]}' ({nbytes} bytes of {_dtype_text(dtype)})"
 
 
 class WaitBoard:
@@ -187,11 +246,15 @@ class Transport:
 
     def __init__(self, rank: int, size: int, timeout: float | None = DEFAULT_TIMEOUT
                  ) -> None:
+        if size < 1:
+            raise ValueError(f"{type(self).__name__}: a group needs at least one rank, "
+                             f"got size {size}")
         if not 0 <= rank < size:
-            raise ValueError(f"rank {rank} is not in 0..{size - 1}")
+            raise ValueError(f"{type(self).__name__}: rank {rank} is not in 0..{size - 1}")
         self.rank = rank
         self.size = size
-        self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        self.timeout = (DEFAULT_TIMEOUT if timeout is None
+                        else check_timeout(timeout, type(self).__name__))
         self.bytes_sent = 0
         # When a list, ring_allreduce appends one record per ring step to it (the
         # data-parallel allreduce op passes it on, so a training step can show the
@@ -247,13 +310,15 @@ class Transport:
         self._broken = message
         return CollectiveError(message, peer=peer, operation=_operation(tag))
 
-    def _check_header(self, src: int, got: tuple[str, str, int], out: Any,
+    def _check_header(self, src: int, got: tuple[str, bytes, str, int], out: Any,
                       tag: str) -> None:
-        """Compare an incoming message's (tag, dtype, nbytes) with what `out` expects."""
-        their_tag, their_dtype, their_nbytes = got
-        if their_tag != tag or their_dtype != out.dtype.str or their_nbytes != out.nbytes:
+        """Compare an incoming message's (tag prefix, tag digest, dtype, nbytes), as
+        `wire_tag` and the sender made them, with what `out` and `tag` expect."""
+        their_prefix, their_digest, their_dtype, their_nbytes = got
+        if (their_digest != wire_tag(tag)[1] or their_dtype != out.dtype.str
+                or their_nbytes != out.nbytes):
             mine = _describe(tag, out.dtype.str, out.nbytes)
-            theirs = _describe(their_tag, their_dtype, their_nbytes)
+            theirs = _describe(their_prefix, their_dtype, their_nbytes)
             raise self._fail(
                 f"{_operation(tag)}: rank {src} sent {theirs} but rank {self.rank} expected "
                 f"{mine}: the ranks disagree on the operation, the array size or the dtype",
@@ -300,7 +365,7 @@ class ThreadGroup:
     ranks, and who has failed (so a peer's death is reported at once, not at the
     timeout)."""
 
-    def __init__(self, size: int, timeout: float) -> None:
+    def __init__(self, size: int, timeout: float | None) -> None:
         self.size = size
         self.mailboxes = {(s, d): queue.Queue() for s in range(size) for d in range(size)}
         self.failed: dict[int, str] = {}
@@ -321,7 +386,7 @@ class ThreadTransport(Transport):
 
     POLL = 0.02  # seconds between checks of the group's failures while waiting
 
-    def __init__(self, group: ThreadGroup, rank: int, timeout: float) -> None:
+    def __init__(self, group: ThreadGroup, rank: int, timeout: float | None) -> None:
         super().__init__(rank, group.size, timeout)
         self.group = group
         self.board = group.board
@@ -332,22 +397,27 @@ class ThreadTransport(Transport):
         return super()._fail(message, peer, tag)
 
     @staticmethod
-    def group_of(size: int, timeout: float = DEFAULT_TIMEOUT) -> list[ThreadTransport]:
+    def group_of(size: int, timeout: float | None = DEFAULT_TIMEOUT
+                 ) -> list[ThreadTransport]:
         """`size` connected ranks, one transport per rank (give each to one thread)."""
-        if size < 1:
-            raise ValueError(f"a group needs at least one rank, got {size}")
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise ArgumentError(f"ThreadTransport.group_of: size must be a whole number "
+                                f"of ranks >= 1, got {size!r}")
+        if timeout is not None:  # (None: the default, as for every transport)
+            timeout = check_timeout(timeout, "ThreadTransport.group_of")
         return ThreadGroup(size, timeout).comms
 
     def exchange(self, sends, recvs, tag=""):
         self._check_usable(tag)
         for dst, array in sends:  # a send never blocks: the mailbox holds a copy
             array = _contiguous(array)
-            message = (tag, array.dtype.str, array.nbytes, array.copy())
+            # The header the socket transport sends, so both check alike.
+            message = (*wire_tag(tag), array.dtype.str, array.nbytes, array.copy())
             self.group.mailboxes[(self.rank, dst)].put(message)
             self.bytes_sent += array.nbytes
         for src, out in recvs:
-            tag_in, dtype, nbytes, payload = self._take(src, tag)
-            self._check_header(src, (tag_in, dtype, nbytes), out, tag)
+            *header, payload = self._take(src, tag)
+            self._check_header(src, tuple(header), out, tag)
             out.reshape(-1)[...] = payload.reshape(-1)
 
     def _take(self, src: int, tag: str) -> tuple:
@@ -377,7 +447,7 @@ class ThreadTransport(Transport):
 
 
 def run_threads(ranks: int | Sequence[ThreadTransport], fn: Callable[[ThreadTransport], Any],
-                timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
+                timeout: float | None = DEFAULT_TIMEOUT) -> list[Any]:
     """Run fn(comm) on one thread per rank; return the results in rank order.
 
     `ranks` is a number of ranks or a group made by `ThreadTransport.group_of` (to
@@ -385,6 +455,8 @@ def run_threads(ranks: int | Sequence[ThreadTransport], fn: Callable[[ThreadTran
     are told (their waits on it end at once) and the first error raised, in time, is
     re-raised here with a note naming its rank: it is the cause, the others followed.
     """
+    if timeout is not None:
+        timeout = check_timeout(timeout, "run_threads")
     comms = ThreadTransport.group_of(ranks, timeout) if isinstance(ranks, int) else list(ranks)
     results: list[Any] = [None] * len(comms)
     errors: list[tuple[int, BaseException]] = []
@@ -415,8 +487,9 @@ def run_threads(ranks: int | Sequence[ThreadTransport], fn: Callable[[ThreadTran
 # Processes on one machine: Unix-domain sockets
 # ----------------------------------------------------------------------------------
 
-# Each message: a fixed header (tag, dtype, payload bytes), then the payload.
-HEADER = struct.Struct("!64s8sQ")
+# Each message: a fixed header (the tag's readable prefix and digest, dtype, payload
+# bytes), then the payload.
+HEADER = struct.Struct(f"!{TAG_PREFIX_BYTES}s{TAG_DIGEST_BYTES}s8sQ")
 HELLO = struct.Struct("!I")  # the first bytes on a new connection: the caller's rank
 SOCKET_BUFFER = 4 << 20      # bigger kernel buffers: fewer wake-ups per megabyte
 # A Unix socket's address holds 108 bytes on Linux and 104 on macOS (sun_path), so a
@@ -426,12 +499,14 @@ SUN_PATH_MAX = 104
 
 
 def _pack_header(tag: str, array: Any) -> bytes:
-    return HEADER.pack(tag.encode()[:64], array.dtype.str.encode(), array.nbytes)
+    prefix, digest = wire_tag(tag)
+    return HEADER.pack(prefix.encode(), digest, array.dtype.str.encode(), array.nbytes)
 
 
-def _unpack_header(raw: bytes) -> tuple[str, str, int]:
-    tag, dtype, nbytes = HEADER.unpack(raw)
-    return tag.rstrip(b"\0").decode(errors="replace"), dtype.rstrip(b"\0").decode(), nbytes
+def _unpack_header(raw: bytes) -> tuple[str, bytes, str, int]:
+    prefix, digest, dtype, nbytes = HEADER.unpack(raw)
+    return (prefix.rstrip(b"\0").decode(errors="replace"), digest,
+            dtype.rstrip(b"\0").decode(), nbytes)
 
 
 def _byte_view(array: np.ndarray) -> memoryview:
@@ -518,10 +593,10 @@ class ProcessTransport(Transport):
         if missing:
             raise TinyFlowError(f"ProcessTransport.from_env: {', '.join(missing)} not set; "
                                 "start the script with `tinyflow launch -n N script.py`")
-        if timeout is None and ENV_TIMEOUT in os.environ:
-            timeout = float(os.environ[ENV_TIMEOUT])
-        return cls(int(os.environ[ENV_RANK]), int(os.environ[ENV_SIZE]),
-                   os.environ[ENV_ADDR], timeout)
+        if timeout is None:
+            timeout = timeout_from_env("ProcessTransport.from_env")
+        size = _env_int(ENV_SIZE, 1)
+        return cls(_env_int(ENV_RANK, 0, size - 1), size, os.environ[ENV_ADDR], timeout)
 
     def _path(self, rank: int) -> str:
         return os.path.join(self.addr, f"rank{rank}.sock")
@@ -714,6 +789,22 @@ def _clean_up_on_sigterm(comm: ProcessTransport) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _env_int(name: str, low: int, high: int | None = None) -> int:
+    """The whole number in variable `name`, in low..high, or a TinyFlowError naming
+    the variable (TINYFLOW_SIZE=0 read "rank 0 is not in 0..-1")."""
+    text = os.environ[name]
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        span = f"{low}..{high}" if high is not None else f">= {low}"
+        raise TinyFlowError(f"ProcessTransport.from_env: {name}={text!r} is not a whole "
+                            f"number {span}; start the script with `tinyflow launch -n N "
+                            "script.py`")
+    return value
+
+
 def _recv_exactly(sock: socket.socket, nbytes: int) -> bytes:
     data = b""
     while len(data) < nbytes:
@@ -776,8 +867,8 @@ class MPITransport(Transport):
         from mpi4py import MPI
         self.MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
-        if timeout is None and ENV_TIMEOUT in os.environ:
-            timeout = float(os.environ[ENV_TIMEOUT])
+        if timeout is None:
+            timeout = timeout_from_env("MPITransport")
         super().__init__(self.comm.Get_rank(), self.comm.Get_size(), timeout)
         own_core = _ranks_on_this_machine(self.size) <= _usable_cores()
         self.spin = self.SPIN_OWN_CORE if own_core else self.SPIN_SHARED_CORE

@@ -54,6 +54,7 @@ from tinyflow.tensor_parallel import TensorParallel
 
 SCHEMES = ["dp", "zero1", "zero2", "zero3", "tp", "pp-gpipe", "pp-1f1b", "ps-sync",
            "ps-async"]
+MLP_LAYERS = 4  # build_model's dense layers: a pipeline has at most this many stages
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -82,7 +83,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.model == "charlm" and args.scheme.startswith("pp-"):
         parser.error("--model charlm runs dp, zero1-3, tp and ps-*; the pipeline schemes "
                      "cut the MLP's layer list")
+    if args.threads and (problem := split_problem(args, args.threads)):
+        parser.error(problem)
     return args
+
+
+def split_problem(args: argparse.Namespace, ranks: int) -> str | None:
+    """Why `ranks` ranks cannot run args.scheme exactly, or None. Each data-parallel
+    rank (each ps worker) trains on an equal share of the batch: a batch that does
+    not split evenly would silently lose its last rows. A pipeline cuts the layers
+    into one group per rank: more ranks than layers would leave a stage empty."""
+    scheme, batch = args.scheme, args.batch_size
+    if (scheme == "dp" or scheme.startswith("zero")) and batch % ranks:
+        return f"--batch-size {batch} does not split evenly over {ranks} ranks"
+    if scheme.startswith("ps-") and ranks > 1 and batch % (ranks - 1):
+        return (f"--batch-size {batch} does not split evenly over {ranks - 1} workers "
+                f"({ranks} ranks, one of them the server)")
+    if scheme.startswith("pp-") and ranks > MLP_LAYERS:
+        return (f"--scheme {scheme} cuts the model's {MLP_LAYERS} layers into one stage "
+                f"per rank: {ranks} stages would leave one empty (use at most "
+                f"{MLP_LAYERS} ranks)")
+    if scheme.startswith("pp-") and batch % args.microbatches:
+        return (f"--batch-size {batch} does not split evenly into --microbatches "
+                f"{args.microbatches}")
+    return None
 
 
 # ----------------------------------------------------------------------------------
@@ -372,6 +396,10 @@ def save_trace(comms, sessions, results, args):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     comms, launched = communicators(args)
+    problem = split_problem(args, comms[0].size)  # (--threads N was checked already)
+    if problem:
+        print(f"train_parallel.py: {problem}", file=sys.stderr)
+        return 2
     model, data = model_and_data(args)
     init = tf.global_variables_initializer()  # the weights: a pipeline stage picks its own
     runners = {c.rank: make_runner(model, c, args, init) for c in comms}
