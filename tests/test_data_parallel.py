@@ -209,3 +209,18 @@ def test_tutorial_help():
     done = subprocess.run([sys.executable, str(TUTORIAL), "--help"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and "--threads" in done.stdout
+
+
+@pytest.mark.parametrize("bucket_bytes, message", [
+    ("big", "bucket_bytes must be an int, got 'big'"),
+    (-5, "bucket_bytes must be >= 0"),
+    (2.5, "bucket_bytes must be an int, got 2.5"),
+    (True, "bucket_bytes must be an int, got True"),
+])
+def test_distributed_optimizer_checks_bucket_bytes(bucket_bytes, message):
+    # "big" was int()'s "invalid literal", naming no argument; -5 was taken.
+    from tinyflow.parallel import DistributedOptimizer
+    comm = ThreadTransport.group_of(1)[0]
+    with pytest.raises(tf.ArgumentError, match=message):
+        DistributedOptimizer(tf.train.SGD(0.1), comm, bucket_bytes=bucket_bytes)
+    DistributedOptimizer(tf.train.SGD(0.1), comm, bucket_bytes=0)   # a bucket per gradient

@@ -195,7 +195,11 @@ class DistributedOptimizer:
             if op != "mean":
                 raise ValueError("ZeRO averages gradients (op='mean')")
             self.zero = ZeroOptimizer(optimizer, comm, self.comm_key, zero)
-        self.bucket_bytes = int(bucket_bytes)
+        # (0: a bucket per gradient; "big" or -5 once passed int() or went unchecked)
+        self.bucket_bytes = ops.int_attr("DistributedOptimizer", "bucket_bytes", bucket_bytes)
+        if self.bucket_bytes < 0:
+            raise ops.argument_error("DistributedOptimizer", "bucket_bytes must be >= 0 "
+                                     f"(0: a bucket per gradient), got {bucket_bytes!r}")
         self.op = op
         self.allreduce_nodes: list[Node] = []   # in bucket order (last layer first)
         self._bucket_of: dict[int, Node] = {}   # id(averaged grad) -> its allreduce
