@@ -1635,3 +1635,17 @@ def test_python_values_of_a_tensor_need_one_element(read):
                                              r"has shape .*test_eager.py:\d+"):
             read(E.tensor(value))
     assert read(E.tensor(np.array([[3.0]]))) == read(3.0)
+
+
+def test_a_constant_of_a_tensor_that_requires_grad_takes_its_values():
+    # tf.constant(w) went through numpy's __array__, which now refuses a Tensor
+    # that requires grad: a constant keeps no history, as torch.tensor(w) copies.
+    w = E.tensor(np.array([1.5, -2.0]), requires_grad=True)
+    np.testing.assert_array_equal(tf.Session().run(tf.constant(w)), [1.5, -2.0])
+
+
+def test_a_numpy_function_on_a_tensor_that_requires_grad_names_the_users_line():
+    # The message named numpy's own numeric.py:2477, the frame that called __array__.
+    w = E.tensor(np.ones(2), requires_grad=True)
+    with pytest.raises(EagerError, match=r"np.asarray\(\) at test_eager.py:\d+"):
+        np.allclose(w, 1.0)

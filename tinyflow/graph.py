@@ -34,6 +34,9 @@ OPERATOR_BUILDERS: dict[str, Callable[..., Any]] = {}
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# numpy's own frames are skipped too: `np.allclose(t, 1)` reaches a Tensor through
+# numpy's code, and the line to name is the user's call, not numpy's numeric.py.
+_SKIPPED_DIRS = (_PACKAGE_DIR + os.sep, os.path.dirname(os.path.abspath(np.__file__)) + os.sep)
 _ids = itertools.count()
 
 
@@ -63,12 +66,13 @@ def user_source_line() -> str:
 
     That frame is the user's code that asked for the node (a tutorial, a test, a
     script). Frames inside tinyflow itself (layers, optimizers, autodiff) are skipped
-    so that a gradient node points at the line that called `tf.gradients`.
+    so that a gradient node points at the line that called `tf.gradients`; so are
+    numpy's (a numpy function the user called with a Tensor).
     """
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep):
+        if not os.path.abspath(filename).startswith(_SKIPPED_DIRS):
             return f"{os.path.basename(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return "<tinyflow>"

@@ -376,6 +376,11 @@ def number_array(op: str, value: Any, dtype: Any = None) -> np.ndarray:
     """`value` as an array of numbers (of `dtype`, when given), or an ArgumentError
     naming `op`: a ragged list (numpy's "inhomogeneous shape"), strings, objects,
     None. (An object array in an eager Tensor's recycled memory crashed Python.)"""
+    if getattr(value, "__tinyflow_tensor__", False):
+        # An eager Tensor's values, read as .numpy() reads them: numpy's own route
+        # (__array__) refuses a Tensor that requires grad, whose history a copy drops
+        # (a constant has none to keep, as torch.tensor(t) copies t's values).
+        value = value.numpy()
     try:
         array = np.asarray(value, dtype=dtype)
     except (ValueError, TypeError, OverflowError) as err:
