@@ -71,27 +71,26 @@ class CommandError(Exception):
 # one-line usage error before any work starts, never a traceback an hour in.
 # ----------------------------------------------------------------------------------
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (epochs, batch size, layer widths, ...)."""
+def _whole_number(text: str, least: int) -> int:
+    """`text` as an integer >= `least`, or argparse's one-line error saying why."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (epochs, batch size, layer widths, ...)."""
+    return _whole_number(text, 1)
 
 
 def nonnegative_int(text: str) -> int:
     """argparse type: an integer >= 0, for counts where 0 means "the default" (--threads:
     0 is one BLAS thread per core, or no thread ranks)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+    return _whole_number(text, 0)
 
 
 def positive_float(text: str) -> float:
