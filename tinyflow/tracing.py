@@ -695,7 +695,7 @@ def _signature_text(key: tuple) -> str:
     leaves, nesting = _split_key(key)
     paths = _leaf_paths(nesting, len(leaves))
     text = ", ".join(_entry_text(entry, paths) if entry[0] == "alias" else str(entry)
-                     for entry in leaves)
+                     for entry in leaves)   # (an argument's entry whole: its kind too)
     if nesting is not None:
         text += ", arguments nested as " + ", ".join(map(nest.describe, nesting))
     return text
@@ -738,16 +738,20 @@ def _exact(value: Any) -> Any:
     return value
 
 
+def _arguments_text(leaves: tuple, nesting: tuple | None) -> str:
+    """How a call's arguments nest, x for each leaf: "x, tuple(x, x)"."""
+    if nesting is None:
+        return ", ".join(["x"] * len(leaves))
+    return ", ".join(map(nest.describe, nesting))
+
+
 def _why_new(key: tuple, seen: list[tuple]) -> str:
     """Name the first argument that differs from the closest signature seen."""
     (now_leaves, now_nesting), (then_leaves, then_nesting) = _split_key(key), \
         _split_key(seen[-1])
     if now_nesting != then_nesting:
-        def shape(leaves: tuple, nesting: tuple | None) -> str:
-            parts = ["x"] * len(leaves) if nesting is None else map(nest.describe, nesting)
-            return ", ".join(parts)
-        return (f"the arguments are ({shape(now_leaves, now_nesting)}); traced for "
-                f"({shape(then_leaves, then_nesting)})")
+        return (f"the arguments are ({_arguments_text(now_leaves, now_nesting)}); traced "
+                f"for ({_arguments_text(then_leaves, then_nesting)})")
     if len(now_leaves) != len(then_leaves):
         return f"called with {len(now_leaves)} arguments, traced with {len(then_leaves)}"
     paths = _leaf_paths(now_nesting, len(now_leaves))
