@@ -293,3 +293,54 @@ def test_session_run_gives_a_namedtuple_back_too():
     x = tf.constant(2.0)
     got = tf.Session().run(Out(x, x * 3.0))
     assert type(got) is Out and got.logits == 6.0
+
+
+@pytest.mark.parametrize("mode", ["eager", "traced"])
+def test_a_second_backward_adds_into_the_grad_in_place(mode):
+    # PyTorch's AccumulateGrad: `g = w.grad` held across a backward sees the sum
+    # (the sum was a new Tensor, and g kept the first gradient).
+    def step(w):
+        (w * w).sum().backward()
+        return w.grad
+
+    run = dict(both(step))[mode]
+    w = eager.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    first = run(w)
+    held = w.grad
+    run(w)
+    assert w.grad is held
+    np.testing.assert_array_equal(held.numpy(), [4.0, 8.0])
+    if mode == "eager":
+        assert first is held
+
+
+def test_a_grad_set_or_widened_is_a_new_tensor_traced_as_eagerly():
+    def reset_then_backward(w):
+        w.grad = None
+        (w * w).sum().backward()
+        return w.grad
+
+    def widening(w, x):            # a float32 .grad plus a float64 gradient
+        (w * x).sum().backward()
+        return w.grad
+
+    for fn, extra in ((reset_then_backward, ()), (widening, (np.array([3.0, 4.0]),))):
+        results = []
+        for _, run in both(fn):
+            w = eager.tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
+            w.grad = eager.tensor(np.array([10.0, 10.0], np.float32))
+            held = w.grad
+            run(w, *[eager.tensor(e) for e in extra])
+            results.append((w.grad is held, w.grad.dtype, w.grad.numpy().tolist(),
+                            held.numpy().tolist()))
+        assert results[0] == results[1], results
+        assert results[0][0] is False
+
+
+def test_create_graph_keeps_the_sum_out_of_place():
+    w = eager.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    (w * w * w).sum().backward(create_graph=True)
+    held = w.grad
+    (w * w * w).sum().backward(create_graph=True)
+    assert w.grad is not held and w.grad.requires_grad
+    np.testing.assert_array_equal(w.grad.numpy(), [6.0, 24.0])

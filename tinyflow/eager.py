@@ -236,7 +236,7 @@ class Tensor:
         tracer = _mode.tracer
         key = None if tracer is None else tracer.grad_key(self)
         if key is not None:
-            tracer.grad_writes[id(key)] = (key, value)
+            tracer.set_grad(key, value)
         else:
             if value is not None:   # (PyTorch checks here; a wrong .grad failed later)
                 _check_grad(self, value)
@@ -1083,6 +1083,15 @@ SECOND_BACKWARD = ("backward through a graph a second time: its saved values wer
                    "by the first backward; pass retain_graph=True to the first call")
 
 
+def accumulates_in_place(grad: Tensor, incoming: np.dtype, recording: bool) -> bool:
+    """Whether a backward adds into the existing `.grad` Tensor in place, as PyTorch's
+    AccumulateGrad does, rather than making `.grad` a new Tensor: unless the sum
+    must keep a history (create_graph, or a .grad that has one) or is of a wider
+    dtype than the .grad (numpy's promotion, eager and traced alike)."""
+    return (not recording and not grad.requires_grad
+            and np.result_type(grad.dtype, incoming) == grad.dtype)
+
+
 def check_seed_shape(seed: tuple, shape: tuple) -> None:
     """backward(gradient): the gradient has the Tensor's shape (broadcast, it would
     give the leaves its shape), in eager and traced backward alike."""
@@ -1143,6 +1152,8 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
                 if t._grad is None:
                     t._grad = total * 1 if id(total) in given else total
                     given.add(id(t._grad))
+                elif accumulates_in_place(t._grad, total.dtype, _mode.grad_enabled):
+                    t._grad.add_(total)   # PyTorch's way: `g = w.grad` sees the sum
                 else:
                     t._grad = t._grad + total
                 continue

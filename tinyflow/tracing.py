@@ -43,7 +43,8 @@ import numpy as np
 from tinyflow import api, nest, ops, shape_ops
 from tinyflow.allocator import CachingAllocator
 from tinyflow.eager import (SECOND_BACKWARD, EagerError, GraphBreak, Tensor, _mode, _wrap,
-                            check_implicit_seed, check_seed_shape, set_allocator)
+                            accumulates_in_place, check_implicit_seed, check_seed_shape,
+                            set_allocator)
 from tinyflow.graph import Node, topological_order, user_source_line
 from tinyflow.ops import REGISTRY
 
@@ -68,6 +69,10 @@ class _Trace:
         self.captures: dict[tuple, _Capture] = {}
         self.writes: dict[int, tuple[Tensor, Node]] = {}        # in-place writes
         self.grad_writes: dict[int, tuple[Tensor, Tensor | None]] = {}
+        # Grad keys whose `.grad` is a new Tensor by the end of the call (set, or made
+        # by a backward that found None), not the one the call started with: a
+        # backward's sum goes into that one in place, as eager's does, otherwise.
+        self.grad_replaced: set[int] = set()
         self.grad_guards: dict[int, tuple[Tensor, bool]] = {}   # (t, t.grad is None)
         self.leaves: dict[int, Tensor] = {}                     # requires_grad leaves seen
         self.breaks: list[str] = []
@@ -308,6 +313,11 @@ class _Trace:
         capture = self.captures.get(("tensor", id(t)))
         return None if capture is None else capture.placeholder
 
+    def set_grad(self, key: Tensor, value: Tensor | None) -> None:
+        """`t.grad = value` inside the trace (key: `grad_key(t)`)."""
+        self.grad_writes[id(key)] = (key, value)
+        self.grad_replaced.add(id(key))
+
     def backward(self, root: Tensor, gradient: Any, retain_graph: bool = False,
                  create_graph: bool = False) -> None:
         if not root.requires_grad:
@@ -343,6 +353,8 @@ class _Trace:
             # (a .grad has no history, as eager's without create_graph)
             new = _wrap(None, None, node=ops.stop_gradient(g))
             previous = self.grad_of(t)
+            if previous is None or not accumulates_in_place(previous, g.dtype, False):
+                self.grad_replaced.add(id(t))
             self.grad_writes[id(t)] = (t, new if previous is None else previous + new)
 
 
@@ -387,7 +399,8 @@ class _Concrete:
     arg_slots: list[tuple[int, Node]]          # (argument index, placeholder)
     captures: list[_Capture]
     outputs: Any                               # the result's structure, fetch indices
-    grad_writes: list[tuple[Tensor | int, int | None]]   # (Tensor or argument, fetch)
+    grad_writes: list[tuple[Tensor | int, int | None, bool]]  # (Tensor or argument,
+    #                                                     fetch, into the .grad in place?)
     writes: list[tuple[Any, int]]     # (Tensor, argument index or ("grad", owner); fetch)
     grad_guards: list[tuple[Tensor | int, Any]]   # (Tensor or argument, its .grad's layout)
     nodes: int
@@ -547,7 +560,8 @@ class Function:
         for t, g in trace.grad_writes.values():
             if id(t) in trace.inner_leaves:    # made in the call: nothing to write back
                 continue
-            grad_writes.append((trace.resolve(t), None if g is None else len(fetches)))
+            grad_writes.append((trace.resolve(t), None if g is None else len(fetches),
+                                id(t) not in trace.grad_replaced))
             if g is not None:
                 fetches.append(trace.node_of(g))
         writes = []
@@ -582,8 +596,15 @@ class Function:
         for target, slot in concrete.writes:
             t = tensor(target[1])._grad if isinstance(target, tuple) else tensor(target)
             t.data[...] = values[slot]
-        for where, slot in concrete.grad_writes:
-            tensor(where)._grad = None if slot is None else Tensor(values[slot])
+        for where, slot, in_place in concrete.grad_writes:
+            t = tensor(where)
+            if slot is None:
+                t._grad = None
+            elif in_place:   # the sum into the .grad the call started with, as eager adds
+                t._grad.data[...] = values[slot]
+                t._grad._version += 1
+            else:
+                t._grad = Tensor(values[slot])
         for index, flag in concrete.flags.items():
             args[index].requires_grad = flag
         return _rebuild(concrete.outputs, values, self.__name__)
