@@ -350,3 +350,24 @@ def test_a_conv_of_a_variable_just_assigned_makes_its_windows_again():
     np.testing.assert_allclose(got_before, conv_reference(v0, w, padding=1), rtol=1e-12)
     np.testing.assert_allclose(got_after, conv_reference(2.0 * v0, w, padding=1),
                                rtol=1e-12)
+
+
+@pytest.mark.parametrize("size, ksize", [(3, 3), (6, 3), (8, 4)])
+def test_max_pool_gradient_with_padding_that_tiles_lands_on_the_max(size, ksize):
+    # Numerics probe: with integer padding 1 and stride == ksize, the windows of a
+    # size-divisible input still "tiled" by count, and the fast path wrote each
+    # window's gradient as if there were no padding: one row and column off.
+    x = np.arange(size * size, dtype=np.float64).reshape(1, 1, size, size)
+    xp = tf.placeholder(tf.float64, x.shape)
+    y = tf.nn.max_pool2d(xp, ksize, ksize, 1)
+    (dx,) = tf.gradients(y, [xp])
+    got_y, got_dx = tf.Session().run([y, dx], {xp: x})
+    # Each output's max is the largest x in its padded window, whose gradient is 1
+    want = np.zeros_like(x)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    for i in range(got_y.shape[2]):
+        for j in range(got_y.shape[3]):
+            window = padded[0, 0, i * ksize:(i + 1) * ksize, j * ksize:(j + 1) * ksize]
+            r, c = np.unravel_index(np.argmax(window), window.shape)
+            want[0, 0, i * ksize + r - 1, j * ksize + c - 1] += 1.0
+    np.testing.assert_array_equal(got_dx, want)

@@ -1408,3 +1408,11 @@ def test_mean_over_nothing_is_nan_without_numpys_warnings(recwarn):
     assert np.isnan(got[0]) and got[0].dtype == np.float32
     assert np.isnan(got[1]).all() and got[1].shape == (3,) and got[2].shape == (0,)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_uint64_index_beyond_int64_is_out_of_range_not_a_row_from_the_end():
+    # Numerics probe: the cast to int64 wrapped 2**64 - 1 to -1, the last row.
+    params = tf.constant(np.arange(8.0).reshape(4, 2))
+    picked = tf.gather(params, tf.constant(np.array([2**64 - 1], np.uint64)))
+    with pytest.raises(ExecutionError, match=r"index 18446744073709551615 is out of range"):
+        tf.Session().run(picked)

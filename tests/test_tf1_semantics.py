@@ -842,3 +842,23 @@ def test_bias_add_along_the_last_axis_is_one_bias_add_op_with_its_gradient():
         sess.run(z, {unknown: np.zeros((1, 3, 4))})
     with pytest.raises(ShapeError, match="axis 3 is out of range"):
         ops.make("bias_add", x, bias, axis=3)
+
+
+def test_softplus_and_sigmoid_cross_entropy_have_gradient_sigmoid_at_zero():
+    # Numerics probe: built as maximum(x, 0) + log(1 + exp(-|x|)), the gradient at
+    # exactly 0 was 1 (maximum's tie sends it all to x, abs's sign(0) is 0), where
+    # it is sigmoid(0) = 0.5; logistic regression from zero weights started wrong.
+    x = tf.placeholder(tf.float64, (3,))
+    z = tf.constant(np.array([0.0, 1.0, 0.5]))
+    (d_softplus,) = tf.gradients(tf.reduce_sum(tf.nn.softplus(x)), [x])
+    (d_xent,) = tf.gradients(tf.reduce_sum(
+        tf.nn.sigmoid_cross_entropy_with_logits(labels=z, logits=x)), [x])
+    values = np.array([0.0, -0.0, 2.0])
+    sess = tf.Session()
+    got_softplus, got_xent = sess.run([d_softplus, d_xent], {x: values})
+    sigmoid = 1.0 / (1.0 + np.exp(-values))
+    np.testing.assert_allclose(got_softplus, sigmoid, rtol=1e-15)
+    np.testing.assert_allclose(got_xent, sigmoid - np.array([0.0, 1.0, 0.5]), rtol=1e-15)
+    # and the values are those of the stable form, as before
+    np.testing.assert_allclose(sess.run(tf.nn.softplus(x), {x: values}),
+                               np.log1p(np.exp(values)), rtol=1e-15)

@@ -721,7 +721,10 @@ def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 
     oh, ow = g.shape[2:]
     (kh, kw), (sh, sw) = ksize, stride
     disjoint = sh >= kh and sw >= kw
-    tiled = (sh, sw) == (kh, kw) and (oh * kh, ow * kw) == (h, w)  # no pad, no gaps
+    # Exact tiling: windows side by side, no gaps and no padding (with padding 1,
+    # 3x3 windows of stride 3 also cover a 6x6 input, shifted by the padding)
+    unpadded = _pads(h, kh, sh, padding) == (0, 0) == _pads(w, kw, sw, padding)
+    tiled = (sh, sw) == (kh, kw) and (oh * kh, ow * kw) == (h, w) and unpadded
     if tiled and out is not None and out.flags.c_contiguous:
         dx, crop = out, None
     elif tiled:

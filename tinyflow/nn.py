@@ -347,13 +347,22 @@ def _operand(value: Any) -> Any:
     return value if _is_tensor(value) else ops.constant(value)
 
 
+def _relu_and_neg_abs(x: Node) -> tuple[Node, Node]:
+    """max(x, 0) and -|x| as TF1's stable logistic forms build them, with
+    where(x >= 0, ...): their gradients at x = 0 are 1 and -1, so these forms'
+    gradient there is sigmoid(0) = 0.5. (maximum's tie sends 1 to x and abs's
+    sign(0) is 0: the gradient at 0 came out 1.) The values are the same."""
+    nonnegative = x >= 0.0
+    return ops.where(nonnegative, x, 0.0), ops.where(nonnegative, -x, x)
+
+
 def sigmoid_cross_entropy_with_logits(labels: Any = None, logits: Any = None) -> Node:
     """Elementwise logistic loss of `logits` against 0/1 (or probability) `labels`,
     in TF1's stable form: max(x, 0) - x * z + log(1 + exp(-|x|)) (no overflow for
     large |x|)."""
     logits = _operand(logits)
-    return (ops.maximum(logits, 0.0) - logits * labels
-            + ops.log(1.0 + ops.exp(-ops.abs(logits))))
+    relu, neg_abs = _relu_and_neg_abs(logits)
+    return relu - logits * labels + ops.log(1.0 + ops.exp(neg_abs))
 
 
 def l2_loss(t: Any) -> Node:
@@ -373,7 +382,8 @@ def softplus(features: Any) -> Node:
     """log(1 + exp(x)), as max(x, 0) + log(1 + exp(-|x|)) so a large x does not
     overflow exp."""
     features = _operand(features)
-    return ops.maximum(features, 0.0) + ops.log(1.0 + ops.exp(-ops.abs(features)))
+    relu, neg_abs = _relu_and_neg_abs(features)
+    return relu + ops.log(1.0 + ops.exp(neg_abs))
 
 
 def embedding_lookup(params: Node, ids: Node) -> Node:

@@ -386,15 +386,19 @@ def _gather_infer(shapes, dtypes, attrs):
 
 
 def _gather_compute(xp, params, indices, out=None):
-    rows = indices.astype(np.int64, copy=False)
     # Checked here, so that an index past the end (any index, when params have no
     # rows) is named in the user's terms rather than numpy's ("cannot do a
     # non-empty take from an empty axes"). Negative indices count from the end.
+    # (Before the cast to int64: a uint64 index beyond its range would wrap to a
+    # negative one, and pick a row from the end.)
     n = len(params)
-    if rows.size and not -n <= int(rows.min()) <= int(rows.max()) < n:
-        bad = int(rows.max()) if int(rows.max()) >= n else int(rows.min())
-        raise IndexError(f"index {bad} is out of range for params of {n} rows "
-                         f"(indices must be in [-{n}, {n}))")
+    if indices.size:
+        low, high = int(indices.min()), int(indices.max())
+        if not -n <= low <= high < n:
+            bad = high if high >= n else low
+            raise IndexError(f"index {bad} is out of range for params of {n} rows "
+                             f"(indices must be in [-{n}, {n}))")
+    rows = indices.astype(np.int64, copy=False)
     return xp.take(params, rows, axis=0, out=out)
 
 
