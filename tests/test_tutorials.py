@@ -340,7 +340,12 @@ def test_eager_training_record_compares_the_allocator_with_the_static_plan(tmp_p
                                      [*args, "--trace", str(record_path)], tmp_path))
     without = results(run_python(TUTORIALS / "train_eager.py", args, tmp_path))
     assert {**with_record, "train_seconds": 0} == {**without, "train_seconds": 0}
-    plan = trace.load(record_path)["memory_plan"]
+    record = trace.load(record_path)
+    plan = record["memory_plan"]
+    # its loss curve, one point per recorded step (the curves view had nothing)
+    assert len(record["scalars"]["loss"]) >= 2
+    assert record["scalars"]["loss"][0][1] == pytest.approx(float(with_record["loss_start"]),
+                                                            abs=1e-4)
     strategies = plan["strategies"]
     assert set(strategies) == {"caching allocator (reserved)", "allocated peak",
                                "static plan (traced step)"}
