@@ -344,3 +344,35 @@ def test_create_graph_keeps_the_sum_out_of_place():
     (w * w * w).sum().backward(create_graph=True)
     assert w.grad is not held and w.grad.requires_grad
     np.testing.assert_array_equal(w.grad.numpy(), [6.0, 24.0])
+
+
+def test_a_method_called_through_its_class_and_a_classmethod_work():
+    # Model.forward(m, x) keyed the cache by the instance (kept alive for ever), and
+    # @classmethod over @tf.function raised a raw TypeError (a class's mappingproxy).
+    import gc
+    import weakref
+
+    class Model:
+        def __init__(self, scale: float) -> None:
+            self.w = eager.tensor(np.array([scale]))
+
+        @tf.function
+        def forward(self, x):
+            return self.w * x
+
+        @classmethod
+        @tf.function
+        def triple(cls, x):
+            return x * 3.0
+
+    x = eager.tensor(np.array([2.0]))
+    model = Model(1.5)
+    assert Model.forward(model, x).item() == 3.0
+    assert model.forward(x).item() == 3.0
+    assert "1 trace(s)" in model.forward.explain()       # the same Function both ways
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
+    assert Model.triple(x).item() == 6.0
+    assert Model(2.0).triple(x).item() == 6.0

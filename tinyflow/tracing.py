@@ -449,18 +449,22 @@ class Function:
         self.cache: dict[tuple, list[_Concrete]] = {}
         self.traces: list[dict] = []
         self.breaks: list[str] = []
+        self.owner: type | None = None   # the class, for a method (__set_name__)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.owner = owner    # a method of `owner`: see __get__ and __call__
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """A decorated method: `model.step` is a Function of its own for each instance,
         of the method bound to it (kept in the instance's __dict__, so it lives and
         dies with the instance), as tf.function binds methods; the Tensors the
         instance holds are read from outside, on every call. An instance without a
-        __dict__ (__slots__) is passed as a Python value of each call instead."""
+        __dict__ (__slots__), or a class (a classmethod), is passed as a Python value
+        of each call instead."""
         if instance is None:
             return self
-        try:
-            state = vars(instance)
-        except TypeError:
+        state = getattr(instance, "__dict__", None)
+        if not isinstance(state, dict):   # (a class's is a read-only mappingproxy)
             return types.MethodType(self, instance)
         slot = f"_tf_function_{id(self)}"   # (this Function's: an override has another)
         bound = state.get(slot)
@@ -474,6 +478,13 @@ class Function:
             # Called from inside another traced function: its ops join that trace
             # (as tf.function's do), rather than compiling a program of their own.
             return self.fn(*args, **kwargs)
+        owner = self.owner
+        if owner is not None and args and isinstance(args[0], owner):
+            # Model.step(model, x): the instance's own Function, as model.step(x) is
+            # (keyed by the instance, the cache would keep every instance alive)
+            bound = self.__get__(args[0])
+            if bound is not self and not isinstance(bound, types.MethodType):
+                return bound(*args[1:], **kwargs)
         if kwargs:
             args = self._positional(args, kwargs)
         flat, nesting, key = args, None, _call_signature(args)
