@@ -130,6 +130,9 @@ print(f"two streams: {speedup:.2f}x the speed of one ({took[1]:.2f} ms -> {took[
 if speedup >= 1.2:
     print("two streams finished sooner: the two chains really multiplied at once, on "
           "two cores")
+elif cores < 2:
+    print("this process may use one core only, so the two streams took turns on it: "
+          "they cannot finish sooner here")
 elif overlap[2] >= 0.5 * took[2]:
     print("the streams overlapped but finished no sooner: each matmul ran slower while "
           "the other ran, so the cores were not free (other work on the machine, two "

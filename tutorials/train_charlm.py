@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        learning_rate: np.float32(lr)})
             if rec is not None:
                 rec.scalar("loss", step, step_loss)
-            bar.update(task, advance=1, status=f"loss {step_loss:.3f}")
+            # (this batch's training loss; loss_end below is the validation loss)
+            bar.update(task, advance=1, status=f"train loss {step_loss:.3f}")
     seconds = time.perf_counter() - start
     loss_end = validation_loss(sess)
 

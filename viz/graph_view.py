@@ -524,7 +524,8 @@ class GraphView(Widget):
         info = model.passes[index]
         cap = Text(no_wrap=True, overflow="ellipsis")
         cap.append(f"after {info.name}", styles["title"])
-        cap.append(f" · {info.nodes_after} nodes · {self.hops} hops around ", styles["dim"])
+        hops = f"{self.hops} hop{'' if self.hops == 1 else 's'}"
+        cap.append(f" · {info.nodes_after} nodes · {hops} around ", styles["dim"])
         cap.append(center, styles["edge_sel"])
         if info.added or info.removed:
             cap.append(f"  +{len(info.added)}", styles["added"])
