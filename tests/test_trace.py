@@ -188,7 +188,10 @@ def test_load_errors_are_plain_messages(tmp_path, record):
         "notjson.json": (b"hello, I am a text file", "not a DebugRecord: invalid JSON"),
         "truncated.json": (text[: len(text) // 2].encode(), "the file is truncated"),
         "truncated.json.gz": (gzip.compress(text.encode())[:500], "gzip data is truncated"),
-        "list.json": (b"[1, 2, 3]", "not a TinyFlow debug record (format is 'list'"),
+        # (it said "format is 'list'", as if the file had a format field: new-user pass)
+        "list.json": (b"[1, 2, 3]", "not a TinyFlow debug record (the file holds a JSON "
+                                    "array, not an object)"),
+        "number.json": (b"3", "(the file holds a JSON number, not an object)"),
         "other.json": (b'{"format": "chrome.trace"}',
                        "not a TinyFlow debug record (format is 'chrome.trace'"),
         "newer.json": (json.dumps({**record, "version": 2}).encode(),

@@ -187,6 +187,11 @@ def empty_record(title: str, device: str = "cpu", command: str = "") -> dict:
 # ----------------------------------------------------------------------------------
 
 
+# What json.loads makes of each kind of JSON value, named as JSON names it.
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -549,10 +554,13 @@ def _position(text: str, offset: int) -> tuple[int, int]:
 def loads(data: bytes | str, name: str = "record") -> dict:
     """Parse and validate a record from bytes (gzip or plain) or text; see `load`."""
     record = parse(data, name)
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        found = record.get("format") if isinstance(record, dict) else type(record).__name__
-        raise RecordError(f"{name}: not a TinyFlow debug record (format is {_show(found)}, "
-                          f"expected {FORMAT!r})")
+    if not isinstance(record, dict):   # (a record is a JSON object)
+        raise RecordError(f"{name}: not a TinyFlow debug record (the file holds a JSON "
+                          f"{_JSON_KINDS.get(type(record), type(record).__name__)}, not an "
+                          "object)")
+    if record.get("format") != FORMAT:
+        raise RecordError(f"{name}: not a TinyFlow debug record (format is "
+                          f"{_show(record.get('format'))}, expected {FORMAT!r})")
     version = record.get("version")
     if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
         raise RecordError(f"{name}: written by a newer TinyFlow (version {version} > "
