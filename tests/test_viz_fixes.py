@@ -185,6 +185,24 @@ async def test_bytes_no_recorded_block_used_are_not_drawn_free():
 
 
 @pilot_test
+async def test_an_eager_runs_bound_is_named_as_its_own_beside_a_smaller_static_plan():
+    """Second new-user pass: an eager record said "lower bound 612 KiB" above
+    "static plan (traced step) 408 KiB", a plan below its own lower bound; the
+    bound is the eager run's ops', the plan another (traced, fused) program's."""
+    record = trace.load(MLP)
+    plan = record["memory_plan"]
+    plan["strategy"] = "caching allocator"
+    plan["strategies"] = {"caching allocator (reserved)": plan["arena_bytes"],
+                          "allocated peak": plan["lower_bound_bytes"],
+                          "static plan (traced step)": plan["lower_bound_bytes"] // 2}
+    app = DebuggerApp(record=record, view="memory")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await opened(pilot)
+        header = " ".join(app.query_one(MemoryView).render().plain.split("step →")[0].split())
+        assert "this run's lower bound" in header and "static plan (traced step)" in header
+
+
+@pilot_test
 async def test_peak_live_and_lower_bound_count_the_same_aligned_sizes():
     """"peak live 320.0 KiB" under "lower bound 320.1 KiB": live bytes were raw."""
     app = DebuggerApp(MLP, view="memory")
