@@ -609,3 +609,12 @@ def test_export_run_minus_one_is_the_last_run(tmp_path):
         assert done.returncode == 0, done.stderr
         written[run] = json.loads(out.read_text())
     assert written["-1"] == written[str(runs - 1)]
+
+
+def test_a_training_scripts_argument_error_names_the_command_typed(capsys):
+    # Second new-user pass: it said "train_mlp.py: error:", a file the user never
+    # typed (runpy sets argv[0] to the script's path).
+    assert cli.main(["train", "mlp", "--threads", "-3"]) == 2
+    err = capsys.readouterr().err
+    assert "tinyflow train mlp: error: argument --threads: must be at least 0" in err
+    assert "usage: tinyflow train mlp" in err and "train_mlp.py" not in err

@@ -43,7 +43,8 @@ from pathlib import Path
 import tinyflow
 
 __all__ = ["main", "tutorials_dir", "training_scripts", "positive_int", "nonnegative_int",
-           "positive_float", "writable_file", "checkpoint_file", "writable_folder"]
+           "positive_float", "writable_file", "checkpoint_file", "writable_folder",
+           "script_prog"]
 
 _VIZ_MISSING = ("the debugger and exporters are in the viz extra, which is not installed: "
                 "pip install 'tinyflow[viz]'")
@@ -213,7 +214,7 @@ def _train(args: argparse.Namespace) -> int:
     _check_outputs(args.script_args)
     if "--live" in args.script_args:
         return _train_live(scripts[args.name], list(args.script_args))
-    return _run_script(scripts[args.name], args.script_args)
+    return _run_script(scripts[args.name], args.script_args, f"tinyflow train {args.name}")
 
 
 # The training scripts' options that name a file written after the run, and the
@@ -332,10 +333,23 @@ def _refuse_unused(args: argparse.Namespace, options: dict[str, str]) -> None:
             raise CommandError(f"{option} applies only {applies}")
 
 
-def _run_script(path: Path, script_args: Sequence[str]) -> int:
-    """Run a Python file as __main__ in this process, as `python FILE args` would."""
+# The command a training script runs under (`tinyflow train mlp`), while `train`
+# runs it: runpy sets argv[0] to the file's path, which argparse would name instead.
+_running_as: list[str] = []
+
+
+def script_prog(file: str) -> str:
+    """A training script's argparse `prog`: the command the user typed, `tinyflow
+    train NAME` under `tinyflow train`, else the file's name (`python FILE`)."""
+    return _running_as[-1] if _running_as else os.path.basename(file)
+
+
+def _run_script(path: Path, script_args: Sequence[str], prog: str) -> int:
+    """Run a Python file as __main__ in this process, as `python FILE args` would;
+    its errors name `prog` (see script_prog)."""
     saved_argv = sys.argv
     sys.argv = [str(path), *script_args]
+    _running_as.append(prog)
     try:
         runpy.run_path(str(path), run_name="__main__")
     except SystemExit as stop:  # the script's own exit (argparse's --help, errors)
@@ -343,6 +357,7 @@ def _run_script(path: Path, script_args: Sequence[str]) -> int:
         return code if isinstance(code, int) else (0 if code is None else 1)
     finally:
         sys.argv = saved_argv
+        _running_as.pop()
     return 0
 
 

@@ -37,7 +37,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
-from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
+from tinyflow.cli import (nonnegative_int, positive_float, positive_int, script_prog,
+                          writable_file)
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import CharVocab, char_corpus
@@ -46,6 +47,7 @@ from tinyflow.saver import Saver
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
+        prog=script_prog(__file__),
         description="Train a character-level transformer on the standard library's "
                     "docstrings with TinyFlow, then sample from it.")
     parser.add_argument("--steps", type=positive_int, default=1500, help="training steps")

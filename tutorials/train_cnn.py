@@ -32,7 +32,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
-from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
+from tinyflow.cli import (nonnegative_int, positive_float, positive_int, script_prog,
+                          writable_file)
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import load_digits, minibatches
@@ -41,6 +42,7 @@ from tinyflow.saver import Saver
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
+        prog=script_prog(__file__),
         description="Train a CNN (tf.nn.conv2d / max_pool) on scikit-learn's 8x8 digits.")
     parser.add_argument("--epochs", type=positive_int, default=20)
     parser.add_argument("--batch-size", type=positive_int, default=32)

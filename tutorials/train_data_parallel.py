@@ -43,7 +43,8 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np
 
 import tinyflow as tf
-from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
+from tinyflow.cli import (nonnegative_int, positive_float, positive_int, script_prog,
+                          writable_file)
 from tinyflow.allreduce import ThreadTransport, init_communicator, ring_allreduce, run_threads
 from tinyflow.data import load_digits, minibatches
 from tinyflow.parallel import DistributedOptimizer, broadcast_variables
@@ -52,6 +53,7 @@ from tinyflow.saver import Saver
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
+        prog=script_prog(__file__),
         description="Train the digits MLP data-parallel on N ranks (processes under "
                     "`tinyflow launch -n N`, or threads with --threads N).")
     parser.add_argument("--threads", type=nonnegative_int, default=0, metavar="N",

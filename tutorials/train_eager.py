@@ -24,14 +24,16 @@ import time
 import numpy as np
 
 import tinyflow as tf
-from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
+from tinyflow.cli import (nonnegative_int, positive_float, positive_int, script_prog,
+                          writable_file)
 from tinyflow import eager, tracing
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow.data import load_digits, minibatches
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train the digits MLP with eager Tensors.")
+    parser = argparse.ArgumentParser(
+        prog=script_prog(__file__), description="Train the digits MLP with eager Tensors.")
     parser.add_argument("--epochs", type=positive_int, default=20)
     parser.add_argument("--batch-size", type=positive_int, default=32)
     parser.add_argument("--lr", type=positive_float, default=3e-3, help="Adam learning rate")

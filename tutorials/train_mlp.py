@@ -30,7 +30,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import tinyflow as tf
-from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
+from tinyflow.cli import (nonnegative_int, positive_float, positive_int, script_prog,
+                          writable_file)
 from tinyflow.backend import DEFAULT_BLAS_THREADS, set_blas_threads
 from tinyflow import debug
 from tinyflow.data import load_digits, minibatches
@@ -39,6 +40,7 @@ from tinyflow.saver import Saver
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
+        prog=script_prog(__file__),
         description="Train an MLP on scikit-learn's 8x8 digits with TinyFlow.")
     parser.add_argument("--epochs", type=positive_int, default=30)
     parser.add_argument("--batch-size", type=positive_int, default=32)

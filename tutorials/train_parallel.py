@@ -41,7 +41,8 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np
 
 import tinyflow as tf
-from tinyflow.cli import nonnegative_int, positive_float, positive_int, writable_file
+from tinyflow.cli import (nonnegative_int, positive_float, positive_int, script_prog,
+                          writable_file)
 from tinyflow.allreduce import ThreadTransport, init_communicator, ring_allreduce, run_threads
 from tinyflow.collectives import all_gather
 from tinyflow.data import load_digits, minibatches
@@ -58,9 +59,10 @@ MLP_LAYERS = 4  # build_model's dense layers: a pipeline has at most this many s
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train the digits MLP with a parallel "
-                                     "scheme, on threads (--threads N) or under "
-                                     "`tinyflow launch -n N`.")
+    parser = argparse.ArgumentParser(
+        prog=script_prog(__file__),
+        description="Train the digits MLP with a parallel scheme, on threads (--threads N) "
+                    "or under `tinyflow launch -n N`.")
     parser.add_argument("--scheme", choices=SCHEMES, default="zero2")
     parser.add_argument("--model", choices=["mlp", "charlm"], default="mlp")
     parser.add_argument("--threads", type=nonnegative_int, default=0, metavar="N",
