@@ -56,6 +56,16 @@ def tensor_nbytes(shape: Sequence | None, dtype: Any) -> int | None:
     return math.prod(shape) * np.dtype(dtype).itemsize
 
 
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`...: the first not in `taken`, which it joins."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
 def next_node_id() -> int:
     """A fresh id, smaller than the id of every node built after this call."""
     return next(_ids)

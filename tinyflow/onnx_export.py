@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tinyflow import nn_ops, ops
-from tinyflow.graph import Node, topological_order
+from tinyflow.graph import Node, topological_order, unique_name
 from tinyflow.onnx_import import (_INT_MAX, DEFAULT_OPSET, ELEMENTWISE, OnnxError, _onnx,
                                   _unsupported, check_opset)
 
@@ -39,12 +39,7 @@ class _Writer:
     taken: set[str] = field(default_factory=set)
 
     def unique(self, name: str) -> str:
-        candidate, n = name, 0
-        while candidate in self.taken:
-            n += 1
-            candidate = f"{name}_{n}"
-        self.taken.add(candidate)
-        return candidate
+        return unique_name(name, self.taken)
 
     def emit(self, op_type: str, inputs: Sequence[str], out: str | None, node: Node,
              **attrs: Any) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyflow.graph import Graph, Node, next_node_id
+from tinyflow.graph import Graph, Node, next_node_id, unique_name
 from tinyflow.ops import infer_node
 from tinyflow.registry import mutated_input, source_kind
 
@@ -82,12 +82,7 @@ class PassContext:
         """`base`, or `base_1`, `base_2`... : a name no node of this compile has had,
         so a pass-made node ("fused_" + y.name) never takes a user node's name (the
         memory plan and the DebugRecord refer to nodes by name)."""
-        name, k = base, 0
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
+        return unique_name(base, self.names)
 
 
 def merged_phase(*nodes: Node) -> str:
