@@ -403,7 +403,7 @@ async def test_bad_records_give_a_message_not_a_traceback(tmp_path, record, dama
 async def test_a_2000_node_record_opens(tmp_path):
     sys.path.insert(0, FIXTURES)
     import make_record
-    record = make_record.big_record(layers=100)
+    record = make_record.big_record(layers=110)
     assert len(record["graphs"][0]["nodes"]) >= 2000
     path = tmp_path / "big.json.gz"
     trace.save(record, path)

@@ -704,7 +704,7 @@ _unary("tanh", "tanh", lambda n, g: [g * (1.0 - n * n)], "tanh",
 _unary("sigmoid", _sigmoid_compute, lambda n, g: [g * n * (1.0 - n)], "1 / (1 + e^-x)",
        dtype_like="exp", dense_activation=True)
 _unary("relu", _relu_compute,
-       lambda n, g: [g * cast(n.inputs[0] > 0.0, g.dtype)], "max(x, 0)",
+       lambda n, g: [g * (n.inputs[0] > 0.0)], "max(x, 0)",
        dense_activation=True)
 _unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation", dtype_like="exp",
        dense_activation=True)
