@@ -311,6 +311,37 @@ def test_a_symbolic_tensor_used_outside_its_trace_is_a_clear_error():
             use(kept[0])
 
 
+def test_the_operator_shortcut_fails_as_apply_does_and_keeps_no_block():
+    # apply_unary/apply_binary run a remembered ufunc themselves; when it raises
+    # (numpy set to raise on overflow), the op goes to apply, whose error names the
+    # line, and the shortcut's block is given back.
+    big = E.tensor(np.full(4, 3e38, np.float32))
+    with E.no_grad():
+        for op in (lambda t: t * 10.0, lambda t: t * t, lambda t: tf.exp(t)):
+            op(E.tensor(np.ones(4, np.float32)))    # the kernel is remembered now
+            before = E._allocator.allocated
+            with np.errstate(over="raise"), pytest.raises(EagerError,
+                                                          match="at test_eager.py:"):
+                op(big)
+            assert E._allocator.allocated == before
+
+
+def test_the_operator_shortcut_records_history_and_debug_events(tmp_path):
+    x = E.tensor(np.array([0.5, -1.0]), requires_grad=True)
+    for _ in range(2):   # made, then remembered: both times on the tape
+        x.grad = None
+        y = -(x * 3.0 + x)
+        tf.tanh(y).sum().backward()
+        want = -4.0 * (1.0 - np.tanh(-4.0 * x.numpy()) ** 2)
+        np.testing.assert_allclose(x.grad.numpy(), want)
+    with tf.debug.record(tmp_path / "ops.tfdbg.json"), E.no_grad():
+        tf.tanh(-(x * 3.0 + x))
+    from tinyflow import trace
+    record = trace.load(tmp_path / "ops.tfdbg.json")
+    assert [n["op"] for n in record["graphs"][0]["nodes"]
+            if n["op"] not in ("constant", "placeholder")] == ["mul", "add", "neg", "tanh"]
+
+
 def test_remembered_literals_keep_the_sign_of_zero_and_their_type():
     """Regression: literals were remembered by (type, value, dtype), and 0.0 == -0.0
     in Python, so `x * -0.0` after `x * 0.0` reused the +0.0 constant and gave +0."""

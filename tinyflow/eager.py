@@ -470,21 +470,22 @@ class Tensor:
         return self
 
     # -- operators: the graph's builders, run at once through `apply` --------------
-    # The arithmetic operators go straight to `apply` (their builders in ops.py are
-    # nothing but `make`), which saves two Python calls on the hottest path.
-    def __add__(self, other): return apply("add", (self, other), {})
-    def __radd__(self, other): return apply("add", (other, self), {})
-    def __sub__(self, other): return apply("sub", (self, other), {})
-    def __rsub__(self, other): return apply("sub", (other, self), {})
-    def __mul__(self, other): return apply("mul", (self, other), {})
-    def __rmul__(self, other): return apply("mul", (other, self), {})
-    def __truediv__(self, other): return apply("div", (self, other), {})
-    def __rtruediv__(self, other): return apply("div", (other, self), {})
-    def __pow__(self, other): return apply("pow", (self, other), {})
-    def __rpow__(self, other): return apply("pow", (other, self), {})
+    # The arithmetic operators go straight to apply's shortcuts (apply_binary,
+    # apply_unary; their builders in ops.py are nothing but `make`), which saves two
+    # Python calls on the hottest path.
+    def __add__(self, other): return apply_binary("add", self, other)
+    def __radd__(self, other): return apply_binary("add", other, self)
+    def __sub__(self, other): return apply_binary("sub", self, other)
+    def __rsub__(self, other): return apply_binary("sub", other, self)
+    def __mul__(self, other): return apply_binary("mul", self, other)
+    def __rmul__(self, other): return apply_binary("mul", other, self)
+    def __truediv__(self, other): return apply_binary("div", self, other)
+    def __rtruediv__(self, other): return apply_binary("div", other, self)
+    def __pow__(self, other): return apply_binary("pow", self, other)
+    def __rpow__(self, other): return apply_binary("pow", other, self)
     def __matmul__(self, other): return ops.matmul(self, other)
     def __rmatmul__(self, other): return ops.matmul(other, self)
-    def __neg__(self): return apply("neg", (self,), {})
+    def __neg__(self): return apply_unary("neg", self)
     def __abs__(self): return ops.abs(self)
     def __lt__(self, other): return ops.less(self, other)
     def __le__(self, other): return ops.less_equal(self, other)
@@ -832,6 +833,74 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     return result_tensor
 
 
+# The operators' shortcut. On tiny Tensors an op's Python is its whole cost, and
+# most ops are the common case: a numpy ufunc already run on these shapes and dtypes
+# (its kernel is remembered), operands that are Tensors or numbers seen before, no
+# trace and no recording. That case needs a third of `apply`'s steps, so the
+# arithmetic operators (`-y`, `y + 0.5`) and the one-input builders (`tanh(y)`, via
+# ops.make) come to these two first; every other case goes on to `apply` itself,
+# which also says what is wrong when something is. Two functions, not one with an
+# arity test: the tests cost the one-input ops 8% (benchmarks/eager_bench.py).
+
+def apply_unary(op: str, a: Any) -> Tensor:
+    """`apply(op, (a,), {})`, shortened for the common case (see above)."""
+    try:
+        kernel = _kernels.get((op, a.data.shape, a.data.dtype))
+    except AttributeError:   # not a Tensor with an array: apply says what it is
+        kernel = None
+    if kernel is None or kernel[2] is None or _mode.tracer is not None or debug.active:
+        return apply(op, (a,), {})
+    layout, nbytes, ufunc, opdef = kernel
+    alloc = _allocator
+    block = alloc.malloc(nbytes)
+    out = block.view if block.view_key is layout else alloc.view_as(block, layout)
+    try:
+        ufunc(a.data, out=out)
+    except Exception:   # apply runs it again, and raises its error
+        alloc.free(block)
+        return apply(op, (a,), {})
+    result = _new_object(Tensor)   # _wrap(out, block, alloc), spelled out
+    result.data = out
+    result._block = block
+    result._alloc = alloc
+    if _mode.grad_enabled and opdef.differentiable:
+        _put_on_tape(result, op, (a,), {})
+    return result
+
+
+def apply_binary(op: str, a: Any, b: Any) -> Tensor:
+    """`apply(op, (a, b), {})`, shortened for the common case (see above)."""
+    if _mode.tracer is not None or debug.active:
+        return apply(op, (a, b), {})
+    inputs = (a, b)
+    try:
+        if a.__class__ is Tensor and b.__class__ is Tensor:
+            x, y = a.data, b.data
+        else:   # a literal: its Tensor (one lookup for a number seen before)
+            inputs, (x, y) = _with_literals(op, inputs)
+        kernel = _kernels.get((op, x.shape, x.dtype, y.shape, y.dtype))
+    except AttributeError:   # an operand with no array: apply says what it is
+        kernel = None
+    if kernel is None or kernel[2] is None:   # first time, or not a ufunc
+        return apply(op, inputs, {})
+    layout, nbytes, ufunc, opdef = kernel
+    alloc = _allocator
+    block = alloc.malloc(nbytes)
+    out = block.view if block.view_key is layout else alloc.view_as(block, layout)
+    try:
+        ufunc(x, y, out=out)
+    except Exception:   # apply runs it again, and raises its error
+        alloc.free(block)
+        return apply(op, inputs, {})
+    result = _new_object(Tensor)   # _wrap(out, block, alloc), spelled out
+    result.data = out
+    result._block = block
+    result._alloc = alloc
+    if _mode.grad_enabled and opdef.differentiable:
+        _put_on_tape(result, op, inputs, {})
+    return result
+
+
 _NOT_RECORDING = (None, None)
 _SCRATCH_DTYPE = np.dtype(np.uint8)
 
@@ -960,7 +1029,7 @@ def _constant_tensor(op: str, value: Any, like: Any) -> Tensor:
     return _literal(op, value, like)
 
 
-ops.set_eager_dispatch(apply, Tensor)
+ops.set_eager_dispatch(apply, apply_unary, Tensor)
 
 
 # ----------------------------------------------------------------------------------

@@ -121,14 +121,17 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
 
 
 # Eager mode (eager.py) registers here how to run an op at once on its Tensors:
-# (apply function, Tensor class). ops.py sits below eager.py, so it is told, not told of.
-_eager_dispatch: tuple[Callable[..., Any], type] | None = None
+# (apply function, its one-input shortcut, Tensor class). ops.py sits below eager.py,
+# so it is told, not told of.
+_eager_dispatch: tuple[Callable[..., Any], Callable[..., Any], type] | None = None
 
 
-def set_eager_dispatch(apply: Callable[..., Any], tensor_type: type) -> None:
-    """Route `make` calls that have an eager Tensor among their inputs to `apply`."""
+def set_eager_dispatch(apply: Callable[..., Any], apply_unary: Callable[..., Any],
+                       tensor_type: type) -> None:
+    """Route `make` calls that have an eager Tensor among their inputs to `apply`,
+    or, for one input and no attributes (`tanh(x)`), to `apply_unary(op, x)`."""
     global _eager_dispatch
-    _eager_dispatch = (apply, tensor_type)
+    _eager_dispatch = (apply, apply_unary, tensor_type)
 
 
 # What a builder takes as an input: a Node, or a Python number or list or a numpy
@@ -149,9 +152,11 @@ def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
     comes back: every builder in TinyFlow works in both modes.
     """
     if _eager_dispatch is not None:
-        apply, tensor_type = _eager_dispatch
+        apply, apply_unary, tensor_type = _eager_dispatch
         for i in inputs:  # a loop, not any(...): a generator costs more than the test
             if isinstance(i, tensor_type):
+                if len(inputs) == 1 and not attrs and name is None:
+                    return apply_unary(op, i)
                 return apply(op, inputs, attrs, name)
     where = user_source_line()
     like = literal_like(i.dtype for i in inputs if isinstance(i, Node))
