@@ -326,6 +326,42 @@ def test_the_operator_shortcut_fails_as_apply_does_and_keeps_no_block():
             assert E._allocator.allocated == before
 
 
+def test_a_kernel_failure_in_the_operator_shortcut_runs_once():
+    # Regression (review of the shortcut): a failing ufunc was run again by apply,
+    # so numpy's error callback ran twice, a recording allocator logged two
+    # alloc/free pairs, and the EagerError's cause had a second FloatingPointError
+    # in its chain.
+    calls = []
+
+    def callback(kind, flag):
+        calls.append(kind)
+        raise FloatingPointError(kind)
+
+    alloc = CachingAllocator(record=True)
+    old = E.set_allocator(alloc)
+    try:
+        x = E.tensor(np.array([1.0, 0.0]))
+        with E.no_grad(), np.errstate(all="call"):
+            old_call = np.seterrcall(callback)
+            try:
+                for op in (lambda: x / 0.0, lambda: -(x / x)):
+                    for _ in range(2):     # the second time through the shortcut
+                        calls.clear()
+                        before = len(alloc.events)
+                        with pytest.raises(EagerError, match="at test_eager.py:") as failure:
+                            op()
+                        assert calls and len(set(calls)) == len(calls), calls
+                        cause = failure.value.__cause__
+                        assert isinstance(cause, FloatingPointError)
+                        assert cause.__context__ is None and cause.__cause__ is None
+                        assert len(alloc.events) - before <= 2 * len(calls) + 2
+            finally:
+                np.seterrcall(old_call)
+        alloc.validate()
+    finally:
+        E.set_allocator(old)
+
+
 def test_the_operator_shortcut_records_history_and_debug_events(tmp_path):
     x = E.tensor(np.array([0.5, -1.0]), requires_grad=True)
     for _ in range(2):   # made, then remembered: both times on the tape

@@ -44,7 +44,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -814,13 +814,9 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
             ufunc(arrays[0], out)   # (out by position: a keyword costs 20 ns)
         else:
             ufunc(*arrays, out=out)
-    except TinyFlowError:
-        alloc.free(block)
-        raise
     except Exception as err:
         alloc.free(block)
-        raise EagerError(f"{op} failed at {user_source_line()} on inputs of shapes "
-                         f"{[a.shape for a in arrays]}: {err}") from err
+        _kernel_failed(op, arrays, err)
     result_tensor = _new_object(Tensor)   # _wrap(out, block, alloc), spelled out
     result_tensor.data = out
     result_tensor._block = block
@@ -841,6 +837,7 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
 # ops.make) come to these two first; every other case goes on to `apply` itself,
 # which also says what is wrong when something is. Two functions, not one with an
 # arity test: the tests cost the one-input ops 8% (benchmarks/eager_bench.py).
+# A kernel that fails here fails as in apply (_kernel_failed), without running again.
 
 def apply_unary(op: str, a: Any) -> Tensor:
     """`apply(op, (a,), {})`, shortened for the common case (see above)."""
@@ -856,9 +853,9 @@ def apply_unary(op: str, a: Any) -> Tensor:
     out = block.view if block.view_key is layout else alloc.view_as(block, layout)
     try:
         ufunc(a.data, out)   # (out by position: a keyword costs 20 ns)
-    except Exception:   # apply runs it again, and raises its error
-        alloc.free(block)
-        return apply(op, (a,), {})
+    except Exception as err:   # (not run again by apply: a numpy error callback
+        alloc.free(block)      # or a recording allocator would see it twice)
+        _kernel_failed(op, (a.data,), err)
     result = _new_object(Tensor)   # _wrap(out, block, alloc), spelled out
     result.data = out
     result._block = block
@@ -895,9 +892,9 @@ def apply_binary(op: str, a: Any, b: Any) -> Tensor:
     out = block.view if block.view_key is layout else alloc.view_as(block, layout)
     try:
         ufunc(x, y, out)   # (by position: 20 ns less; fine for the operators' ufuncs)
-    except Exception:   # apply runs it again, and raises its error
+    except Exception as err:   # (as in apply_unary)
         alloc.free(block)
-        return apply(op, inputs, {})
+        _kernel_failed(op, (x, y), err)
     result = _new_object(Tensor)   # _wrap(out, block, alloc), spelled out
     result.data = out
     result._block = block
@@ -905,6 +902,16 @@ def apply_binary(op: str, a: Any, b: Any) -> Tensor:
     if _mode.grad_enabled and opdef.differentiable:
         _put_on_tape(result, op, inputs, {})
     return result
+
+
+def _kernel_failed(op: str, arrays: Sequence, err: Exception) -> NoReturn:
+    """Raise what a kernel's failure `err` becomes: a TinyFlowError as it is, any
+    other (numpy's FloatingPointError, a warning turned error) an EagerError naming
+    the op, the user's line and the input shapes, caused by `err`."""
+    if isinstance(err, TinyFlowError):
+        raise err
+    raise EagerError(f"{op} failed at {user_source_line()} on inputs of shapes "
+                     f"{[a.shape for a in arrays]}: {err}") from err
 
 
 _NOT_RECORDING = (None, None)

@@ -787,7 +787,8 @@ register(OpDef("max_pool2d_grad", _max_pool_grad_compute, _pool_grad_infer,
                lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs)]
                + [None] * (len(n.inputs) - 1),
                doc="gradient of max_pool2d (g, x[, y = max_pool2d(x)]): g to the first "
-                   "max of each window of x",
+                   "max of each window of x (y must be that max: the forward's output, "
+                   "as the gradient rule passes it)",
                check=_window_check))
 register(OpDef("max_pool2d_pick", _max_pool_pick_compute, _pool_infer_second,
                lambda n, gg: [make("max_pool2d_grad", gg, n.inputs[1], **n.attrs), None],
