@@ -221,8 +221,9 @@ def _windows_by_sample(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     matrix of _im2col for that sample alone ("NCHW im2col"). The forward multiplies
     each by the filters in one batched GEMM, whose result (N, O, OH*OW) is already
     the output's layout: measured against _im2col's one GEMM and its transposing
-    copy out, 7-45% faster on every CPU shape tried (3 to 64 channels, 3x3 to 7x7),
-    and no "gemm" buffer. The gradients keep _im2col (there its layout wins)."""
+    copy out, 7-45% faster on the shapes tried (3 to 64 channels, 3x3 to 7x7), but
+    for LeNet's second layer (20 channels, 5x5: even), and no "gemm" buffer. The
+    gradients keep _im2col (there its layout wins)."""
     n, c = x.shape[:2]
     oh, ow = _conv_layout(x.shape, kh, kw, stride, padding)[4:6]
     cols = _scratch(xp, workspace, "im2col", (n, c, kh, kw, oh, ow), dtype)
@@ -470,8 +471,8 @@ def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
 # A first layer's filters see few input rows (3 channels x 3x3 = 27, 1 x 5x5 = 25):
 # there the GEMM above is short and wide, and the transposing copies of x and g
 # around it cost more than it does. Sample by sample (g's own layout, the forward's
-# windows) needs no copy of g: measured, 40% faster for 25 and 27 rows, even at 72,
-# slower from 100 up (4 channels x 5x5: +12%; 16 x 3x3: +20%).
+# windows) needs no copy of g: measured, 40% faster for 25 and 27 rows, about even
+# at 72, slower from 100 up (4 channels x 5x5: +12%; 16 x 3x3: +20%).
 FEW_WINDOW_ROWS = 32
 
 
@@ -486,9 +487,10 @@ def _conv_grad_filter_by_sample(xp, g, x, w, out, stride, padding, workspace):
                                                     dtype.itemsize)):
         cols = _windows_by_sample(xp, x[start:stop], kh, kw, stride, padding, dtype,
                                   workspace)
-        parts = xp.matmul(g[start:stop].reshape(stop - start, o, pixels).astype(
-            dtype, copy=False), cols.transpose(0, 2, 1), out=_scratch(
-            xp, workspace, "dw parts", (stop - start, o, c * kh * kw), dtype))
+        samples = stop - start
+        g_rows = g[start:stop].reshape(samples, o, pixels).astype(dtype, copy=False)
+        parts = _scratch(xp, workspace, "dw parts", (samples, o, c * kh * kw), dtype)
+        xp.matmul(g_rows, cols.transpose(0, 2, 1), out=parts)
         if k == 0:
             xp.sum(parts, axis=0, out=dw)
         else:
