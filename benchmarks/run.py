@@ -221,12 +221,22 @@ def collect(args: argparse.Namespace) -> tuple[list[dict], dict[str, float]] | N
     return rows, seconds
 
 
+def checkout_position(pythonpath: str | None) -> int:
+    """Where this checkout goes on sys.path: after the script's folder (entry 0) and
+    the PYTHONPATH entries, before site-packages. So `python benchmarks/run.py` uses
+    this checkout's tinyflow even when another is installed, while
+    `PYTHONPATH=OTHER python benchmarks/run.py` runs OTHER's (a paired run of two
+    versions of the code on the same benchmarks; at position 0 the checkout won,
+    and such a run measured this code twice)."""
+    return 1 + len([entry for entry in (pythonpath or "").split(os.pathsep) if entry])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         os.environ["TINYFLOW_BENCH_THREADS"] = str(args.threads)
     # The repository root on sys.path, so modules import `tinyflow` uninstalled too.
-    sys.path.insert(0, str(BENCH_DIR.parent))
+    sys.path.insert(checkout_position(os.environ.get("PYTHONPATH")), str(BENCH_DIR.parent))
     collected = collect(args)
     if collected is None:
         return 1

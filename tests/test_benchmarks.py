@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -127,3 +129,22 @@ def test_only_with_a_full_figure_name_runs_that_figure(figure, capsys, monkeypat
     assert run.main(["--quick", "--only", figure, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert list(rows) == [figure]
+
+
+
+def test_pythonpath_code_comes_before_the_checkout(tmp_path):
+    # Regression: run.py put its checkout first on sys.path, so
+    # `PYTHONPATH=other_checkout python benchmarks/run.py` ran this checkout's
+    # tinyflow, and a paired run of two versions measured one version twice.
+    fake = tmp_path / "code" / "tinyflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise RuntimeError('the PYTHONPATH copy')\n")
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "code")}
+    subprocess.run([sys.executable, str(BENCH_DIR / "run.py"), "--quick", "--only",
+                    "core_bench", "--json-file", str(out)], env=env, cwd=tmp_path,
+                   capture_output=True, text=True, timeout=120)
+    notes = [row["note"] for row in json.loads(out.read_text())["figures"]]
+    assert any("the PYTHONPATH copy" in note for note in notes), notes
+    assert run.checkout_position(None) == 1
+    assert run.checkout_position(os.pathsep.join(["a", "", "b"])) == 3
