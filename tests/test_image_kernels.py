@@ -371,3 +371,19 @@ def test_max_pool_gradient_with_padding_that_tiles_lands_on_the_max(size, ksize)
             r, c = np.unravel_index(np.argmax(window), window.shape)
             want[0, 0, i * ksize + r - 1, j * ksize + c - 1] += 1.0
     np.testing.assert_array_equal(got_dx, want)
+
+
+def test_a_float16_filter_gradient_sums_over_the_samples_before_rounding():
+    # Regression (review of the per-sample filter gradient): in float16 each
+    # sample's product was rounded, 300 * 256 = 76800 overflowed to +-inf, and the sum
+    # over the two samples was inf - inf = NaN; the exact gradient is 4.
+    x = tf.placeholder(tf.float16, (2, 1, 16, 16))
+    w = tf.Variable(np.ones((1, 1, 1, 1), np.float16))
+    g = np.full((2, 1, 16, 16), 300, np.float16)
+    g[1] = -300
+    g[1, 0, 0, 0] = -296
+    (dw,) = tf.gradients(tf.reduce_sum(tf.nn.conv2d(x, w) * tf.constant(g)), [w])
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        got = sess.run(dw, {x: np.ones((2, 1, 16, 16), np.float16)})
+    assert got.dtype == np.float16 and got.reshape(-1).tolist() == [4.0]

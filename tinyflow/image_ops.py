@@ -450,7 +450,7 @@ def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
     o, c, kh, kw = w.shape
     n, dtype = x.shape[0], xp.result_type(x, g)
     oh, ow = g.shape[2:]
-    if c * kh * kw <= FEW_WINDOW_ROWS:
+    if _filter_gradient_by_sample(c, kh, kw, dtype):
         return _conv_grad_filter_by_sample(xp, g, x, w, out, stride, padding, workspace)
     dw_t = _scratch(xp, workspace, "dw", (c * kh * kw, o), dtype)
     for k, (start, stop) in enumerate(_batch_chunks(xp, n, c * kh * kw * oh * ow *
@@ -474,6 +474,14 @@ def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
 # windows) needs no copy of g: measured, 40% faster for 25 and 27 rows, about even
 # at 72, slower from 100 up (4 channels x 5x5: +12%; 16 x 3x3: +20%).
 FEW_WINDOW_ROWS = 32
+
+
+def _filter_gradient_by_sample(c: int, kh: int, kw: int, dtype: Any) -> bool:
+    """Whether the filter gradient goes sample by sample: few window rows, and 32 bits
+    or more. (In float16 each sample's product would be rounded, and could overflow,
+    before the sum over the samples: 300 * 256 is inf, and inf - inf NaN, where one
+    GEMM over the chunk sums inside and gave the exact 4.)"""
+    return c * kh * kw <= FEW_WINDOW_ROWS and np.dtype(dtype).itemsize >= 4
 
 
 def _conv_grad_filter_by_sample(xp, g, x, w, out, stride, padding, workspace):
@@ -572,7 +580,7 @@ def _conv_grad_filter_sizes(shapes, dtypes, attrs):
     (o, c, kh, kw), item = w, np.result_type(dtypes[0], dtypes[1]).itemsize
     sizes, chunk, pixels = _window_sizes(x, kh, kw, attrs, item)
     sizes["dw"] = c * kh * kw * o * item
-    if c * kh * kw <= FEW_WINDOW_ROWS:   # _conv_grad_filter_by_sample
+    if _filter_gradient_by_sample(c, kh, kw, np.result_type(dtypes[0], dtypes[1])):
         sizes["dw parts"] = chunk * o * c * kh * kw * item
     else:
         sizes["rows"] = o * chunk * pixels * item
