@@ -362,6 +362,126 @@ def test_a_kernel_failure_in_the_operator_shortcut_runs_once():
         E.set_allocator(old)
 
 
+# ----------------------------------------------------------------------------------
+# Writing over a dying operand (apply_over): nn.Linear's bias, gradients in backward
+# ----------------------------------------------------------------------------------
+
+def _linear_case(seed=0):
+    rng = np.random.default_rng(seed)
+    x = E.tensor(rng.standard_normal((6, 5)))
+    w = E.tensor(rng.standard_normal((5, 4)), requires_grad=True)
+    b = E.tensor(rng.standard_normal(4), requires_grad=True)
+    return x, w, b
+
+
+def test_make_over_writes_the_bias_into_the_product_and_keeps_the_bits():
+    x, w, b = _linear_case()
+    product = x @ w
+    block = product._block
+    y = tf.ops.make_over("add", product, b)
+    assert y._block is block and product._block is None   # the product's block, taken
+    expected = (x @ w) + b
+    assert np.array_equal(y.numpy(), expected.numpy())
+    (y * y).sum().backward()
+    grads = [w.grad.numpy().copy(), b.grad.numpy().copy()]
+    w.grad = b.grad = None
+    (expected * expected).sum().backward()
+    assert np.array_equal(grads[0], w.grad.numpy()) and np.array_equal(grads[1], b.grad.numpy())
+    E._allocator.validate()
+
+
+def test_nn_linear_eager_equals_graph_bitwise():
+    rng = np.random.default_rng(1)
+    layer = tf.nn.Linear(5, 3)
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    ph = tf.placeholder(tf.float32, (4, 5))
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        graph_y, w, b = sess.run([layer(ph), layer.weight, layer.bias], {ph: x})
+    eager = E.to_eager(tf.nn.Linear(5, 3))
+    with E.no_grad():
+        eager.weight.assign_(w)
+        eager.bias.assign_(b)
+    assert np.array_equal(eager(E.tensor(x)).numpy(), graph_y)
+
+
+@pytest.mark.parametrize("case", ["a view of it lives", "its op's rule reads its output",
+                                  "this op's rule reads it", "a literal", "another layout"])
+def test_apply_over_takes_the_general_path_when_the_value_is_still_needed(case):
+    # Each case would be silently wrong (or refused) if written over: the result
+    # and every gradient must equal those of the plain op, and what the caller
+    # still sees must not change.
+    x, w, b = _linear_case(2)
+
+    def run(over):
+        w.grad = b.grad = None
+        made = {"a view of it lives": lambda: x @ w,
+                "its op's rule reads its output": lambda: tf.tanh(x @ w),
+                "this op's rule reads it": lambda: x @ w,
+                "a literal": lambda: x @ w,
+                "another layout": lambda: (x @ w)[:1]}[case]()
+        op, other = {"this op's rule reads it": ("mul", b), "a literal": ("add", 2.0),
+                     "another layout": ("add", E.tensor(np.ones((6, 4))))}.get(case, ("add", b))
+        view = made.data[1:] if case == "a view of it lives" else None  # (numpy() copies)
+        seen = None if view is None else view.copy()
+        y = tf.ops.make_over(op, made, other) if over else E.apply(op, (made, other), {})
+        (y * y).sum().backward()
+        if view is not None:
+            assert np.array_equal(view, seen)
+        b_grad = None if b.grad is None else b.grad.numpy().copy()
+        return y.numpy().copy(), w.grad.numpy().copy(), b_grad
+
+    for got, want in zip(run(True), run(False)):
+        assert (got is None and want is None) or np.array_equal(got, want)
+
+
+def test_a_gradient_handed_to_two_inputs_is_not_written_over():
+    # add's rule hands the same gradient Tensor to both inputs. relu's rule, the
+    # only reader of the gradient it gets, may write over a gradient that is the
+    # backward's alone; here that Tensor is also a's .grad, which must not change.
+    a = E.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    x = E.tensor(np.array([-1.0, 2.0, -3.0]), requires_grad=True)
+    y = a + tf.nn.relu(x)
+    (y * E.tensor(np.array([1.0, 10.0, 100.0]))).sum().backward()
+    assert np.array_equal(a.grad.numpy(), [1.0, 10.0, 100.0])
+    assert np.array_equal(x.grad.numpy(), [0.0, 10.0, 0.0])
+
+
+def test_the_callers_gradient_is_not_written_over():
+    x = E.tensor(np.array([-1.0, 2.0]), requires_grad=True)
+    seed = E.tensor(np.array([5.0, 7.0]))
+    tf.nn.relu(x * 1.0).backward(seed)
+    assert np.array_equal(seed.numpy(), [5.0, 7.0])
+    assert np.array_equal(x.grad.numpy(), [0.0, 7.0])
+
+
+def test_backward_writes_relus_gradient_over_the_incoming_one():
+    # The in-place reuse happens (it is what the MLP step gains), and the values
+    # are those of the graph's gradient.
+    rng = np.random.default_rng(3)
+    x = E.tensor(rng.standard_normal((8, 4)))
+    w = E.tensor(rng.standard_normal((4, 4)), requires_grad=True)
+    over = []
+    original = E.apply_over
+
+    def spy(op, inputs, dying, attrs=None):
+        result = original(op, inputs, dying, attrs)
+        over.append((op, result.data is inputs[dying].data))
+        return result
+
+    E.apply_over = spy
+    try:
+        tf.reduce_sum(tf.nn.relu(x @ w) @ w).backward()
+    finally:
+        E.apply_over = original
+    assert ("mul", True) in over
+    phx, phw = tf.placeholder(tf.float64, (8, 4)), tf.placeholder(tf.float64, (4, 4))
+    grad = tf.gradients(tf.reduce_sum(tf.nn.relu(phx @ phw) @ phw), [phw])[0]
+    with tf.Session() as sess:
+        want = sess.run(grad, {phx: x.numpy(), phw: w.numpy()})
+    assert np.array_equal(w.grad.numpy(), want)
+
+
 def test_the_operator_shortcut_records_history_and_debug_events(tmp_path):
     x = E.tensor(np.array([0.5, -1.0]), requires_grad=True)
     for _ in range(2):   # made, then remembered: both times on the tape

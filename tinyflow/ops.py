@@ -123,15 +123,17 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
 # Eager mode (eager.py) registers here how to run an op at once on its Tensors:
 # (apply function, its one-input shortcut, Tensor class). ops.py sits below eager.py,
 # so it is told, not told of.
-_eager_dispatch: tuple[Callable[..., Any], Callable[..., Any], type] | None = None
+_eager_dispatch: tuple[Callable[..., Any], Callable[..., Any], type,
+                        Callable[..., Any]] | None = None
 
 
 def set_eager_dispatch(apply: Callable[..., Any], apply_unary: Callable[..., Any],
-                       tensor_type: type) -> None:
+                       tensor_type: type, apply_over: Callable[..., Any]) -> None:
     """Route `make` calls that have an eager Tensor among their inputs to `apply`,
-    or, for one input and no attributes (`tanh(x)`), to `apply_unary(op, x)`."""
+    or, for one input and no attributes (`tanh(x)`), to `apply_unary(op, x)`; and
+    `make_over` calls to `apply_over(op, inputs, 0)`."""
     global _eager_dispatch
-    _eager_dispatch = (apply, apply_unary, tensor_type)
+    _eager_dispatch = (apply, apply_unary, tensor_type, apply_over)
 
 
 # What a builder takes as an input: a Node, or a Python number or list or a numpy
@@ -152,7 +154,7 @@ def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
     comes back: every builder in TinyFlow works in both modes.
     """
     if _eager_dispatch is not None:
-        apply, apply_unary, tensor_type = _eager_dispatch
+        apply, apply_unary, tensor_type, _ = _eager_dispatch
         for i in inputs:  # a loop, not any(...): a generator costs more than the test
             if isinstance(i, tensor_type):
                 if len(inputs) == 1 and not attrs and name is None:
@@ -164,6 +166,19 @@ def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
     node = Node(op, nodes, attrs, name=name, where=where)
     node.shape, node.dtype = infer_node(op, nodes, node.attrs, node.where)
     return node
+
+
+def make_over(op: str, dying: Any, *others: Any) -> Any:
+    """`make(op, dying, *others)`, for a caller that made `dying` itself and drops it
+    after this call: nn.Linear's product, before its bias is added.
+
+    In eager mode the result may then be written over `dying` (eager.apply_over):
+    an eager op cannot know by itself that nothing else holds its operand. A graph
+    needs no such hint (its planner sees every reader, memory.py), so in graph mode
+    this is `make`, and the graph is the same."""
+    if _eager_dispatch is not None and isinstance(dying, _eager_dispatch[2]):
+        return _eager_dispatch[3](op, (dying, *others), 0)
+    return make(op, dying, *others)
 
 
 def literal_like(dtypes: Any) -> np.dtype | None:
