@@ -366,6 +366,13 @@ def test_a_kernel_failure_in_the_operator_shortcut_runs_once():
 # Writing over a dying operand (apply_over): nn.Linear's bias, gradients in backward
 # ----------------------------------------------------------------------------------
 
+@pytest.fixture
+def over_any_size(monkeypatch):
+    """apply_over writes over operands of any size (by default only from
+    MIN_OVER_BYTES up), so that these small cases take the path."""
+    monkeypatch.setattr(E, "MIN_OVER_BYTES", 0)
+
+
 def _linear_case(seed=0):
     rng = np.random.default_rng(seed)
     x = E.tensor(rng.standard_normal((6, 5)))
@@ -374,7 +381,7 @@ def _linear_case(seed=0):
     return x, w, b
 
 
-def test_make_over_writes_the_bias_into_the_product_and_keeps_the_bits():
+def test_make_over_writes_the_bias_into_the_product_and_keeps_the_bits(over_any_size):
     x, w, b = _linear_case()
     product = x @ w
     block = product._block
@@ -388,6 +395,31 @@ def test_make_over_writes_the_bias_into_the_product_and_keeps_the_bits():
     (expected * expected).sum().backward()
     assert np.array_equal(grads[0], w.grad.numpy()) and np.array_equal(grads[1], b.grad.numpy())
     E._allocator.validate()
+
+
+def test_a_linear_output_frees_its_block_when_it_dies(over_any_size):
+    # Regression (review of apply_over): the product, kept on the tape as the bias
+    # add's input, still pointed at the output's array, so an output dropped before
+    # any backward held its block until the next malloc (allocated did not return).
+    layer = E.to_eager(tf.nn.Linear(5, 4))
+    x = E.tensor(np.ones((6, 5), np.float32))
+    before = E._allocator.allocated
+    y = layer(x)
+    assert y._inputs[0]._block is None    # the product's block is the output's
+    del y
+    assert E._allocator.allocated == before and not E._allocator.deferred
+
+
+def test_apply_over_leaves_small_operands_to_apply():
+    x, w, b = _linear_case()
+    product = x @ w
+    assert product.data.nbytes < E.MIN_OVER_BYTES
+    block = product._block
+    y = tf.ops.make_over("add", product, b)
+    assert product._block is block and y._block is not block
+    big = E.tensor(np.ones((E.MIN_OVER_BYTES // 8, 1)))
+    block = big._block
+    assert tf.ops.make_over("add", big, 1.5 * E.tensor(np.ones(1)))._block is block
 
 
 def test_nn_linear_eager_equals_graph_bitwise():
@@ -407,7 +439,7 @@ def test_nn_linear_eager_equals_graph_bitwise():
 
 @pytest.mark.parametrize("case", ["a view of it lives", "its op's rule reads its output",
                                   "this op's rule reads it", "a literal", "another layout"])
-def test_apply_over_takes_the_general_path_when_the_value_is_still_needed(case):
+def test_apply_over_takes_the_general_path_when_the_value_is_still_needed(case, over_any_size):
     # Each case would be silently wrong (or refused) if written over: the result
     # and every gradient must equal those of the plain op, and what the caller
     # still sees must not change.
@@ -435,7 +467,7 @@ def test_apply_over_takes_the_general_path_when_the_value_is_still_needed(case):
         assert (got is None and want is None) or np.array_equal(got, want)
 
 
-def test_a_gradient_handed_to_two_inputs_is_not_written_over():
+def test_a_gradient_handed_to_two_inputs_is_not_written_over(over_any_size):
     # add's rule hands the same gradient Tensor to both inputs. relu's rule, the
     # only reader of the gradient it gets, may write over a gradient that is the
     # backward's alone; here that Tensor is also a's .grad, which must not change.
@@ -447,7 +479,7 @@ def test_a_gradient_handed_to_two_inputs_is_not_written_over():
     assert np.array_equal(x.grad.numpy(), [0.0, 10.0, 0.0])
 
 
-def test_the_callers_gradient_is_not_written_over():
+def test_the_callers_gradient_is_not_written_over(over_any_size):
     x = E.tensor(np.array([-1.0, 2.0]), requires_grad=True)
     seed = E.tensor(np.array([5.0, 7.0]))
     tf.nn.relu(x * 1.0).backward(seed)
@@ -455,7 +487,7 @@ def test_the_callers_gradient_is_not_written_over():
     assert np.array_equal(x.grad.numpy(), [0.0, 7.0])
 
 
-def test_backward_writes_relus_gradient_over_the_incoming_one():
+def test_backward_writes_relus_gradient_over_the_incoming_one(over_any_size):
     # The in-place reuse happens (it is what the MLP step gains), and the values
     # are those of the graph's gradient.
     rng = np.random.default_rng(3)
@@ -465,8 +497,9 @@ def test_backward_writes_relus_gradient_over_the_incoming_one():
     original = E.apply_over
 
     def spy(op, inputs, dying, attrs=None):
+        block = inputs[dying]._block
         result = original(op, inputs, dying, attrs)
-        over.append((op, result.data is inputs[dying].data))
+        over.append((op, result._block is block))
         return result
 
     E.apply_over = spy

@@ -437,8 +437,9 @@ class Linear(Module):
 
     def __call__(self, x: Node, training: bool = True) -> Node:
         y = ops.matmul(x, self.weight) if x.ndim in (None, 2) else _batched_linear(x, self)
-        # y is ours and dies here: eagerly, the bias is added into it (make_over),
-        # as PyTorch's addmm starts its product from the bias; the graph is y + b.
+        # y is ours and dies here: eagerly, the bias is added into its memory
+        # (make_over), as PyTorch's addmm reuses the bias's copy for its product. The
+        # arithmetic is still y + b (the same bits); the graph is y + b.
         return y if self.bias is None else ops.make_over("add", y, self.bias)
 
 

@@ -173,7 +173,9 @@ def make_over(op: str, dying: Any, *others: Any) -> Any:
     after this call: nn.Linear's product, before its bias is added.
 
     In eager mode the result may then be written over `dying` (eager.apply_over):
-    an eager op cannot know by itself that nothing else holds its operand. A graph
+    an eager op cannot know by itself that nothing else holds its operand. That is
+    the caller's promise, and nothing checks it but for numpy views: a `dying`
+    Tensor that someone still holds silently takes the result's value. A graph
     needs no such hint (its planner sees every reader, memory.py), so in graph mode
     this is `make`, and the graph is the same."""
     if _eager_dispatch is not None and isinstance(dying, _eager_dispatch[2]):
