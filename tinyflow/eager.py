@@ -943,15 +943,9 @@ def apply_over(op: str, inputs: Sequence[Any], dying: int, attrs: dict | None = 
             return apply_binary(op, inputs[0], inputs[1])
         return apply(op, inputs, attrs or {})
     attrs = attrs or {}
-    if (_mode.tracer is not None or debug.active or attrs or target._block is None
-            or target.data is not target._block.view
-            or sys.getrefcount(target.data) > _OWN_REFS):   # a view of it lives on
+    arrays = _arrays_to_write_over(target, inputs, attrs)
+    if arrays is None:
         return apply(op, inputs, attrs)
-    arrays = []
-    for i in inputs:
-        if i.__class__ is not Tensor or i.data is None:
-            return apply(op, inputs, attrs)
-        arrays.append(i.data)
     layout, _, ufunc, opdef = _kernel(op, arrays, attrs)
     out = target.data
     if ufunc is None or layout != (out.shape, out.dtype):
@@ -974,6 +968,23 @@ def apply_over(op: str, inputs: Sequence[Any], dying: int, attrs: dict | None = 
     target._block = None
     target.data = np.broadcast_to(np.zeros((), out.dtype), out.shape)
     return result
+
+
+def _arrays_to_write_over(target: Tensor, inputs: Sequence[Any], attrs: dict
+                          ) -> list[np.ndarray] | None:
+    """The inputs' arrays, when nothing rules out writing over `target`'s: no trace
+    or recording (they take `apply`, which logs each op), no attributes, only
+    Tensors with values, and target's block held by target alone."""
+    if (_mode.tracer is not None or debug.active or attrs or target._block is None
+            or target.data is not target._block.view
+            or sys.getrefcount(target.data) > _OWN_REFS):   # a view of it lives on
+        return None
+    arrays = []
+    for i in inputs:
+        if i.__class__ is not Tensor or i.data is None:
+            return None
+        arrays.append(i.data)
+    return arrays
 
 
 def _value_read_later(result: Tensor, dying: int) -> bool:
@@ -1225,11 +1236,9 @@ def _rule_graph(t: Tensor, needed: tuple[bool, ...], grad_dtype: np.dtype) -> _R
     used = {id(i) for n in order if id(n) not in stand_ins for k, i in enumerate(n.inputs)
             if k not in REGISTRY[n.op].shape_inputs} | {id(g) for g in wanted}
     reads = [k for k, leaf in enumerate([*leaves, output]) if id(leaf) in used]
-    forward_values = [*leaves, output]
-    results_shared = (len({id(g) for g in wanted}) < len(wanted)
-                      or any(g is v for g in wanted for v in forward_values))
     rule = _RuleGraph([*leaves, output, grad], grads, order, reads,
-                      _only_reader(order, grad, wanted), results_shared)
+                      _only_reader(order, grad, wanted),
+                      _results_shared(wanted, [*leaves, output]))
     if len(_rule_cache) < MAX_RULE_GRAPHS:
         _rule_cache[key] = rule
     return rule
@@ -1242,6 +1251,14 @@ def _only_reader(order: list[Node], grad: Node, wanted: list[Node]) -> Node | No
         return None
     readers = [n for n in order for i in n.inputs if i is grad]
     return readers[0] if len(readers) == 1 else None
+
+
+def _results_shared(wanted: list[Node], forward_values: list[Node]) -> bool:
+    """Whether a rule hands one result to two inputs (add's gives g to both), or
+    hands on a value of the forward pass as a gradient."""
+    if len({id(g) for g in wanted}) < len(wanted):
+        return True
+    return any(g is v for g in wanted for v in forward_values)
 
 
 def _input_grads(t: Tensor, grad: Tensor, shared: set[int] | None = None
