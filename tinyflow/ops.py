@@ -121,8 +121,8 @@ def infer_node(op: str, inputs: Sequence[Node], attrs: dict, where: str,
 
 
 # Eager mode (eager.py) registers here how to run an op at once on its Tensors:
-# (apply function, its one-input shortcut, Tensor class). ops.py sits below eager.py,
-# so it is told, not told of.
+# (apply function, its one-input shortcut, Tensor class, apply_over for make_over).
+# ops.py sits below eager.py, so it is told, not told of.
 _eager_dispatch: tuple[Callable[..., Any], Callable[..., Any], type,
                         Callable[..., Any]] | None = None
 
