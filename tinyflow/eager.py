@@ -1197,6 +1197,7 @@ class _RuleGraph:
     # does not pass the gradient on as it is (add's does): it may write over the
     # gradient, when nothing outside holds it (`_walk_tape`, `apply_over`).
     over_grad: Node | None = None
+    over_grad_at: int = 0       # where the gradient is among over_grad's inputs
     # Whether a result is handed out twice (add's rule gives g to both inputs) or
     # is a value of the forward pass: then no later rule may write over it.
     results_shared: bool = False
@@ -1237,20 +1238,22 @@ def _rule_graph(t: Tensor, needed: tuple[bool, ...], grad_dtype: np.dtype) -> _R
             if k not in REGISTRY[n.op].shape_inputs} | {id(g) for g in wanted}
     reads = [k for k, leaf in enumerate([*leaves, output]) if id(leaf) in used]
     rule = _RuleGraph([*leaves, output, grad], grads, order, reads,
-                      _only_reader(order, grad, wanted),
+                      *_only_reader(order, grad, wanted),
                       _results_shared(wanted, [*leaves, output]))
     if len(_rule_cache) < MAX_RULE_GRAPHS:
         _rule_cache[key] = rule
     return rule
 
 
-def _only_reader(order: list[Node], grad: Node, wanted: list[Node]) -> Node | None:
-    """The node of a rule that alone reads the gradient `grad` (once), if the rule
-    does not also hand `grad` on as a result; else None."""
+def _only_reader(order: list[Node], grad: Node, wanted: list[Node]
+                 ) -> tuple[Node | None, int]:
+    """(the node of a rule that alone reads the gradient `grad`, once, and the
+    input position where it reads it), if the rule does not also hand `grad` on as
+    a result; else (None, 0)."""
     if grad in wanted:
-        return None
-    readers = [n for n in order for i in n.inputs if i is grad]
-    return readers[0] if len(readers) == 1 else None
+        return None, 0
+    readers = [(n, k) for n in order for k, i in enumerate(n.inputs) if i is grad]
+    return readers[0] if len(readers) == 1 else (None, 0)
 
 
 def _results_shared(wanted: list[Node], forward_values: list[Node]) -> bool:
@@ -1282,8 +1285,7 @@ def _input_grads(t: Tensor, grad: Tensor, shared: set[int] | None = None
         if node not in values:
             inputs = [values[i] for i in node.inputs]
             if node is over:
-                at = [i is rule.leaves[-1] for i in node.inputs].index(True)
-                values[node] = apply_over(node.op, inputs, at, node.attrs)
+                values[node] = apply_over(node.op, inputs, rule.over_grad_at, node.attrs)
             else:
                 values[node] = apply(node.op, inputs, node.attrs)
     grads = [values[g] if need and g is not None else None
