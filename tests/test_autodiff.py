@@ -63,6 +63,18 @@ def test_several_ys_are_summed_and_grad_ys_weights_them():
     np.testing.assert_allclose(run(gw, {x: xv}), 3.0 * w1 + 2 * xv * w2)
 
 
+def test_one_grad_ys_node_for_one_y_is_taken_bare():
+    # TF1 takes tf.gradients(y, x, grad_ys=g) with g a tensor, not a list; it was a
+    # TypeError from len() inside autodiff, and a number among them another.
+    x = tf.placeholder(F64, (3,))
+    seed = tf.constant(np.array([1.0, 2.0, 3.0]))
+    (gx,) = tf.gradients(x * 2.0, x, grad_ys=seed)
+    with tf.Session() as sess:
+        assert sess.run(gx, {x: np.zeros(3)}).tolist() == [2.0, 4.0, 6.0]
+    with pytest.raises(tf.ArgumentError, match="grad_ys must be a graph node"):
+        tf.gradients(x * 2.0, x, grad_ys=3.0)
+
+
 def test_grad_ys_must_match_ys_one_to_one():
     x = tf.placeholder(F64, (2,))
     seed = tf.constant(np.ones(2), F64)

@@ -104,6 +104,13 @@ def _seeds(ys: list[Node], grad_ys: Sequence[Node | None] | None) -> list[Node]:
     """The gradient each y starts with: `grad_ys`, or ones where it says None."""
     if grad_ys is None:
         return [ones_like(y) for y in ys]
+    if isinstance(grad_ys, Node):   # one seed for one y, bare (as TF1 takes it)
+        grad_ys = [grad_ys]
+    try:
+        grad_ys = list(grad_ys)
+    except TypeError:   # (len() of a number was Python's TypeError from here)
+        raise argument_error("gradients", "grad_ys must be a graph node, a list of "
+                                          f"them (None for ones), got {grad_ys!r}") from None
     if len(grad_ys) != len(ys):  # zip would silently drop the extra ones
         raise TinyFlowError(f"gradients: {len(ys)} ys but {len(grad_ys)} grad_ys")
     return [ones_like(y) if gy is None else gy for y, gy in zip(ys, grad_ys)]
