@@ -388,6 +388,18 @@ def test_plan_of_a_training_graph_is_valid_and_tight():
     assert plan.arena_bytes < plan.naive_bytes / 2
 
 
+def test_a_training_relu_is_planned_over_the_sum_it_activates():
+    # relu's gradient reads relu's output, not its input, so the pre-activation sum
+    # dies at the relu and the plan writes the relu over it (it could not while the
+    # rule read the sum: the backward kept it alive).
+    graph = _specialized(*_mlp_training_graph(layers=2))
+    steps, external, keep = memory.steps_from_graph(graph)
+    plan = plan_memory(steps, external, keep)
+    relus = [n.name for n in graph.nodes if n.op == "relu"]
+    assert len(relus) == 2
+    assert all(plan.by_name[name].inplace_of for name in relus)
+
+
 def test_plan_record_passes_the_debugrecord_schema():
     graph = _specialized(*_mlp_training_graph())
     steps, external, keep = memory.steps_from_graph(graph)

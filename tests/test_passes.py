@@ -375,11 +375,16 @@ def test_fuse_dense_with_and_without_activation():
     (dense,) = [n for n in graph.nodes if n.op == "fused_dense"]
     assert dense.attrs == {"transpose_a": False, "transpose_b": False, "activation": "tanh"}
     assert reasons(ctx) == ["matmul + add + tanh -> fused_dense"]
-    # In training, relu's gradient reads the pre-activation sum: relu stays outside.
+    # In training, gelu's gradient reads the pre-activation sum: gelu stays outside.
+    gelu = tf.nn.gelu(tf.nn.bias_add(tf.matmul(x, w), b))
+    grads = tf.gradients(tf.reduce_sum(gelu * gelu), [w, b])
+    graph, ctx = optimize([gelu, *grads], {x: np.zeros((4, 3))}, [w, b], only=["fuse_dense"])
+    assert reasons(ctx) == ["matmul + bias_add -> fused_dense"]
+    # relu's reads relu's output (as tanh's does): in training it is fused too.
     relu = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w), b))
     grads = tf.gradients(tf.reduce_sum(relu * relu), [w, b])
     graph, ctx = optimize([relu, *grads], {x: np.zeros((4, 3))}, [w, b], only=["fuse_dense"])
-    assert reasons(ctx) == ["matmul + bias_add -> fused_dense"]
+    assert reasons(ctx) == ["matmul + bias_add + relu -> fused_dense"]
     session = tf.Session()
     session.run(tf.global_variables_initializer())
     value = np.linspace(-1, 1, 12).reshape(4, 3)

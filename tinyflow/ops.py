@@ -170,7 +170,8 @@ def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
 
 def make_over(op: str, dying: Any, *others: Any) -> Any:
     """`make(op, dying, *others)`, for a caller that made `dying` itself and drops it
-    after this call: nn.Linear's product, before its bias is added.
+    after this call: nn.Linear's product, before its bias is added; nn.MLP's
+    hidden Linear output, before its activation.
 
     In eager mode the result may then be written over `dying` (eager.apply_over):
     an eager op cannot know by itself that nothing else holds its operand. That is
@@ -725,8 +726,12 @@ _unary("tanh", "tanh", lambda n, g: [g * (1.0 - n * n)], "tanh",
        dtype_like="tanh", dense_activation=True)
 _unary("sigmoid", _sigmoid_compute, lambda n, g: [g * n * (1.0 - n)], "1 / (1 + e^-x)",
        dtype_like="exp", dense_activation=True)
+# relu's gradient reads its output: y > 0 exactly where x > 0 (for -0, NaN and ints
+# too), and y is what the next layer keeps anyway, so x may die at the relu (the
+# static plan then writes y over x, and eager mode may too: see nn.MLP), as
+# PyTorch's threshold_backward reads the result.
 _unary("relu", _relu_compute,
-       lambda n, g: [g * (n.inputs[0] > 0.0)], "max(x, 0)",
+       lambda n, g: [g * (n > 0.0)], "max(x, 0)",
        dense_activation=True)
 _unary("gelu", _gelu_compute, _gelu_grad, "x * Phi(x), tanh approximation", dtype_like="exp",
        dense_activation=True)
