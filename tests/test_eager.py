@@ -515,6 +515,58 @@ def test_backward_writes_relus_gradient_over_the_incoming_one(over_any_size):
     assert np.array_equal(w.grad.numpy(), want)
 
 
+@pytest.mark.parametrize("activation", ["relu", "tanh", "gelu"])
+def test_an_mlp_writes_its_activations_over_the_linear_outputs(activation, monkeypatch):
+    # The MLP knows a hidden Linear's output is read by the activation alone, so
+    # eagerly the activation takes its block (relu by OpDef.inplace, tanh as a
+    # ufunc; gelu, neither, stays new). Output and gradients keep every bit.
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 5))
+    model = E.to_eager(tf.nn.MLP([5, 7, 7, 3], activation=activation), dtype=np.float64)
+
+    def run(min_bytes):
+        monkeypatch.setattr(E, "MIN_OVER_BYTES", min_bytes)
+        for p in E.parameters(model):
+            p.grad = None
+        y = model(E.tensor(x))
+        (y * y).sum().backward()
+        return [y.numpy().copy()] + [p.grad.numpy().copy() for p in E.parameters(model)]
+
+    got = run(0)
+    y = model(E.tensor(x))
+    stack, activations = [y], []
+    while stack:    # the tape, back from y: each activation's input is a Linear's
+        t = stack.pop()
+        activations += [t] if t._op == activation else []
+        stack += [i for i in (t._inputs or ()) if isinstance(i, E.Tensor)]
+    assert len(activations) == 2
+    taken = [a._inputs[0]._block is None for a in activations]
+    assert taken == [activation != "gelu"] * 2
+    for a, b in zip(got, run(1 << 40), strict=True):
+        assert np.array_equal(a, b)
+    E._allocator.validate()
+
+
+def test_relu_gradient_through_its_output_at_signed_zeros_nan_inf_and_ints():
+    # relu's rule reads y = max(x, 0): y > 0 exactly where x > 0, also for -0.0,
+    # NaN (max keeps it: NaN > 0 is False either way), infinities and integers.
+    x = np.array([-0.0, 0.0, np.nan, np.inf, -np.inf, -1.5, 2.5])
+    g = np.arange(1.0, 8.0)
+    want = g * (x > 0)
+    ph = tf.placeholder(tf.float64, (7,))
+    with tf.Session() as sess:
+        got = sess.run(tf.gradients(tf.nn.relu(ph), ph, grad_ys=tf.constant(g))[0],
+                       {ph: x})
+    assert np.array_equal(got, want)
+    t = E.tensor(x, requires_grad=True)
+    tf.nn.relu(t).backward(E.tensor(g))
+    assert np.array_equal(t.grad.numpy(), want)
+    ints = tf.placeholder(tf.int32, (3,))
+    y = tf.nn.relu(ints)
+    with tf.Session() as sess:
+        assert sess.run(y, {ints: np.array([-2, 0, 3], np.int32)}).tolist() == [0, 0, 3]
+
+
 def test_the_operator_shortcut_records_history_and_debug_events(tmp_path):
     x = E.tensor(np.array([0.5, -1.0]), requires_grad=True)
     for _ in range(2):   # made, then remembered: both times on the tape

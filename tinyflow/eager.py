@@ -919,9 +919,11 @@ def apply_over(op: str, inputs: Sequence[Any], dying: int, attrs: dict | None = 
                ) -> Tensor:
     """`apply(op, inputs, attrs)`, for a caller that made `inputs[dying]` itself and
     drops it after this call: nothing else holds it (ops.make_over: nn.Linear's
-    product before its bias; backward: a gradient only this rule reads).
+    product before its bias, nn.MLP's hidden Linear outputs before their
+    activation; backward: a gradient only this rule reads).
 
-    When `op` is one numpy ufunc whose result has that input's layout, the result
+    When `op` is one numpy ufunc, or its registry entry says it may write over that
+    input (OpDef.inplace: relu), and its result has that input's layout, the result
     is written over it and takes its block: the in-place reuse the static plan
     finds for a graph (memory.py). Eager mode cannot find it alone, as it never
     knows who else holds a Tensor; the caller does. The bits are the same (an
@@ -948,7 +950,9 @@ def apply_over(op: str, inputs: Sequence[Any], dying: int, attrs: dict | None = 
         return apply(op, inputs, attrs)
     layout, _, ufunc, opdef = _kernel(op, arrays, attrs)
     out = target.data
-    if ufunc is None or layout != (out.shape, out.dtype):
+    # A ufunc may write over any of its inputs; another kernel over the one input
+    # its registry entry names (OpDef.inplace: relu's), as the static plan allows.
+    if (ufunc is None and opdef.inplace != dying) or layout != (out.shape, out.dtype):
         return apply(op, inputs, attrs)
     result = _new_object(Tensor)
     result.data = out
@@ -957,7 +961,12 @@ def apply_over(op: str, inputs: Sequence[Any], dying: int, attrs: dict | None = 
         if result._op is not None and _value_read_later(result, dying):
             return apply(op, inputs, attrs)
     try:
-        ufunc(*arrays, out=out)
+        if ufunc is not None:
+            ufunc(*arrays, out=out)
+        else:
+            written = opdef.compute(np, *arrays, out=out)
+            if written is not out:   # (as the executor: a kernel that could not)
+                out[...] = written
     except Exception as err:   # (the block is still target's: it frees it)
         _kernel_failed(op, arrays, err)
     result._block, result._alloc = target._block, target._alloc

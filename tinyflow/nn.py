@@ -513,19 +513,31 @@ class Dropout(Module):
         return nn_ops.dropout(x, self.rate, training, self.seed)
 
 
-class ReLU(Module):
+class Activation(Module):
+    """An elementwise activation layer: the registry's op `op` on its input."""
+
+    op = ""
+
     def __call__(self, x: Node, training: bool = True) -> Node:
-        return relu(x)
+        return ops.make(self.op, x)
+
+    def over(self, x: Node) -> Node:
+        """The activation of x, for a caller that made x and drops it after this
+        call (MLP: a hidden Linear's output): in eager mode the result may take x's
+        memory (ops.make_over). In graph mode this is __call__."""
+        return ops.make_over(self.op, x)
 
 
-class GELU(Module):
-    def __call__(self, x: Node, training: bool = True) -> Node:
-        return gelu(x)
+class ReLU(Activation):
+    op = "relu"
 
 
-class Tanh(Module):
-    def __call__(self, x: Node, training: bool = True) -> Node:
-        return tanh(x)
+class GELU(Activation):
+    op = "gelu"
+
+
+class Tanh(Activation):
+    op = "tanh"
 
 
 class Flatten(Module):
@@ -566,3 +578,17 @@ class MLP(Sequential):
                 if dropout_rate:
                     layers.append(Dropout(dropout_rate))
         super().__init__(*layers)
+
+    def __call__(self, x: Node, training: bool = True) -> Node:
+        # A hidden Linear's output is read by the activation after it and by nothing
+        # else, so eagerly the activation may write over it (Activation.over), the
+        # reuse the static plan finds by itself for a graph. (A subclass of Linear
+        # might keep its output: only Linear itself is trusted with that.)
+        previous = None
+        for layer in self.layers:
+            if isinstance(layer, Activation) and type(previous) is Linear:
+                x = layer.over(x)
+            else:
+                x = layer(x, training=training)
+            previous = layer
+        return x
