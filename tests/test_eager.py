@@ -567,6 +567,25 @@ def test_relu_gradient_through_its_output_at_signed_zeros_nan_inf_and_ints():
         assert sess.run(y, {ints: np.array([-2, 0, 3], np.int32)}).tolist() == [0, 0, 3]
 
 
+def test_a_recorded_tensor_is_not_named_after_a_dead_one_with_its_id(tmp_path):
+    # Regression: the record named Tensors by id(), so a new Tensor given a dead
+    # one's id (CPython reuses the memory at once) was drawn as that op's output.
+    from tinyflow import trace
+    with tf.debug.record(tmp_path / "ids.tfdbg.json"):
+        y = tf.nn.relu(E.tensor(np.ones(4)))
+        dead = id(y)
+        del y
+        z = E.tensor(np.full(4, 2.0))
+        if id(z) != dead:
+            pytest.skip("this Python did not reuse the id")
+        tf.tanh(z)
+    record = trace.load(tmp_path / "ids.tfdbg.json")
+    nodes = {n["id"]: n for n in record["graphs"][0]["nodes"]}
+    (tanh,) = [n for n in nodes.values() if n["op"] == "tanh"]
+    assert [nodes[i]["op"] for i in tanh["inputs"]] == ["placeholder"]
+    assert len({n["id"] for n in record["graphs"][0]["nodes"]}) == len(nodes)
+
+
 def test_the_operator_shortcut_records_history_and_debug_events(tmp_path):
     x = E.tensor(np.array([0.5, -1.0]), requires_grad=True)
     for _ in range(2):   # made, then remembered: both times on the tape

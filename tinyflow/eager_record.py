@@ -9,6 +9,7 @@ view's "plan", so the debugger shows an eager run with the views it already has.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,16 +40,20 @@ class EagerLog:
         self.nodes: list[dict] = []
         self.events: list[dict] = []
         self.tensors: list[dict] = []
-        self.names: dict[int, str] = {}              # id(Tensor) -> node name
+        # Tensor -> node name, while the Tensor lives: keyed by id(), a dead Tensor's
+        # name went to the next Tensor given its id (a new input read as `relu_0`)
+        self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.inputs_named = 0
         self.by_block: dict[int, dict] = {}          # live block id -> tensor entry
         self.born: set[int] = set()   # blocks allocated since recording began
         self.seen_events = self.first_event
         self.start = None
 
     def name_of(self, t: Any) -> str:
-        name = self.names.get(id(t))
+        name = self.names.get(t)
         if name is None:  # made before recording began (a parameter, an input)
-            name = self.names[id(t)] = f"input_{len(self.names)}"
+            name = self.names[t] = f"input_{self.inputs_named}"
+            self.inputs_named += 1
             self.nodes.append({"id": name, "op": "placeholder", "inputs": [],
                                "shape": list(t.shape), "dtype": t.dtype.name,
                                "bytes": t.data.nbytes, "where": "<before recording>",
@@ -80,7 +85,7 @@ class EagerLog:
         step = self._add_op(op, inputs, out, began, ended, {})
         if step is None:
             return
-        name = self.names[id(out)] = f"{op}_{step}"
+        name = self.names[out] = f"{op}_{step}"
         entry = {"node": name, "block": block, "nbytes": block.size, "kind": "intermediate",
                  "first_step": step, "last_step": None, "reason": self._reason(block)}
         self.tensors.append(entry)
