@@ -547,6 +547,30 @@ def test_an_mlp_writes_its_activations_over_the_linear_outputs(activation, monke
     E._allocator.validate()
 
 
+def test_an_mlp_calls_an_activation_subclass_with_its_own_call(over_any_size):
+    # Regression (review): MLP handed every ReLU to ops.make_over("relu"), so a
+    # user's subclass with its own __call__ was skipped, in graph mode too.
+    class ClippedReLU(tf.nn.ReLU):
+        def __call__(self, x, training=True):
+            return tf.minimum(tf.nn.relu(x), 1.0)
+
+    model = tf.nn.MLP([4, 8, 2])
+    model.layers[1] = ClippedReLU()
+    x = np.full((3, 4), 10.0)
+    ph = tf.placeholder(tf.float64, (3, 4))
+    out = model(ph)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for p in model.parameters():
+            sess.variables[p] = np.full(sess.variables[p].shape, 0.5)
+        assert sess.run(out, {ph: x}).tolist() == [[4.5, 4.5]] * 3
+    E.to_eager(model, dtype=np.float64)
+    with E.no_grad():
+        for p in E.parameters(model):
+            p.assign_(np.full(p.shape, 0.5))
+    assert model(E.tensor(x)).numpy().tolist() == [[4.5, 4.5]] * 3
+
+
 def test_relu_gradient_through_its_output_at_signed_zeros_nan_inf_and_ints():
     # relu's rule reads y = max(x, 0): y > 0 exactly where x > 0, also for -0.0,
     # NaN (max keeps it: NaN > 0 is False either way), infinities and integers.

@@ -48,8 +48,9 @@ def fuse_dense(graph: Graph, ctx: PassContext) -> Graph:
     The bias is an `add` (either operand) that does not broadcast the product, or a
     `bias_add` along the product's last axis (its columns); the matmul must have no
     other reader. The activation (relu, tanh, sigmoid, gelu) joins when it is the sum's only reader.
-    In a training graph relu's gradient reads the sum too, so there the relu stays
-    outside; tanh and sigmoid gradients read the activation's output, so they join.
+    In a training graph gelu's gradient reads the sum too, so there gelu stays
+    outside; relu, tanh and sigmoid gradients read the activation's output, so
+    they join.
     """
     first = len(ctx.records)
     users = graph.consumers()

@@ -524,7 +524,10 @@ class Activation(Module):
     def over(self, x: Node) -> Node:
         """The activation of x, for a caller that made x and drops it after this
         call (MLP: a hidden Linear's output): in eager mode the result may take x's
-        memory (ops.make_over). In graph mode this is __call__."""
+        memory (ops.make_over). In graph mode this is __call__, and so it is for a
+        subclass with a __call__ of its own (which may not be just `op`)."""
+        if type(self).__call__ is not Activation.__call__:
+            return self(x)
         return ops.make_over(self.op, x)
 
 
