@@ -519,7 +519,8 @@ def test_backward_writes_relus_gradient_over_the_incoming_one(over_any_size):
 def test_an_mlp_writes_its_activations_over_the_linear_outputs(activation, monkeypatch):
     # The MLP knows a hidden Linear's output is read by the activation alone, so
     # eagerly the activation takes its block (relu by OpDef.inplace, tanh as a
-    # ufunc; gelu, neither, stays new). Output and gradients keep every bit.
+    # ufunc), but for gelu, whose gradient reads that input (with grad on: under
+    # no_grad it too writes there). Output and gradients keep every bit.
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 5))
     model = E.to_eager(tf.nn.MLP([5, 7, 7, 3], activation=activation), dtype=np.float64)

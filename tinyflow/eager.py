@@ -1279,7 +1279,7 @@ def _input_grads(t: Tensor, grad: Tensor, shared: set[int] | None = None
 
     `shared` (from `_walk_tape`) holds the ids of gradients that more than the
     backward walk holds. When `grad` is not one of them, the rule's one reader of
-    it may write its result over it (`apply_over`): relu's `g * (x > 0)` then
+    it may write its result over it (`apply_over`): relu's `g * (y > 0)` then
     needs no new block. Results the rule hands out twice, or that are values of
     the forward pass, go into `shared`."""
     needed = t._needed
