@@ -141,29 +141,6 @@ def test_grad_mode_is_per_thread():
         other.join()
 
 
-def test_tracing_in_one_thread_leaves_another_threads_ops_eager():
-    # The tracer is per thread too: a function being traced in one thread took the
-    # eager ops of every other thread into its graph (they came out symbolic).
-    import threading
-    inside, done = threading.Event(), threading.Event()
-
-    @tf.function
-    def waits_while_traced(v):
-        inside.set()
-        done.wait(10)
-        return v * 2.0
-
-    other = threading.Thread(target=lambda: waits_while_traced(E.tensor(np.ones(2))))
-    other.start()
-    try:
-        assert inside.wait(10)
-        y = E.tensor(np.array([1.0, 2.0])) + 1.0
-        assert y.numpy().tolist() == [2.0, 3.0]
-    finally:
-        done.set()
-        other.join()
-
-
 def test_no_grad_and_in_place_rules():
     w = E.tensor(np.ones(3), requires_grad=True)
     with E.no_grad():

@@ -104,31 +104,6 @@ class _Mode(threading.local):
 _mode = _Mode()
 _generators: dict = {}   # eager random streams, by op seed (dropout)
 
-# How many threads are now under no_grad or tracing. While none is, every thread has
-# grad on and no tracer, and the operator shortcuts need not read their own thread's
-# `_mode` (a thread-local read costs 30 ns, a fifth of what they do for a tiny op).
-# Changed under the lock; a thread's own change comes before its next op.
-_threads_off_default = 0
-_threads_lock = threading.Lock()
-
-
-def _count_off_default(change: int) -> None:
-    global _threads_off_default
-    with _threads_lock:
-        _threads_off_default += change
-
-
-@contextlib.contextmanager
-def _tracing(trace: Any) -> Iterator[None]:
-    """This thread's ops inside the block are recorded into `trace` (tracing.py)."""
-    _count_off_default(+1)
-    before, _mode.tracer = _mode.tracer, trace
-    try:
-        yield
-    finally:
-        _mode.tracer = before
-        _count_off_default(-1)
-
 
 @contextlib.contextmanager
 def _optimizer_step() -> Iterator[None]:
@@ -157,14 +132,11 @@ def enable_grad() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _grad_mode(enabled: bool) -> Iterator[None]:
-    off = 0 if enabled else 1   # (grad on is the default: enable_grad counts nothing)
-    _count_off_default(+off)
     before, _mode.grad_enabled = _mode.grad_enabled, enabled
     try:
         yield
     finally:
         _mode.grad_enabled = before
-        _count_off_default(-off)
 
 
 # ----------------------------------------------------------------------------------
@@ -883,8 +855,7 @@ def apply_unary(op: str, a: Any) -> Tensor:
         kernel = _kernels.get((op, a.data.shape, a.data.dtype))
     except AttributeError:   # not a Tensor with an array: apply says what it is
         kernel = None
-    if (kernel is None or kernel[2] is None or debug.active
-            or (_threads_off_default and _mode.tracer is not None)):
+    if kernel is None or kernel[2] is None or _mode.tracer is not None or debug.active:
         return apply(op, (a,), {})
     layout, nbytes, ufunc, opdef = kernel
     alloc = _allocator
@@ -899,14 +870,14 @@ def apply_unary(op: str, a: Any) -> Tensor:
     result.data = out
     result._block = block
     result._alloc = alloc
-    if opdef.differentiable and (not _threads_off_default or _mode.grad_enabled):
+    if _mode.grad_enabled and opdef.differentiable:
         _put_on_tape(result, op, (a,), {})
     return result
 
 
 def apply_binary(op: str, a: Any, b: Any) -> Tensor:
     """`apply(op, (a, b), {})`, shortened for the common case (see above)."""
-    if debug.active or (_threads_off_default and _mode.tracer is not None):
+    if _mode.tracer is not None or debug.active:
         return apply(op, (a, b), {})
     inputs = (a, b)
     try:
@@ -938,7 +909,7 @@ def apply_binary(op: str, a: Any, b: Any) -> Tensor:
     result.data = out
     result._block = block
     result._alloc = alloc
-    if opdef.differentiable and (not _threads_off_default or _mode.grad_enabled):
+    if _mode.grad_enabled and opdef.differentiable:
         _put_on_tape(result, op, inputs, {})
     return result
 

@@ -42,8 +42,8 @@ import numpy as np
 
 from tinyflow import api, nest, ops, shape_ops
 from tinyflow.allocator import CachingAllocator
-from tinyflow.eager import (SECOND_BACKWARD, EagerError, GraphBreak, Tensor, _mode, _tracing,
-                            _wrap, accumulates_in_place, check_implicit_seed, check_seed_shape,
+from tinyflow.eager import (SECOND_BACKWARD, EagerError, GraphBreak, Tensor, _mode, _wrap,
+                            accumulates_in_place, check_implicit_seed, check_seed_shape,
                             set_allocator)
 from tinyflow.graph import Node, topological_order, user_source_line
 from tinyflow.ops import REGISTRY
@@ -557,12 +557,14 @@ class Function:
         if nesting is not None:
             values = iter(symbolic)
             call_args = [nest.unflatten(n, values) for n in nesting]
+        before, _mode.tracer = _mode.tracer, trace
         try:
-            with _tracing(trace):
-                result = self.fn(*call_args)
+            result = self.fn(*call_args)
         except GraphBreak as err:
             self.breaks.append(str(err))
             raise
+        finally:
+            _mode.tracer = before
         fetches: list[Node] = []
         outputs = _collect(result, fetches, trace.node_of)
         grad_writes = []
