@@ -118,29 +118,6 @@ def test_backward_twice_needs_retain_graph_and_then_accumulates():
         y.backward()
 
 
-def test_grad_mode_is_per_thread():
-    # Regression: no_grad in one thread (an evaluation loop beside training) kept
-    # another thread's ops off the tape, and its backward found no gradient.
-    import threading
-    inside, done = threading.Event(), threading.Event()
-
-    def evaluate():
-        with E.no_grad():
-            inside.set()
-            done.wait(10)
-
-    other = threading.Thread(target=evaluate)
-    other.start()
-    try:
-        assert inside.wait(10)
-        x = E.tensor(np.array([1.0, -2.0, 3.0]), requires_grad=True)
-        (x * x).sum().backward()
-        assert np.array_equal(x.grad.numpy(), [2.0, -4.0, 6.0])
-    finally:
-        done.set()
-        other.join()
-
-
 def test_no_grad_and_in_place_rules():
     w = E.tensor(np.ones(3), requires_grad=True)
     with E.no_grad():

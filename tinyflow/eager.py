@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-import threading
 import time
 import warnings
 import weakref
@@ -89,12 +88,7 @@ class GraphBreak(TinyFlowError):
     """A traced function asked for a value that only exists when the graph runs."""
 
 
-class _Mode(threading.local):
-    """What the running thread is doing, per thread as in PyTorch: a thread under
-    no_grad (an evaluation loop beside training) left another thread's ops off the
-    tape, and its backward without them. The class attributes are each thread's
-    starting values."""
-
+class _Mode:
     grad_enabled = True
     in_backward = False     # inside `backward` (the debugger colours those ops)
     in_optimizer = False    # inside an optimizer's `step` (the debugger's optimizer box)
