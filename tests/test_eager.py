@@ -548,6 +548,14 @@ def test_an_mlp_writes_its_activations_over_the_linear_outputs(activation, monke
     E._allocator.validate()
 
 
+def test_a_hand_built_sequential_writes_relu_over_the_linear_output(over_any_size):
+    # The rule is Sequential's (MLP is one): a Linear's output there is read by the
+    # next layer alone.
+    model = E.to_eager(tf.nn.Sequential(tf.nn.Linear(5, 4), tf.nn.ReLU()), dtype=np.float64)
+    y = model(E.tensor(np.random.default_rng(5).standard_normal((3, 5))))
+    assert y._op == "relu" and y._inputs[0]._block is None
+
+
 def test_an_mlp_calls_an_activation_subclass_with_its_own_call(over_any_size):
     # Regression (review): MLP handed every ReLU to ops.make_over("relu"), so a
     # user's subclass with its own __call__ was skipped, in graph mode too.

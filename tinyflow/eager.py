@@ -919,8 +919,8 @@ def apply_over(op: str, inputs: Sequence[Any], dying: int, attrs: dict | None = 
                ) -> Tensor:
     """`apply(op, inputs, attrs)`, for a caller that made `inputs[dying]` itself and
     drops it after this call: nothing else holds it (ops.make_over: nn.Linear's
-    product before its bias, nn.MLP's hidden Linear outputs before their
-    activation; backward: a gradient only this rule reads).
+    product before its bias, a Linear's output in nn.Sequential before the
+    activation after it; backward: a gradient only this rule reads).
 
     When `op` is one numpy ufunc, or its registry entry says it may write over that
     input (OpDef.inplace: relu), and its result has that input's layout, the result

@@ -523,7 +523,7 @@ class Activation(Module):
 
     def over(self, x: Node) -> Node:
         """The activation of x, for a caller that made x and drops it after this
-        call (MLP: a hidden Linear's output): in eager mode the result may take x's
+        call (Sequential: a Linear's output): in eager mode the result may take x's
         memory (ops.make_over). In graph mode this is __call__, and so it is for a
         subclass with a __call__ of its own (which may not be just `op`)."""
         if type(self).__call__ is not Activation.__call__:
@@ -553,8 +553,17 @@ class Sequential(Module):
         self.layers = list(layers)
 
     def __call__(self, x: Node, training: bool = True) -> Node:
+        # A Linear's output here is read by the next layer and by nothing else, so
+        # eagerly an activation after it may write over it (Activation.over), the
+        # reuse the static plan finds by itself for a graph. (A subclass of Linear
+        # might keep its output: only Linear itself is trusted with that.)
+        previous = None
         for layer in self.layers:
-            x = layer(x, training=training)
+            if isinstance(layer, Activation) and type(previous) is Linear:
+                x = layer.over(x)
+            else:
+                x = layer(x, training=training)
+            previous = layer
         return x
 
 
@@ -581,17 +590,3 @@ class MLP(Sequential):
                 if dropout_rate:
                     layers.append(Dropout(dropout_rate))
         super().__init__(*layers)
-
-    def __call__(self, x: Node, training: bool = True) -> Node:
-        # A hidden Linear's output is read by the activation after it and by nothing
-        # else, so eagerly the activation may write over it (Activation.over), the
-        # reuse the static plan finds by itself for a graph. (A subclass of Linear
-        # might keep its output: only Linear itself is trusted with that.)
-        previous = None
-        for layer in self.layers:
-            if isinstance(layer, Activation) and type(previous) is Linear:
-                x = layer.over(x)
-            else:
-                x = layer(x, training=training)
-            previous = layer
-        return x

@@ -170,8 +170,8 @@ def make(op: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
 
 def make_over(op: str, dying: Any, *others: Any) -> Any:
     """`make(op, dying, *others)`, for a caller that made `dying` itself and drops it
-    after this call: nn.Linear's product, before its bias is added; nn.MLP's
-    hidden Linear output, before its activation.
+    after this call: nn.Linear's product, before its bias is added; a Linear's
+    output in nn.Sequential (nn.MLP), before the activation after it.
 
     In eager mode the result may then be written over `dying` (eager.apply_over):
     an eager op cannot know by itself that nothing else holds its operand. That is
@@ -728,7 +728,7 @@ _unary("sigmoid", _sigmoid_compute, lambda n, g: [g * n * (1.0 - n)], "1 / (1 + 
        dtype_like="exp", dense_activation=True)
 # relu's gradient reads its output: y > 0 exactly where x > 0 (for -0, NaN and ints
 # too), and y is what the next layer keeps anyway, so x may die at the relu (the
-# static plan then writes y over x, and eager mode may too: see nn.MLP), as
+# static plan then writes y over x, and eager mode may too: see nn.Sequential), as
 # PyTorch's threshold_backward reads the result.
 _unary("relu", _relu_compute,
        lambda n, g: [g * (n > 0.0)], "max(x, 0)",
