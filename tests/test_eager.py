@@ -118,6 +118,124 @@ def test_backward_twice_needs_retain_graph_and_then_accumulates():
         y.backward()
 
 
+def _while_other_thread(inside_other, body):
+    """Run `inside_other(inside, done)` in a new thread; once it sets `inside`,
+    run body() here, then set `done` and join."""
+    import threading
+    inside, done = threading.Event(), threading.Event()
+    other = threading.Thread(target=inside_other, args=(inside, done))
+    other.start()
+    try:
+        assert inside.wait(10)
+        return body()
+    finally:
+        done.set()
+        other.join()
+
+
+def test_grad_mode_is_per_thread():
+    # Regression: no_grad in one thread (an evaluation loop beside training) kept
+    # another thread's ops off the tape, and its backward found no gradient.
+    def evaluate(inside, done):
+        with E.no_grad():
+            inside.set()
+            done.wait(10)
+
+    def train():
+        x = E.tensor(np.array([1.0, -2.0, 3.0]), requires_grad=True)
+        (x * x).sum().backward()
+        assert np.array_equal(x.grad.numpy(), [2.0, -4.0, 6.0])
+
+    _while_other_thread(evaluate, train)
+
+
+def test_tracing_in_one_thread_leaves_another_threads_ops_eager():
+    # The tracer is per thread too: a function being traced in one thread took the
+    # eager ops of every other thread into its graph (they came out symbolic).
+    @tf.function
+    def waits_while_traced(v, inside, done):
+        inside.set()
+        done.wait(10)
+        return v * 2.0
+
+    def trace(inside, done):
+        waits_while_traced(E.tensor(np.ones(2)), inside, done)
+
+    def eager_op():
+        y = E.tensor(np.array([1.0, 2.0])) + 1.0
+        assert y.numpy().tolist() == [2.0, 3.0]
+
+    _while_other_thread(trace, eager_op)
+
+
+def test_each_thread_allocates_from_its_own_allocator():
+    # Two threads' mallocs interleaving in one allocator could hand out one block
+    # twice (the allocator's Python is no single step). A Tensor freed in another
+    # thread goes back to its own allocator at that allocator's next malloc.
+    import threading
+    made, theirs = [], []
+
+    def make():
+        theirs.append(E.allocator())
+        made.append(E.tensor(np.arange(4.0)))
+
+    thread = threading.Thread(target=make)
+    thread.start()
+    thread.join()
+    assert theirs[0] is not E.allocator() and theirs[0].thread == thread.ident
+    before = theirs[0].allocated
+    assert before > 0
+    made.clear()   # its last reference dies here, in this thread
+    assert theirs[0].allocated == before and len(theirs[0].deferred) == 1
+    theirs[0].validate()
+
+
+def test_threads_training_side_by_side_get_their_own_answers():
+    # Regression: a backward (and an optimizer step) runs under no_grad, which was
+    # the whole process's: another thread's forward ops in the meantime were not
+    # taped, and its backward failed ("does not require grad").
+    import sys
+    import threading
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((8, 16)) for _ in range(3)]
+    w0 = rng.standard_normal((16, 16))
+
+    def train(x, steps):
+        w = E.tensor(w0, requires_grad=True)
+        out = []
+        for _ in range(steps):
+            y = tf.reduce_sum(tf.tanh(tf.nn.relu(E.tensor(x) @ w) * 2.0 + 1.0))
+            y.backward()
+            out.append((y.item(), w.grad.numpy().copy()))
+            w.grad = None
+        E.allocator().validate()
+        return out
+
+    alone = [train(x, 1)[0] for x in xs]
+    results, errors = {}, []
+
+    def run(k):
+        try:
+            results[k] = train(xs[k], 60)
+        except Exception as err:   # (reported below, with the others')
+            errors.append(repr(err))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads as often as CPython will
+    try:
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    for k in range(len(xs)):
+        for loss, grad in results[k]:
+            assert loss == alone[k][0] and np.array_equal(grad, alone[k][1])
+
+
 def test_no_grad_and_in_place_rules():
     w = E.tensor(np.ones(3), requires_grad=True)
     with E.no_grad():
@@ -162,7 +280,7 @@ def test_in_place_updates_equal_assigning_the_result(method, value):
 def test_an_in_place_update_under_no_grad_takes_no_new_block():
     p = E.tensor(np.ones((64, 64), np.float32))
     g = E.tensor(np.full((64, 64), 0.5, np.float32))
-    alloc = E._allocator
+    alloc = E.allocator()
     with E.no_grad():
         alloc.peak_allocated = alloc.allocated
         p.sub_(g)
@@ -206,7 +324,7 @@ def test_a_scaled_update_takes_only_a_slice_of_scratch_and_works_traced(tmp_path
     from tinyflow import trace
     p = E.tensor(np.ones((512, 512), np.float32))
     g = E.tensor(np.full((512, 512), 0.5, np.float32))
-    alloc = E._allocator
+    alloc = E.allocator()
     with E.no_grad():
         alloc.peak_allocated = alloc.allocated
         p.sub_(g, alpha=0.1)
@@ -319,11 +437,11 @@ def test_the_operator_shortcut_fails_as_apply_does_and_keeps_no_block():
     with E.no_grad():
         for op in (lambda t: t * 10.0, lambda t: t * t, lambda t: tf.exp(t)):
             op(E.tensor(np.ones(4, np.float32)))    # the kernel is remembered now
-            before = E._allocator.allocated
+            before = E.allocator().allocated
             with np.errstate(over="raise"), pytest.raises(EagerError,
                                                           match="at test_eager.py:"):
                 op(big)
-            assert E._allocator.allocated == before
+            assert E.allocator().allocated == before
 
 
 def test_a_kernel_failure_in_the_operator_shortcut_runs_once():
@@ -394,7 +512,7 @@ def test_make_over_writes_the_bias_into_the_product_and_keeps_the_bits(over_any_
     w.grad = b.grad = None
     (expected * expected).sum().backward()
     assert np.array_equal(grads[0], w.grad.numpy()) and np.array_equal(grads[1], b.grad.numpy())
-    E._allocator.validate()
+    E.allocator().validate()
 
 
 def test_a_linear_output_frees_its_block_when_it_dies(over_any_size):
@@ -403,11 +521,11 @@ def test_a_linear_output_frees_its_block_when_it_dies(over_any_size):
     # any backward held its block until the next malloc (allocated did not return).
     layer = E.to_eager(tf.nn.Linear(5, 4))
     x = E.tensor(np.ones((6, 5), np.float32))
-    before = E._allocator.allocated
+    before = E.allocator().allocated
     y = layer(x)
     assert y._inputs[0]._block is None    # the product's block is the output's
     del y
-    assert E._allocator.allocated == before and not E._allocator.deferred
+    assert E.allocator().allocated == before and not E.allocator().deferred
 
 
 def test_apply_over_leaves_small_operands_to_apply():
@@ -545,7 +663,7 @@ def test_an_mlp_writes_its_activations_over_the_linear_outputs(activation, monke
     assert taken == [activation != "gelu"] * 2
     for a, b in zip(got, run(1 << 40), strict=True):
         assert np.array_equal(a, b)
-    E._allocator.validate()
+    E.allocator().validate()
 
 
 def test_a_hand_built_sequential_writes_relu_over_the_linear_output(over_any_size):

@@ -157,8 +157,12 @@ class CachingAllocator:
     peak_reserved: int = 0
     _next_block: int = 0
     # Blocks whose last array died somewhere the allocator may be busy (a garbage
-    # collection inside malloc runs weakref callbacks): freed at the next malloc.
+    # collection inside malloc runs weakref callbacks, or another thread is using
+    # it): freed at the next malloc.
     deferred: list[Block] = field(default_factory=list)
+    # The thread that mallocs from it (eager.py says which): only that thread may
+    # change it, so another thread's frees go into `deferred` (free_later).
+    thread: int | None = None
 
     # -- the two calls -----------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:

@@ -25,8 +25,8 @@ contributions in the same order as `autodiff.gradients`, so an eager step and it
 traced graph give bitwise-equal results.
 
 Tracing eager code into a graph (`tf.function`) is tracing.py's: while a function
-is traced, `_mode.tracer` is set, Tensors are *symbolic* (a Node, no array), and the
-Tensor's methods and `apply` hand their work to the tracer.
+is traced, its thread's `tracer` is set (see _State), Tensors are *symbolic* (a
+Node, no array), and the Tensor's methods and `apply` hand their work to the tracer.
 
 Eager memory comes from `CachingAllocator` (allocator.py), after PyTorch's CUDA
 caching allocator: blocks carved from larger segments, best-fit reuse, split and
@@ -43,11 +43,13 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import threading
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from threading import get_ident as _get_ident
 from typing import Any, NoReturn
 
 import numpy as np
@@ -60,19 +62,63 @@ from tinyflow.graph import Node, TinyFlowError, topological_order, user_source_l
 from tinyflow.ops import REGISTRY
 from tinyflow.optim import one_minus
 
-_allocator = CachingAllocator(record=False)
+# ----------------------------------------------------------------------------------
+# Each thread's state
+# ----------------------------------------------------------------------------------
+
+class _State:
+    """One thread's eager state. Grad mode is per thread, as PyTorch's is: an
+    evaluation loop under no_grad in one thread must not keep another thread's ops
+    off the tape, and neither may a backward or an optimizer step, which run under
+    no_grad too (two threads training side by side did fail so). Tracing is per
+    thread too. And each thread takes memory from its own caching allocator, so
+    two threads' mallocs never interleave (a lock around malloc and free would
+    cost a tiny op 10-20%, 65-140 ns a call: see
+    Tensor.__del__ for a block freed by another thread)."""
+
+    def __init__(self) -> None:
+        global _threads_seen
+        _threads_seen += 1
+        self.grad_enabled = True
+        self.in_backward = False    # inside `backward` (the debugger colours those ops)
+        self.in_optimizer = False   # inside an optimizer's `step` (its box in the debugger)
+        self.tracer: Any = None     # the tracing._Trace of a function being traced
+        self.allocator = CachingAllocator(record=False)
+        self.allocator.thread = threading.get_ident()
+
+
+# How many threads have used eager mode (made their _State). While it is one, every
+# block is that thread's, and Tensor.__del__ need not ask whose it is (50 ns a Tensor).
+# (Two new threads may lose one's increment: the count is above one all the same.)
+_threads_seen = 0
+
+
+class _PerThread(threading.local):
+    """`_thread.state` is the running thread's _State (threading.local calls
+    __init__ once in each thread, at its first use). The hot paths read
+    `_thread.state` once per op and then plain attributes: each read of a
+    threading.local costs 25-30 ns, a fiftieth of a tiny op."""
+
+    def __init__(self) -> None:
+        self.state = _State()
+
+
+_thread = _PerThread()
 
 
 def allocator() -> CachingAllocator:
-    """The allocator eager Tensors take their memory from."""
-    return _allocator
+    """The allocator this thread's eager Tensors take their memory from."""
+    return _thread.state.allocator
 
 
 def set_allocator(new: CachingAllocator) -> CachingAllocator:
-    """Use `new` for Tensors made from now on; returns the previous allocator.
-    (Tensors made before keep their blocks in the old one, and return them there.)"""
-    global _allocator
-    old, _allocator = _allocator, new
+    """Use `new` for Tensors this thread makes from now on; returns the previous
+    allocator. (Tensors made before keep their blocks in the old one, and return
+    them there.) An allocator serves one thread at a time: this thread's frees go
+    into it at once, other threads' wait for its next malloc."""
+    state = _thread.state
+    old, state.allocator = state.allocator, new
+    new.thread = threading.get_ident()
     return old
 
 
@@ -88,26 +134,19 @@ class GraphBreak(TinyFlowError):
     """A traced function asked for a value that only exists when the graph runs."""
 
 
-class _Mode:
-    grad_enabled = True
-    in_backward = False     # inside `backward` (the debugger colours those ops)
-    in_optimizer = False    # inside an optimizer's `step` (the debugger's optimizer box)
-    tracer: Any = None      # the tracing._Trace of a function being traced
-
-
-_mode = _Mode()
 _generators: dict = {}   # eager random streams, by op seed (dropout)
 
 
 @contextlib.contextmanager
 def _optimizer_step() -> Iterator[None]:
     """An optimizer's update: no grad, and recorded ops are marked as the optimizer's."""
-    before, _mode.in_optimizer = _mode.in_optimizer, True
+    state = _thread.state
+    before, state.in_optimizer = state.in_optimizer, True
     try:
         with no_grad():
             yield
     finally:
-        _mode.in_optimizer = before
+        state.in_optimizer = before
 
 
 @contextlib.contextmanager
@@ -126,11 +165,12 @@ def enable_grad() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _grad_mode(enabled: bool) -> Iterator[None]:
-    before, _mode.grad_enabled = _mode.grad_enabled, enabled
+    state = _thread.state
+    before, state.grad_enabled = state.grad_enabled, enabled
     try:
         yield
     finally:
-        _mode.grad_enabled = before
+        state.grad_enabled = before
 
 
 # ----------------------------------------------------------------------------------
@@ -168,13 +208,14 @@ class Tensor:
     __array_priority__ = 1000    # numpy defers `array + tensor` to our operators
 
     def __init__(self, value: Any, requires_grad: bool = False, dtype: Any = None) -> None:
-        if _mode.tracer is not None:
+        tracer = _thread.state.tracer
+        if tracer is not None:
             # Made while a function is traced: a value of the graph, made again on
             # every call as eager code makes it (not a Tensor from outside, which
             # would keep what one call wrote into it for the next); with
             # requires_grad, a leaf of each call (tracing.py: set_requires_grad).
             self.data, self._block, self._alloc = None, None, None
-            self.node = _mode.tracer.copy_of(value, dtype)
+            self.node = tracer.copy_of(value, dtype)
             self.requires_grad, self._grad = False, None
             self._op = self._inputs = self._attrs = None
             if requires_grad:
@@ -205,6 +246,11 @@ class Tensor:
                 own = _OWN_REFS if block.view is self.data else _OWN_REFS - 1
                 if sys.getrefcount(self.data) > own:
                     _free_when_unused(self.data, block, self._alloc)
+                elif _threads_seen > 1 and self._alloc.thread != _get_ident():
+                    # another thread's allocator, perhaps in a malloc right now: it
+                    # frees the block itself, at its next malloc (a list append is
+                    # one step for CPython: no other thread sees it half done)
+                    self._alloc.free_later(block)
                 else:
                     self._alloc.free(block)
             except Exception:   # interpreter shutdown: the allocator may be gone
@@ -229,7 +275,7 @@ class Tensor:
 
     @property
     def grad(self) -> Tensor | None:
-        tracer = _mode.tracer
+        tracer = _thread.state.tracer
         key = None if tracer is None else tracer.grad_key(self)
         if key is not None:   # while tracing: the Tensor's .grad as the trace sees it
             return tracer.grad_of(key)
@@ -237,7 +283,7 @@ class Tensor:
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
-        tracer = _mode.tracer
+        tracer = _thread.state.tracer
         key = None if tracer is None else tracer.grad_key(self)
         if key is not None:
             tracer.set_grad(key, value)
@@ -264,7 +310,7 @@ class Tensor:
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         self._need_value("np.asarray()")
-        if self.requires_grad and _mode.grad_enabled:
+        if self.requires_grad and _thread.state.grad_enabled:
             # numpy functions read a Tensor through here (np.exp(w)) and return a bare
             # array: backward would skip that step and give a wrong gradient silently.
             # PyTorch refuses too; .numpy() stays the explicit way to read the values.
@@ -309,8 +355,9 @@ class Tensor:
                        "which only exists when the traced graph runs; compute it with "
                        "tensor ops (tf.where instead of if), or call it outside the "
                        "traced function")
-            if _mode.tracer is not None:
-                _mode.tracer.breaks.append(message)
+            tracer = _thread.state.tracer
+            if tracer is not None:
+                tracer.breaks.append(message)
             raise GraphBreak(message)
 
     def _need_one_value(self, what: str) -> None:
@@ -331,13 +378,13 @@ class Tensor:
         `create_graph` the gradients are themselves differentiable.
         """
         if self.node is not None:
-            _mode.tracer.backward(self, gradient, retain_graph, create_graph)
+            _thread.state.tracer.backward(self, gradient, retain_graph, create_graph)
             return
         backward(self, gradient, retain_graph or create_graph, create_graph)
 
     def detach(self) -> Tensor:
         """The same value with no history (a new Tensor sharing nothing)."""
-        if _mode.tracer is None:
+        if _thread.state.tracer is None:
             self._need_value("detach()")
         return Tensor(self)    # (while tracing: see tracing._Trace.copy_of)
 
@@ -349,8 +396,9 @@ class Tensor:
                              "be turned off; use x.detach() for a value without history")
         if flag:
             _check_differentiable(self.dtype)
-        if flag != self.requires_grad and self.node is not None and _mode.tracer is not None:
-            _mode.tracer.set_requires_grad(self, flag)   # symbolic: see tracing.py
+        tracer = _thread.state.tracer
+        if flag != self.requires_grad and self.node is not None and tracer is not None:
+            tracer.set_requires_grad(self, flag)   # symbolic: see tracing.py
         self.requires_grad = flag
         return self
 
@@ -369,10 +417,10 @@ class Tensor:
         it is an error, and a value that requires grad cannot be written into a
         Tensor that does not (its gradient would be lost).
         """
-        if _mode.grad_enabled and self.requires_grad and self.is_leaf:
+        if _thread.state.grad_enabled and self.requires_grad and self.is_leaf:
             raise EagerError(f"in-place write to a leaf Tensor that requires grad at "
                              f"{user_source_line()}; do it under eager.no_grad()")
-        if _mode.grad_enabled and not self.requires_grad and getattr(value, "requires_grad",
+        if _thread.state.grad_enabled and not self.requires_grad and getattr(value, "requires_grad",
                                                                       False):
             # PyTorch would give this Tensor the value's history; this tape keeps one
             # op per Tensor, and the value's gradient would be silently lost.
@@ -390,14 +438,15 @@ class Tensor:
             raise EagerError(f"in-place write at {user_source_line()}: the value is "
                              f"{new.dtype}, which this {self.dtype} Tensor cannot hold "
                              "(PyTorch refuses too); write it to a new Tensor")
-        if _mode.tracer is not None:
-            _mode.tracer.write(self, value if new is value else new.data)
+        tracer = _thread.state.tracer
+        if tracer is not None:
+            tracer.write(self, value if new is value else new.data)
             return self
         if new.shape != self.shape:
             _check_broadcasts_into(new, self)
         self.data[...] = new.data
         self._version += 1
-        if _mode.grad_enabled and self.requires_grad:
+        if _thread.state.grad_enabled and self.requires_grad:
             # Its history is the op that made it, not the write: a backward that
             # reaches it would use the wrong rule, so it is refused (`_tape_order`).
             # A forward-only use (an in-place add in an evaluation) is fine.
@@ -430,13 +479,14 @@ class Tensor:
         layer: 1.2 -> 0.6 ms). The bits are the same, since an elementwise ufunc
         may write over its own input, and so is what backward sees: no_grad records
         nothing either way. Anything else takes the general path."""
-        if _mode.grad_enabled or _mode.tracer is not None or self.node is not None:
+        state = _thread.state
+        if state.grad_enabled or state.tracer is not None or self.node is not None:
             return self.assign_(apply(op, (self, value), {}))
         inputs, arrays = _with_literals(op, (self, value))
         layout, _, ufunc, _ = _kernel(op, arrays, {})
         if ufunc is None or layout != (self.data.shape, self.data.dtype):
             return self.assign_(apply(op, (self, value), {}))
-        recorder, began = _recording(_allocator) if debug.active else _NOT_RECORDING
+        recorder, began = _recording(state.allocator) if debug.active else _NOT_RECORDING
         ufunc(arrays[0], arrays[1], out=self.data)
         self._version += 1
         if began is not None:
@@ -464,8 +514,9 @@ class Tensor:
                 product = alpha * np.asarray(value)
             return self._update_(op, product)
         operands, scale, update = fused
-        recorder, began = _recording(_allocator) if debug.active else _NOT_RECORDING
-        scratch = _scaled_update(self.data.reshape(-1), operands, scale, update, _allocator)
+        alloc = _thread.state.allocator
+        recorder, began = _recording(alloc) if debug.active else _NOT_RECORDING
+        scratch = _scaled_update(self.data.reshape(-1), operands, scale, update, alloc)
         self._version += 1
         if began is not None:
             recorder.eager_log.add_inplace(op, [self, value], self, began,
@@ -599,7 +650,7 @@ def tensor(value: Any, requires_grad: bool = False, dtype: Any = None) -> Tensor
 
 
 def _new_array(shape: tuple, dtype: Any) -> tuple[np.ndarray, Block | None, Any]:
-    alloc = _allocator
+    alloc = _thread.state.allocator
     array, block = alloc.array(shape, dtype)
     return array, block, alloc
 
@@ -787,9 +838,9 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     expressions, starred calls, calls that are not needed (`debug.current()` only
     while some recorder is active; the Tensor made here, not by a helper).
     """
-    tracer = _mode.tracer
-    if tracer is not None:
-        return tracer.apply(op, inputs, attrs, name)
+    state = _thread.state   # (one thread-local read: see _PerThread)
+    if state.tracer is not None:
+        return state.tracer.apply(op, inputs, attrs, name)
     arrays = []
     for i in inputs:
         if not isinstance(i, Tensor):   # a literal among them: make it a Tensor
@@ -799,7 +850,7 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     layout, nbytes, ufunc, opdef = _kernel(op, arrays, attrs)
     if opdef.random:  # its compute draws from `generators` (the registry says so)
         attrs = {**attrs, "generators": _generators}
-    alloc = _allocator
+    alloc = state.allocator
     recorder, began = _recording(alloc) if debug.active else _NOT_RECORDING
     block = alloc.malloc(nbytes)
     out = block.view if block.view_key is layout else alloc.view_as(block, layout)
@@ -828,7 +879,7 @@ def apply(op: str, inputs: Sequence[Any], attrs: dict, name: str | None = None) 
     if began is not None:  # inside tf.debug.record: the op goes into the record
         recorder.eager_log.add(op, inputs, result_tensor, block, began, time.perf_counter(),
                                scratch)
-    if _mode.grad_enabled and opdef.differentiable:
+    if state.grad_enabled and opdef.differentiable:
         _put_on_tape(result_tensor, op, inputs, attrs)
     return result_tensor
 
@@ -849,10 +900,11 @@ def apply_unary(op: str, a: Any) -> Tensor:
         kernel = _kernels.get((op, a.data.shape, a.data.dtype))
     except AttributeError:   # not a Tensor with an array: apply says what it is
         kernel = None
-    if kernel is None or kernel[2] is None or _mode.tracer is not None or debug.active:
+    state = _thread.state   # (one thread-local read: see _PerThread)
+    if kernel is None or kernel[2] is None or state.tracer is not None or debug.active:
         return apply(op, (a,), {})
     layout, nbytes, ufunc, opdef = kernel
-    alloc = _allocator
+    alloc = state.allocator
     block = alloc.malloc(nbytes)
     out = block.view if block.view_key is layout else alloc.view_as(block, layout)
     try:
@@ -864,14 +916,15 @@ def apply_unary(op: str, a: Any) -> Tensor:
     result.data = out
     result._block = block
     result._alloc = alloc
-    if _mode.grad_enabled and opdef.differentiable:
+    if state.grad_enabled and opdef.differentiable:
         _put_on_tape(result, op, (a,), {})
     return result
 
 
 def apply_binary(op: str, a: Any, b: Any) -> Tensor:
     """`apply(op, (a, b), {})`, shortened for the common case (see above)."""
-    if _mode.tracer is not None or debug.active:
+    state = _thread.state   # (one thread-local read: see _PerThread)
+    if state.tracer is not None or debug.active:
         return apply(op, (a, b), {})
     inputs = (a, b)
     try:
@@ -891,7 +944,7 @@ def apply_binary(op: str, a: Any, b: Any) -> Tensor:
     if kernel is None or kernel[2] is None:   # first time, or not a ufunc
         return apply(op, inputs, {})
     layout, nbytes, ufunc, opdef = kernel
-    alloc = _allocator
+    alloc = state.allocator
     block = alloc.malloc(nbytes)
     out = block.view if block.view_key is layout else alloc.view_as(block, layout)
     try:
@@ -903,7 +956,7 @@ def apply_binary(op: str, a: Any, b: Any) -> Tensor:
     result.data = out
     result._block = block
     result._alloc = alloc
-    if _mode.grad_enabled and opdef.differentiable:
+    if state.grad_enabled and opdef.differentiable:
         _put_on_tape(result, op, inputs, {})
     return result
 
@@ -956,7 +1009,7 @@ def apply_over(op: str, inputs: Sequence[Any], dying: int, attrs: dict | None = 
         return apply(op, inputs, attrs)
     result = _new_object(Tensor)
     result.data = out
-    if _mode.grad_enabled and opdef.differentiable:
+    if _thread.state.grad_enabled and opdef.differentiable:
         _put_on_tape(result, op, inputs, attrs)
         if result._op is not None and _value_read_later(result, dying):
             return apply(op, inputs, attrs)
@@ -984,7 +1037,7 @@ def _arrays_to_write_over(target: Tensor, inputs: Sequence[Any], attrs: dict
     """The inputs' arrays, when nothing rules out writing over `target`'s: no trace
     or recording (they take `apply`, which logs each op), no attributes, only
     Tensors with values, and target's block held by target alone."""
-    if (_mode.tracer is not None or debug.active or attrs or target._block is None
+    if (_thread.state.tracer is not None or debug.active or attrs or target._block is None
             or target.data is not target._block.view
             or sys.getrefcount(target.data) > _OWN_REFS):   # a view of it lives on
         return None
@@ -1038,7 +1091,8 @@ def _fusable_update(target: Tensor, op: str, value: Any, alpha: Any) -> tuple | 
     """(the operands of alpha * value as `_scaled_update` slices them, the product's
     ufunc, the update's ufunc) when `target.<op>_(value, alpha=alpha)` can run
     fused, else None (see Tensor._scaled_update_)."""
-    if (_mode.grad_enabled or _mode.tracer is not None or target.node is not None
+    state = _thread.state
+    if (state.grad_enabled or state.tracer is not None or target.node is not None
             or target.data.nbytes <= SCALED_SLICE_BYTES   # fits in L2 anyway: no gain
             or alpha.__class__ not in _NUMBER_TYPES or not isinstance(value, Tensor)
             or value.node is not None or not target.data.flags.c_contiguous
@@ -1122,8 +1176,12 @@ def _recording(alloc: CachingAllocator) -> tuple:
     recorder = debug.current()
     if recorder is None:
         return _NOT_RECORDING
-    if recorder.eager_log is None:
-        recorder.eager_log = EagerLog(alloc, _mode)   # from now on the allocator keeps events
+    if recorder.eager_log is None:   # from now on the allocator keeps events
+        recorder.eager_log = EagerLog(alloc, _thread.state)
+    elif recorder.eager_log.alloc is not alloc:
+        # Another thread's op (TINYFLOW_TRACE's recorder is every thread's), or one
+        # made through another allocator: a record follows one allocator's blocks.
+        return _NOT_RECORDING
     return recorder, time.perf_counter()
 
 
@@ -1358,11 +1416,12 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
     pending: dict[int, list[Tensor]] = {id(root): [seed]}
     # create_graph records the backward's own ops, even inside no_grad (PyTorch too)
     recording = enable_grad() if create_graph else no_grad()
-    _mode.in_backward = True
+    state = _thread.state
+    state.in_backward = True
     try:
         _walk_tape(order, pending, recording, given={id(gradient)})
     finally:
-        _mode.in_backward = False
+        state.in_backward = False
     if not retain_graph:
         for t in order:
             if not t.is_leaf:
@@ -1395,7 +1454,7 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
                 if t._grad is None:
                     t._grad = total * 1 if id(total) in given else total
                     given.add(id(t._grad))
-                elif accumulates_in_place(t._grad, total.dtype, _mode.grad_enabled):
+                elif accumulates_in_place(t._grad, total.dtype, _thread.state.grad_enabled):
                     t._grad.add_(total)   # PyTorch's way: `g = w.grad` sees the sum
                 else:
                     t._grad = t._grad + total
@@ -1403,7 +1462,7 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
             if t._inputs is None:
                 raise EagerError(SECOND_BACKWARD)
             # (not under create_graph: the gradients are then on a tape of their own)
-            grads = _input_grads(t, total, None if _mode.grad_enabled else shared)
+            grads = _input_grads(t, total, None if _thread.state.grad_enabled else shared)
             for inp, g in zip(t._inputs, grads):
                 if g is not None:   # (an input that required grad when the op ran)
                     pending.setdefault(id(inp), []).append(g)

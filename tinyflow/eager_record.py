@@ -28,8 +28,9 @@ class EagerLog:
     MAX_OPS = 20_000   # a record is for reading; a longer run keeps its first ops
 
     def __init__(self, alloc: CachingAllocator, mode: Any) -> None:
-        """`mode`: eager's `_mode`, read for whether an op runs in a backward pass or
-        an optimizer step (passed in: eager.py imports this module, not the reverse)."""
+        """`mode`: the recording thread's eager state (eager._State), read for
+        whether an op runs in a backward pass or an optimizer step (passed in:
+        eager.py imports this module, not the reverse)."""
         self.alloc = alloc
         self.mode = mode
         self.was_recording, alloc.record = alloc.record, True

@@ -42,7 +42,7 @@ import numpy as np
 
 from tinyflow import api, nest, ops, shape_ops
 from tinyflow.allocator import CachingAllocator
-from tinyflow.eager import (SECOND_BACKWARD, EagerError, GraphBreak, Tensor, _mode, _wrap,
+from tinyflow.eager import (SECOND_BACKWARD, EagerError, GraphBreak, Tensor, _thread, _wrap,
                             accumulates_in_place, check_implicit_seed, check_seed_shape,
                             set_allocator)
 from tinyflow.graph import Node, topological_order, user_source_line
@@ -257,15 +257,16 @@ class _Trace:
 
     # -- what Tensor methods do while tracing ------------------------------------------
     def apply(self, op: str, inputs: Sequence[Any], attrs: dict, name: str | None) -> Tensor:
-        if _mode.grad_enabled:
+        grad_enabled = _thread.state.grad_enabled
+        if grad_enabled:
             nodes = [self.input_of(i) for i in inputs]
         else:
             nodes = [self.node_of(i) for i in inputs]
         node = ops.make(op, *nodes, name=name, **attrs)
-        if not _mode.grad_enabled:
+        if not grad_enabled:
             self.no_history[id(node)] = node
         out = _wrap(None, None, node=node)
-        out.requires_grad = (_mode.grad_enabled and REGISTRY[op].differentiable and any(
+        out.requires_grad = (grad_enabled and REGISTRY[op].differentiable and any(
             isinstance(i, Tensor) and i.requires_grad for i in inputs))
         if out.requires_grad:
             out._op = op   # not a leaf: it has a history, as on eager's tape
@@ -474,7 +475,7 @@ class Function:
         return bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _mode.tracer is not None:
+        if _thread.state.tracer is not None:
             # Called from inside another traced function: its ops join that trace
             # (as tf.function's do), rather than compiling a program of their own.
             return self.fn(*args, **kwargs)
@@ -557,14 +558,15 @@ class Function:
         if nesting is not None:
             values = iter(symbolic)
             call_args = [nest.unflatten(n, values) for n in nesting]
-        before, _mode.tracer = _mode.tracer, trace
+        state = _thread.state   # (tracing is per thread, as grad mode: see eager._State)
+        before, state.tracer = state.tracer, trace
         try:
             result = self.fn(*call_args)
         except GraphBreak as err:
             self.breaks.append(str(err))
             raise
         finally:
-            _mode.tracer = before
+            state.tracer = before
         fetches: list[Node] = []
         outputs = _collect(result, fetches, trace.node_of)
         grad_writes = []
@@ -862,7 +864,7 @@ def _rebuild(outputs: Any, values: list, name: str) -> Any:
 
 def _result_tensor(value: np.ndarray, kind: str, name: str) -> Tensor:
     result = Tensor(value)
-    if kind == "fetch with history" and _mode.grad_enabled:
+    if kind == "fetch with history" and _thread.state.grad_enabled:
         result.requires_grad, result._op = True, "tf.function"   # (not a leaf)
         result._opaque = (
             f"the result of a call of tf.function {name}: the compiled program keeps no "
