@@ -1517,6 +1517,47 @@ def test_an_array_taken_from_a_tensor_keeps_its_memory_after_the_tensor_dies():
         E.set_allocator(old)
 
 
+@pytest.mark.parametrize("record", [False, True])
+def test_a_tensor_collected_inside_malloc_is_freed_at_the_next_malloc(monkeypatch, record):
+    # Regression: CPython may collect garbage at any allocation of a Python object,
+    # and so inside malloc (the Block that a split makes). A Tensor collected there
+    # freed its block into the pools malloc was changing: the block it had just
+    # taken merged with its neighbour ("free neighbours ... were not merged").
+    import gc
+    from tinyflow import allocator as A
+
+    class Holder:
+        pass
+
+    alloc = A.CachingAllocator(record=record)
+    old, was_enabled = E.set_allocator(alloc), gc.isenabled()
+    gc.disable()
+    try:
+        free_first = E.tensor(np.ones(1_500_000, np.float32))   # 6 MB: the large pool
+        cycle = Holder()
+        cycle.me, cycle.t = cycle, E.tensor(np.ones(1_500_000, np.float32))
+        del free_first, cycle   # a free block, then a live one that a collection frees
+        split = A.CachingAllocator._split
+
+        def split_after_a_collection(self, block, size):
+            gc.collect()   # what CPython may do at the Block that _split makes
+            return split(self, block, size)
+
+        monkeypatch.setattr(A.CachingAllocator, "_split", split_after_a_collection)
+        taken = E.tensor(np.ones(500_000, np.float32))   # best fit in the free block
+        monkeypatch.undo()
+        alloc.validate()
+        assert len(alloc.deferred) == 1
+        small = E.tensor(np.ones(3))   # the next malloc frees the collected block
+        assert not alloc.deferred
+        alloc.validate()
+        assert alloc.allocated == taken._block.size + small._block.size
+    finally:
+        E.set_allocator(old)
+        if was_enabled:
+            gc.enable()
+
+
 def test_eager_ops_allocate_through_the_allocator_and_free_on_release():
     a = CachingAllocator()
     old = E.set_allocator(a)

@@ -163,6 +163,11 @@ class CachingAllocator:
     # The thread that mallocs from it (eager.py says which): only that thread may
     # change it, so another thread's frees go into `deferred` (free_later).
     thread: int | None = None
+    # True while malloc or free is changing the pools. CPython may run a garbage
+    # collection at any allocation of a Python object (the Block a split makes, a
+    # pool entry), and a Tensor collected there frees its block right then, in
+    # the middle of this allocator's work: that free waits in `deferred` instead.
+    busy: bool = False
 
     # -- the two calls -----------------------------------------------------------
     def malloc(self, nbytes: int) -> Block:
@@ -175,8 +180,12 @@ class CachingAllocator:
             block = waiting.pop()
             block.binned = False
             found_size, how = size, "bin"
-        else:
-            block, found_size, how = self._best_fit(size)
+        else:   # (the pools change: a free from a collection in here waits, see `busy`)
+            self.busy = True
+            try:
+                block, found_size, how = self._best_fit(size)
+            finally:
+                self.busy = False
         block.allocated = True
         block.requested = nbytes
         self.allocated += block.size
@@ -198,8 +207,34 @@ class CachingAllocator:
     def free(self, block: Block) -> None:
         """Give `block` back: a small block waits whole in the fast bin of its size;
         any other merges with its free neighbours at once."""
+        if self.busy:   # called from inside malloc or free: see `busy`
+            self.deferred.append(block)
+            return
         if not block.allocated:
             raise TinyFlowError(f"block #{block.id} is freed twice")
+        if self.fast_bins and block.pool is self.free_small and not self.record:
+            # The common case, in an order that no collection can catch half done:
+            # the block is in its bin (binned) before a new bin's list is made.
+            block.allocated = False
+            self.allocated -= block.size
+            if self.poison:
+                self.view(block, block.size, np.uint8).fill(POISON_BYTE)
+            block.binned = True
+            waiting = self.bins.get(block.size)
+            if waiting is None:
+                self.bins[block.size] = [block]
+            else:
+                waiting.append(block)
+            return
+        self.busy = True
+        try:
+            self._free_slowly(block)
+        finally:
+            self.busy = False
+
+    def _free_slowly(self, block: Block) -> None:
+        """free's other cases: a recorded free, a block of the large pool or without
+        fast bins (merged with its free neighbours at once)."""
         block.allocated = False
         self.allocated -= block.size
         if self.poison:
@@ -208,11 +243,7 @@ class CachingAllocator:
             self._event("free", block, "its Tensor was released")
         if self.fast_bins and block.pool is self.free_small:
             block.binned = True
-            waiting = self.bins.get(block.size)
-            if waiting is None:
-                self.bins[block.size] = [block]
-            else:
-                waiting.append(block)
+            self.bins.setdefault(block.size, []).append(block)
         else:
             self._release(block)
 
@@ -244,17 +275,21 @@ class CachingAllocator:
     def empty_cache(self) -> None:
         """Release segments that hold no live block (torch.cuda.empty_cache)."""
         self._free_deferred()
-        self._consolidate()
-        for pool in (self.free_small, self.free_large):
-            for entry in list(pool):
-                block = entry[3]
-                seg = self.segments[block.segment]
-                if block.prev is None and block.next is None and seg.buffer.size:
-                    pool.remove(entry)
-                    self.reserved -= seg.buffer.size
-                    self._event("segment_free", block, "empty_cache: the segment was unused")
-                    seg.buffer, seg.head = np.empty(0, np.uint8), None
-                    block.view = block.view_key = None
+        self.busy = True   # (see `busy`)
+        try:
+            self._consolidate()
+            for pool in (self.free_small, self.free_large):
+                for entry in list(pool):
+                    block = entry[3]
+                    seg = self.segments[block.segment]
+                    if block.prev is None and block.next is None and seg.buffer.size:
+                        pool.remove(entry)
+                        self.reserved -= seg.buffer.size
+                        self._event("segment_free", block, "empty_cache: the segment was unused")
+                        seg.buffer, seg.head = np.empty(0, np.uint8), None
+                        block.view = block.view_key = None
+        finally:
+            self.busy = False
 
     # -- checks and figures ------------------------------------------------------
     def live_blocks(self) -> list[Block]:
