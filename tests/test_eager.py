@@ -190,6 +190,72 @@ def test_each_thread_allocates_from_its_own_allocator():
     theirs[0].validate()
 
 
+def test_a_tensor_dropped_by_a_thread_that_never_ran_an_eager_op_waits_for_its_owner():
+    # Regression (a review of the per-thread allocators): a thread that only held
+    # and dropped main's Tensors freed their blocks into main's allocator at once,
+    # while main could be in the middle of a malloc (a block lost from the bins).
+    import threading
+    main_alloc = E.allocator()
+    held = [E.tensor(np.arange(5.0))]
+    block = held[0]._block
+    before = main_alloc.allocated
+    thread = threading.Thread(target=held.clear)   # no eager op: just drops it
+    thread.start()
+    thread.join()
+    assert main_alloc.allocated == before and block in main_alloc.deferred
+    E.tensor(np.ones(2))   # main's next malloc frees it
+    assert block not in main_alloc.deferred and not block.allocated
+    main_alloc.validate()
+
+
+def test_a_record_leaves_out_the_blocks_of_another_threads_tensors(tmp_path):
+    # Regression: a Tensor made in another thread, read by recorded ops, was listed
+    # with its block, whose id and segment are its own allocator's: a KeyError at
+    # the end of the record (no file), or main's own input hidden by an id clash.
+    import threading
+    from tinyflow import trace
+    made = {}
+
+    def worker():
+        made["small"] = E.tensor(np.ones(16, np.float32))
+        made["big"] = E.tensor(np.ones(300_000, np.float32))   # its segment 1
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    x = E.tensor(np.ones(16, np.float32))
+    path = tmp_path / "r.tfdbg.json"
+    with tf.debug.record(path):
+        y = (made["big"].sum() + made["small"].sum() + x.sum()) * 2.0
+    assert y.item() == 2.0 * (300_000 + 16 + 16)
+    tensors = trace.load(path)["memory_plan"]["tensors"]
+    inputs = [t for t in tensors if t["kind"] != "intermediate"]
+    assert [t["nbytes"] for t in inputs] == [x._block.size]   # main's input, listed once
+
+
+def test_tinyflow_trace_records_the_main_threads_eager_ops(tmp_path):
+    # Regression: with per-thread allocators, TINYFLOW_TRACE's record (every
+    # thread's) followed whichever thread ran an eager op first: a warm-up thread
+    # took it, and main's whole training was left out.
+    import subprocess
+    from tinyflow import trace
+    script = tmp_path / "warm_then_train.py"
+    script.write_text(
+        "import threading\nimport numpy as np\nfrom tinyflow import eager as E\n"
+        "t = threading.Thread(target=lambda: E.tensor(np.ones(4)) * 2.0)\n"
+        "t.start(); t.join()\n"
+        "w = E.tensor(np.ones((8, 8)), requires_grad=True)\n"
+        "loss = ((E.tensor(np.ones((4, 8))) @ w) ** 2.0).sum()\n"
+        "loss.backward()\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "TINYFLOW_TRACE": str(tmp_path / "t.json")}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ops = [n["op"] for n in trace.load(tmp_path / "t.json")["graphs"][0]["nodes"]]
+    assert "matmul" in ops and "pow" in ops
+
+
 def test_threads_training_side_by_side_get_their_own_answers():
     # Regression: a backward (and an optimizer step) runs under no_grad, which was
     # the whole process's: another thread's forward ops in the meantime were not

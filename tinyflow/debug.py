@@ -305,6 +305,12 @@ def scalar(name: str, step: int, value: float) -> None:
         recorder.scalar(name, step, value)
 
 
+def records_whole_process(recorder: Recorder) -> bool:
+    """Whether `recorder` is TINYFLOW_TRACE's, which every thread sees (a `record`
+    block's is its own thread's)."""
+    return recorder in _global_recorder
+
+
 def start_from_environment() -> None:
     """If TINYFLOW_TRACE=PATH is set, record the whole process and write PATH at
     exit (how `tinyflow debug --run SCRIPT` records a script it did not write)."""

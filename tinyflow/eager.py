@@ -49,6 +49,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from sys import getrefcount as _getrefcount
 from threading import get_ident as _get_ident
 from typing import Any, NoReturn
 
@@ -71,26 +72,21 @@ class _State:
     evaluation loop under no_grad in one thread must not keep another thread's ops
     off the tape, and neither may a backward or an optimizer step, which run under
     no_grad too (two threads training side by side did fail so). Tracing is per
-    thread too. And each thread takes memory from its own caching allocator, so
-    two threads' mallocs never interleave (a lock around malloc and free would
-    cost a tiny op 10-20%, 65-140 ns a call: see
-    Tensor.__del__ for a block freed by another thread)."""
+    thread too.
+
+    Each thread also takes memory from its own caching allocator, so two threads
+    never change one allocator's lists at once. (A lock around malloc and free
+    would do it too, at 65-140 ns a call, 10-20% of a tiny op.) A Tensor that dies
+    in another thread does not free its block there: Tensor.__del__ leaves it to
+    the allocator's own thread, at its next malloc."""
 
     def __init__(self) -> None:
-        global _threads_seen
-        _threads_seen += 1
         self.grad_enabled = True
         self.in_backward = False    # inside `backward` (the debugger colours those ops)
         self.in_optimizer = False   # inside an optimizer's `step` (its box in the debugger)
         self.tracer: Any = None     # the tracing._Trace of a function being traced
         self.allocator = CachingAllocator(record=False)
         self.allocator.thread = threading.get_ident()
-
-
-# How many threads have used eager mode (made their _State). While it is one, every
-# block is that thread's, and Tensor.__del__ need not ask whose it is (50 ns a Tensor).
-# (Two new threads may lose one's increment: the count is above one all the same.)
-_threads_seen = 0
 
 
 class _PerThread(threading.local):
@@ -244,15 +240,16 @@ class Tensor:
                 # array over a tensor's storage keeps the storage), or the next op
                 # would write into what the user holds.
                 own = _OWN_REFS if block.view is self.data else _OWN_REFS - 1
-                if sys.getrefcount(self.data) > own:
-                    _free_when_unused(self.data, block, self._alloc)
-                elif _threads_seen > 1 and self._alloc.thread != _get_ident():
+                alloc = self._alloc
+                if _getrefcount(self.data) > own:
+                    _free_when_unused(self.data, block, alloc)
+                elif alloc.thread != _get_ident():
                     # another thread's allocator, perhaps in a malloc right now: it
                     # frees the block itself, at its next malloc (a list append is
                     # one step for CPython: no other thread sees it half done)
-                    self._alloc.free_later(block)
+                    alloc.free_later(block)
                 else:
-                    self._alloc.free(block)
+                    alloc.free(block)
             except Exception:   # interpreter shutdown: the allocator may be gone
                 pass
 
@@ -1176,9 +1173,13 @@ def _recording(alloc: CachingAllocator) -> tuple:
     recorder = debug.current()
     if recorder is None:
         return _NOT_RECORDING
-    if recorder.eager_log is None:   # from now on the allocator keeps events
-        recorder.eager_log = EagerLog(alloc, _thread.state)
-    elif recorder.eager_log.alloc is not alloc:
+    log = recorder.eager_log
+    if log is None:
+        if (debug.records_whole_process(recorder)
+                and threading.current_thread() is not threading.main_thread()):
+            return _NOT_RECORDING   # TINYFLOW_TRACE records the main thread's ops
+        recorder.eager_log = EagerLog(alloc, _thread.state)   # now the allocator keeps events
+    elif log.alloc is not alloc:
         # Another thread's op (TINYFLOW_TRACE's recorder is every thread's), or one
         # made through another allocator: a record follows one allocator's blocks.
         return _NOT_RECORDING
@@ -1417,11 +1418,11 @@ def backward(root: Tensor, gradient: Any = None, retain_graph: bool = False,
     # create_graph records the backward's own ops, even inside no_grad (PyTorch too)
     recording = enable_grad() if create_graph else no_grad()
     state = _thread.state
-    state.in_backward = True
+    before, state.in_backward = state.in_backward, True
     try:
         _walk_tape(order, pending, recording, given={id(gradient)})
     finally:
-        state.in_backward = False
+        state.in_backward = before
     if not retain_graph:
         for t in order:
             if not t.is_leaf:
@@ -1442,6 +1443,7 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
     # walk's alone.
     shared = set(given)
     with recording:
+        grad_enabled = _thread.state.grad_enabled   # (create_graph's: fixed for the walk)
         for t in reversed(order):
             contributions = pending.pop(id(t), None)
             if not contributions:
@@ -1454,7 +1456,7 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
                 if t._grad is None:
                     t._grad = total * 1 if id(total) in given else total
                     given.add(id(t._grad))
-                elif accumulates_in_place(t._grad, total.dtype, _thread.state.grad_enabled):
+                elif accumulates_in_place(t._grad, total.dtype, grad_enabled):
                     t._grad.add_(total)   # PyTorch's way: `g = w.grad` sees the sum
                 else:
                     t._grad = t._grad + total
@@ -1462,7 +1464,7 @@ def _walk_tape(order: list[Tensor], pending: dict[int, list[Tensor]],
             if t._inputs is None:
                 raise EagerError(SECOND_BACKWARD)
             # (not under create_graph: the gradients are then on a tape of their own)
-            grads = _input_grads(t, total, None if _thread.state.grad_enabled else shared)
+            grads = _input_grads(t, total, None if grad_enabled else shared)
             for inp, g in zip(t._inputs, grads):
                 if g is not None:   # (an input that required grad when the op ran)
                     pending.setdefault(id(inp), []).append(g)

@@ -27,12 +27,12 @@ class EagerLog:
 
     MAX_OPS = 20_000   # a record is for reading; a longer run keeps its first ops
 
-    def __init__(self, alloc: CachingAllocator, mode: Any) -> None:
-        """`mode`: the recording thread's eager state (eager._State), read for
+    def __init__(self, alloc: CachingAllocator, state: Any) -> None:
+        """`state`: the recording thread's eager state (eager._State), read for
         whether an op runs in a backward pass or an optimizer step (passed in:
         eager.py imports this module, not the reverse)."""
         self.alloc = alloc
-        self.mode = mode
+        self.state = state
         self.was_recording, alloc.record = alloc.record, True
         self.first_event = len(alloc.events)
         # The allocator's peaks are its lifetime's; the record's are this recording's,
@@ -68,8 +68,12 @@ class EagerLog:
         `tensor()` (an input batch), alive from now. The memory view then shows what
         holds those bytes instead of a gap the allocator's peak counts."""
         block = getattr(t, "_block", None)
-        if block is None or block.id in self.by_block or not block.allocated:
-            return   # (a literal outside the allocator; or a block already listed)
+        if (block is None or getattr(t, "_alloc", None) is not self.alloc
+                or block.id in self.by_block or not block.allocated):
+            # (a literal outside the allocator, a block of another allocator, another
+            # thread's: block ids and segments are each allocator's own; or a block
+            # already listed)
+            return
         here = block.id in self.born
         entry = {"node": name, "block": block, "nbytes": block.size,
                  "kind": "feed" if here else "variable",
@@ -125,10 +129,10 @@ class EagerLog:
         step = len(self.events)
         self._note_frees(step)
         name = f"{op}_{step}"
-        phase = "backward" if self.mode.in_backward else "forward"
+        phase = "backward" if self.state.in_backward else "forward"
         # (the record's phases are forward/backward; the overview finds an eager
         # tape's optimizer ops by this attribute, or by their reading a gradient)
-        if self.mode.in_optimizer:
+        if self.state.in_optimizer:
             attrs = {**attrs, "optimizer_step": True}
         self.nodes.append({"id": name, "op": op, "inputs": [self.name_of(t) for t in inputs],
                            "shape": list(out.shape), "dtype": out.dtype.name,
