@@ -86,7 +86,7 @@ class _State:
         self.in_optimizer = False   # inside an optimizer's `step` (its box in the debugger)
         self.tracer: Any = None     # the tracing._Trace of a function being traced
         self.allocator = CachingAllocator(record=False)
-        self.allocator.thread = threading.get_ident()
+        self.allocator.thread = _get_ident()
 
 
 class _PerThread(threading.local):
@@ -114,7 +114,7 @@ def set_allocator(new: CachingAllocator) -> CachingAllocator:
     into it at once, other threads' wait for its next malloc."""
     state = _thread.state
     old, state.allocator = state.allocator, new
-    new.thread = threading.get_ident()
+    new.thread = _get_ident()
     return old
 
 
@@ -414,11 +414,12 @@ class Tensor:
         it is an error, and a value that requires grad cannot be written into a
         Tensor that does not (its gradient would be lost).
         """
-        if _thread.state.grad_enabled and self.requires_grad and self.is_leaf:
+        state = _thread.state
+        if state.grad_enabled and self.requires_grad and self.is_leaf:
             raise EagerError(f"in-place write to a leaf Tensor that requires grad at "
                              f"{user_source_line()}; do it under eager.no_grad()")
-        if _thread.state.grad_enabled and not self.requires_grad and getattr(value, "requires_grad",
-                                                                      False):
+        if state.grad_enabled and not self.requires_grad and getattr(value, "requires_grad",
+                                                                     False):
             # PyTorch would give this Tensor the value's history; this tape keeps one
             # op per Tensor, and the value's gradient would be silently lost.
             raise EagerError(f"in-place write at {user_source_line()} of a value that "
@@ -435,15 +436,14 @@ class Tensor:
             raise EagerError(f"in-place write at {user_source_line()}: the value is "
                              f"{new.dtype}, which this {self.dtype} Tensor cannot hold "
                              "(PyTorch refuses too); write it to a new Tensor")
-        tracer = _thread.state.tracer
-        if tracer is not None:
-            tracer.write(self, value if new is value else new.data)
+        if state.tracer is not None:
+            state.tracer.write(self, value if new is value else new.data)
             return self
         if new.shape != self.shape:
             _check_broadcasts_into(new, self)
         self.data[...] = new.data
         self._version += 1
-        if _thread.state.grad_enabled and self.requires_grad:
+        if state.grad_enabled and self.requires_grad:
             # Its history is the op that made it, not the write: a backward that
             # reaches it would use the wrong rule, so it is refused (`_tape_order`).
             # A forward-only use (an in-place add in an evaluation) is fine.
@@ -1036,7 +1036,7 @@ def _arrays_to_write_over(target: Tensor, inputs: Sequence[Any], attrs: dict
     Tensors with values, and target's block held by target alone."""
     if (_thread.state.tracer is not None or debug.active or attrs or target._block is None
             or target.data is not target._block.view
-            or sys.getrefcount(target.data) > _OWN_REFS):   # a view of it lives on
+            or _getrefcount(target.data) > _OWN_REFS):   # a view of it lives on
         return None
     arrays = []
     for i in inputs:
