@@ -923,10 +923,9 @@ def apply_binary(op: str, a: Any, b: Any) -> Tensor:
     state = _thread.state   # (one thread-local read: see _PerThread)
     if state.tracer is not None or debug.active:
         return apply(op, (a, b), {})
-    inputs = (a, b)
     try:
         if a.__class__ is Tensor and b.__class__ is Tensor:
-            x, y = a.data, b.data
+            inputs, x, y = (a, b), a.data, b.data
         elif a.__class__ is Tensor and b.__class__ in _NUMBER_TYPES and (
                 literal := _literals.get((b.__class__, b, a.data.dtype,
                                           1.0 if b > 0 else _sign(b)))) is not None:
@@ -934,10 +933,10 @@ def apply_binary(op: str, a: Any, b: Any) -> Tensor:
             # of _literal_key, looked up here (calling _with_literals costs 15%)
             inputs, x, y = (a, literal), a.data, literal.data
         else:   # any other literal: _with_literals finds or makes its Tensor
-            inputs, (x, y) = _with_literals(op, inputs)
+            inputs, (x, y) = _with_literals(op, (a, b))
         kernel = _kernels.get((op, x.shape, x.dtype, y.shape, y.dtype))
     except AttributeError:   # an operand with no array: apply says what it is
-        kernel = None
+        return apply(op, (a, b), {})
     if kernel is None or kernel[2] is None:   # first time, or not a ufunc
         return apply(op, inputs, {})
     layout, nbytes, ufunc, opdef = kernel
