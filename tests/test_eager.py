@@ -168,6 +168,34 @@ def test_tracing_in_one_thread_leaves_another_threads_ops_eager():
     _while_other_thread(trace, eager_op)
 
 
+def test_threads_that_first_call_a_function_at_once_trace_it_once():
+    # Each traced while the first was still tracing: three traces of one signature
+    # ("first call" three times) and three copies of its program in the cache.
+    import threading
+    import time
+    inside = threading.Event()
+
+    @tf.function
+    def slow(v):
+        inside.set()
+        time.sleep(0.3)   # the others call meanwhile
+        return v * 2.0
+
+    results = []
+    first = threading.Thread(target=lambda: results.append(slow(E.tensor(np.ones(2)))))
+    first.start()
+    assert inside.wait(10)
+    others = [threading.Thread(target=lambda: results.append(slow(E.tensor(np.ones(2)))))
+              for _ in range(2)]
+    for t in others:
+        t.start()
+    for t in [first, *others]:
+        t.join()
+    assert [r.numpy().tolist() for r in results] == [[2.0, 2.0]] * 3
+    assert [t["reason"] for t in slow.traces] == ["first call"]
+    assert sum(len(programs) for programs in slow.cache.values()) == 1
+
+
 def test_each_thread_allocates_from_its_own_allocator():
     # Two threads' mallocs interleaving in one allocator could hand out one block
     # twice (the allocator's Python is no single step). A Tensor freed in another

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import threading
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -451,6 +452,9 @@ class Function:
         self.traces: list[dict] = []
         self.breaks: list[str] = []
         self.owner: type | None = None   # the class, for a method (__set_name__)
+        # Held while tracing: threads that first call it at once trace it once (the
+        # others wait, then run the cached program), and `traces` counts each trace.
+        self._tracing = threading.RLock()
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.owner = owner    # a method of `owner`: see __get__ and __call__
@@ -501,9 +505,16 @@ class Function:
             reason = _why_new(key, list(self.cache))
         if not kwargs:   # (a miss only: the call's arity, said plainly, before tracing)
             self._bind(args, {})
-        concrete = self._trace(flat, key, nesting)
-        self.traces.append({"signature": key, "reason": reason, "nodes": concrete.nodes})
-        self.cache.setdefault(key, []).append(concrete)
+        with self._tracing:
+            # (another thread may have traced this signature while this one waited)
+            for concrete in self.cache.get(key, []):
+                if concrete.guards_hold(flat) is None:
+                    break
+            else:
+                concrete = self._trace(flat, key, nesting)
+                self.traces.append({"signature": key, "reason": reason,
+                                    "nodes": concrete.nodes})
+                self.cache.setdefault(key, []).append(concrete)
         return self._run(concrete, flat)
 
     @functools.cached_property
