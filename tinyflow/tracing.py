@@ -505,17 +505,20 @@ class Function:
             reason = _why_new(key, list(self.cache))
         if not kwargs:   # (a miss only: the call's arity, said plainly, before tracing)
             self._bind(args, {})
+        return self._run(self._trace_once(flat, key, nesting, reason), flat)
+
+    def _trace_once(self, flat: tuple, key: tuple, nesting: tuple | None,
+                    reason: str) -> _Concrete:
+        """The call's program, traced now (and counted in `traces`, for `reason`),
+        unless another thread traced it while this one waited for the lock."""
         with self._tracing:
-            # (another thread may have traced this signature while this one waited)
             for concrete in self.cache.get(key, []):
                 if concrete.guards_hold(flat) is None:
-                    break
-            else:
-                concrete = self._trace(flat, key, nesting)
-                self.traces.append({"signature": key, "reason": reason,
-                                    "nodes": concrete.nodes})
-                self.cache.setdefault(key, []).append(concrete)
-        return self._run(concrete, flat)
+                    return concrete
+            concrete = self._trace(flat, key, nesting)
+            self.traces.append({"signature": key, "reason": reason, "nodes": concrete.nodes})
+            self.cache.setdefault(key, []).append(concrete)
+            return concrete
 
     @functools.cached_property
     def _signature(self) -> inspect.Signature:
