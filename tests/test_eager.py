@@ -1652,6 +1652,52 @@ def test_a_tensor_collected_inside_malloc_is_freed_at_the_next_malloc(monkeypatc
             gc.enable()
 
 
+def test_a_tensor_collected_while_a_free_makes_a_new_bin_keeps_its_block():
+    # Regression: the first free of a size made the bin's list, and a collection
+    # there (any allocation of a Python object may run one) freed a Tensor of the
+    # same size, whose new bin the first then replaced: its block was lost. The
+    # dict below runs the collection where the list is made, before it is stored.
+    import gc
+    from tinyflow import allocator as A
+
+    class Holder:
+        pass
+
+    class CollectsOnce(dict):
+        collected = False
+
+        def _collect(self):
+            if not self.collected:
+                self.collected = True
+                gc.collect()
+
+        def __setitem__(self, key, value):
+            self._collect()
+            super().__setitem__(key, value)
+
+        def setdefault(self, key, default=None):
+            self._collect()
+            return super().setdefault(key, default)
+
+    alloc = A.CachingAllocator(record=False)
+    old, was_enabled = E.set_allocator(alloc), gc.isenabled()
+    gc.disable()
+    try:
+        first = E.tensor(np.ones(100, np.float32))
+        cycle = Holder()
+        cycle.me, cycle.t = cycle, E.tensor(np.ones(100, np.float32))   # the same size
+        del cycle
+        alloc.bins = CollectsOnce(alloc.bins)
+        del first   # its bin is made here, and the collection frees the other
+        alloc.validate()
+        assert alloc.allocated == 0
+        assert [len(blocks) for blocks in alloc.bins.values() if blocks] == [2]
+    finally:
+        E.set_allocator(old)
+        if was_enabled:
+            gc.enable()
+
+
 def test_eager_ops_allocate_through_the_allocator_and_free_on_release():
     a = CachingAllocator()
     old = E.set_allocator(a)

@@ -212,40 +212,29 @@ class CachingAllocator:
             return
         if not block.allocated:
             raise TinyFlowError(f"block #{block.id} is freed twice")
-        if self.fast_bins and block.pool is self.free_small and not self.record:
-            # The common case, in an order that no collection can catch half done:
-            # the block is in its bin (binned) before a new bin's list is made.
-            block.allocated = False
-            self.allocated -= block.size
-            if self.poison:
-                self.view(block, block.size, np.uint8).fill(POISON_BYTE)
-            block.binned = True
-            waiting = self.bins.get(block.size)
-            if waiting is None:
-                self.bins[block.size] = [block]
-            else:
-                waiting.append(block)
-            return
-        self.busy = True
-        try:
-            self._free_slowly(block)
-        finally:
-            self.busy = False
-
-    def _free_slowly(self, block: Block) -> None:
-        """free's other cases: a recorded free, a block of the large pool or without
-        fast bins (merged with its free neighbours at once)."""
         block.allocated = False
         self.allocated -= block.size
         if self.poison:
             self.view(block, block.size, np.uint8).fill(POISON_BYTE)
-        if self.record:
-            self._event("free", block, "its Tensor was released")
         if self.fast_bins and block.pool is self.free_small:
+            # (binned before a Python object is made, so a collection there finds no
+            # block half freed: no `busy` on the common path)
             block.binned = True
-            self.bins.setdefault(block.size, []).append(block)
-        else:
+            waiting = self.bins.get(block.size)
+            if waiting is not None:
+                waiting.append(block)
+            else:   # (setdefault keeps a bin that a free in a collection made meanwhile)
+                self.bins.setdefault(block.size, []).append(block)
+            if self.record:
+                self._event("free", block, "its Tensor was released")
+            return
+        self.busy = True
+        try:
+            if self.record:   # (before the merge, which may grow the block)
+                self._event("free", block, "its Tensor was released")
             self._release(block)
+        finally:
+            self.busy = False
 
     def array(self, shape: tuple, dtype: Any) -> tuple[np.ndarray, Block]:
         """An uninitialized array of `shape` and `dtype` in a fresh block."""
