@@ -496,25 +496,33 @@ class Function:
         if key is None:   # a list, tuple or dict among the arguments: opened
             flat, nesting = _open_arguments(args)
             key = _call_signature(flat, nesting)
-        reason = "first call"
-        for concrete in self.cache.get(key, []):
-            reason = concrete.guards_hold(flat)
-            if reason is None:
-                return self._run(concrete, flat)
+        concrete, reason = self._cached(key, flat)
+        if concrete is not None:
+            return self._run(concrete, flat)
         if key not in self.cache and self.cache:
             reason = _why_new(key, list(self.cache))
         if not kwargs:   # (a miss only: the call's arity, said plainly, before tracing)
             self._bind(args, {})
         return self._run(self._trace_once(flat, key, nesting, reason), flat)
 
+    def _cached(self, key: tuple, flat: tuple) -> tuple[_Concrete | None, str | None]:
+        """(the cached program whose guards hold for the call, None), or (None, why
+        no program does: "first call", or the last failed guard)."""
+        reason = "first call"
+        for concrete in self.cache.get(key, []):
+            reason = concrete.guards_hold(flat)
+            if reason is None:
+                return concrete, None
+        return None, reason
+
     def _trace_once(self, flat: tuple, key: tuple, nesting: tuple | None,
                     reason: str) -> _Concrete:
         """The call's program, traced now (and counted in `traces`, for `reason`),
         unless another thread traced it while this one waited for the lock."""
         with self._tracing:
-            for concrete in self.cache.get(key, []):
-                if concrete.guards_hold(flat) is None:
-                    return concrete
+            concrete, _ = self._cached(key, flat)
+            if concrete is not None:
+                return concrete
             concrete = self._trace(flat, key, nesting)
             self.traces.append({"signature": key, "reason": reason, "nodes": concrete.nodes})
             self.cache.setdefault(key, []).append(concrete)
