@@ -61,6 +61,23 @@ def test_conv_kernels_match_loops(xs, ws, stride, padding, with_out):
                                rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("padding", [0, 1, 2])
+def test_input_gradient_of_an_infinite_filter_is_the_loops(padding):
+    # Stride 1 computes the input gradient for windows on the whole padded width
+    # ("wide rows"); the windows wrapped around a row's end meet zeros in g and add
+    # into real columns of dx. With an inf in the filters they gave inf * 0 = NaN
+    # there, where the loops (the adjoint's own terms only) give inf or a number.
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 5, 5))
+    g = rng.standard_normal(conv_reference(x, w, (1, 1), padding).shape)
+    w[1, 0, 2, 4], w[3, 2, 0, 0] = np.inf, -np.inf
+    want = conv_grad_input_reference(g, w, x, (1, 1), padding)
+    with np.errstate(invalid="ignore"):
+        got = image_ops._conv_grad_input_compute(np, g, w, x, padding=padding)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_batch_chunks_cover_the_batch_in_near_equal_chunks_of_the_budget():
     budget = image_ops.CHUNK_BYTES
     for n in range(1, 40):

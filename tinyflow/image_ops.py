@@ -429,10 +429,16 @@ def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
     if out is None:
         out = xp.empty(x.shape, dtype=dtype)
     wmat_t = w.reshape(o, c * kh * kw).T.astype(dtype, copy=False)
+    # The wrapped-around windows of the wide layout meet zeros in g (see _rows), so
+    # they get W^T @ 0 = 0, unless a filter holds inf or NaN (inf * 0 is NaN): then
+    # their columns are zeroed after the product, or the NaN would land in dx.
+    wraps = row != g.shape[3] and not bool(xp.isfinite(w).all())
     for start, stop in _batch_chunks(xp, n, c * kh * kw * oh * row * dtype.itemsize):
         g_rows = _rows(xp, g[start:stop], row, dtype, workspace)
         dcols = xp.matmul(wmat_t, g_rows, out=_scratch(
             xp, workspace, "dcols", (c * kh * kw, g_rows.shape[1]), dtype))
+        if wraps:
+            dcols.reshape(c * kh * kw, stop - start, oh, row)[..., g.shape[3]:] = 0
         _col2im(xp, dcols.reshape(c, kh, kw, stop - start, oh * row),
                 (stop - start,) + tuple(x.shape[1:]), stride, padding, out[start:stop],
                 workspace)
