@@ -20,7 +20,7 @@ import random_graphs as rg
 from hypothesis import HealthCheck, given, settings
 
 import tinyflow as tf
-from tinyflow import memory
+from tinyflow import fusion, memory
 from tinyflow import streams as streams_mod
 
 OPTION_SETS = [
@@ -90,6 +90,10 @@ def run_everywhere(case: rg.Case) -> int:
     with mock.patch.object(streams_mod, "HANDOFF_COST", 0):
         for options in OPTION_SETS:
             assert_bitwise(rg.run_case(case, **options), expected, case, str(options))
+        # Fused programs over large arrays run a block of rows at a time (fusion.py's
+        # BLOCK_BYTES); these graphs are small, so the blocks are made a few rows high.
+        with mock.patch.object(fusion, "BLOCK_BYTES", 24):
+            assert_bitwise(rg.run_case(case), expected, case, "fused programs in blocks")
         import tinyflow as tf
         program = tf.Session(streams=4).program_for(case.fetches, case.feed_dict)
     return len(set(program.schedule.stream_of))

@@ -580,6 +580,45 @@ def test_plan_with_output_as_input_never_uses_it_as_a_temporary():
     np.testing.assert_allclose(var, expected)
 
 
+def test_row_blocks_cover_the_rows_in_blocks_of_the_budget(monkeypatch):
+    monkeypatch.setattr(fusion, "BLOCK_BYTES", 100)
+    assert fusion.row_blocks((10, 3), 8) == [(0, 4), (4, 8), (8, 10)]   # 96 bytes a block
+    assert fusion.row_blocks((10, 30), 8) == [(k, k + 1) for k in range(10)]  # big rows
+    assert fusion.row_blocks((8, 3), 8) is None    # 192 bytes: two blocks' worth at most
+    assert fusion.row_blocks((1, 1000), 8) is None and fusion.row_blocks((), 8) is None
+
+
+@pytest.mark.parametrize("memory", ["auto", None])
+def test_fused_programs_in_blocks_give_the_bits_of_one_pass(monkeypatch, memory):
+    """Large fused programs run a block of rows at a time (temporaries in cache):
+    inputs with the output's rows are cut, the ones broadcast along axis 0 (a scalar,
+    a row, a (1, n) array) go whole to each block, and the last block is shorter.
+    A fused_assign reading its variable's transpose still reads the old values: the
+    executor hands it a copy, never a view of the variable it writes."""
+    rng = np.random.default_rng(5)
+    x = tf.placeholder(F64, (7, 5))
+    row, flat = tf.placeholder(F64, (5,)), tf.placeholder(F64, (1, 5))
+    v = tf.Variable(rng.standard_normal((5, 5)))
+    y = tf.tanh(x * row + flat) * 3.0 - tf.exp(x)
+    update = tf.assign(v, v * 0.5 + tf.transpose(v) * tf.reduce_sum(y))
+    feed = {x: rng.standard_normal((7, 5)), row: rng.standard_normal(5),
+            flat: rng.standard_normal((1, 5))}
+
+    def run(**options):
+        session = tf.Session(**options)
+        session.run(tf.global_variables_initializer())
+        values = session.run([y, update], feed)
+        ops = [step.node.op for step in session.last_program.steps]
+        return values + [session.run(v)], ops
+
+    want, _ = run(passes=[], memory=None)
+    monkeypatch.setattr(fusion, "BLOCK_BYTES", 2 * 8 * 5)   # 2 rows a block, the last 1
+    got, ops = run(memory=memory)
+    assert {"fused_elementwise", "fused_assign"} <= set(ops)
+    for a, b in zip(got, want):
+        assert a.tobytes() == b.tobytes()
+
+
 # ----------------------------------------------------------------------------------
 # infer_shapes, the pipeline, explain
 # ----------------------------------------------------------------------------------
