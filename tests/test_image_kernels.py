@@ -78,6 +78,22 @@ def test_input_gradient_of_an_infinite_filter_is_the_loops(padding):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("padding", [0, 1, 2])
+def test_input_gradient_of_an_infinite_g_is_the_loops(padding):
+    # The stride-1 path shifts g and pads its rows with zeros: finite filters times
+    # those zeros add nothing, and g's own inf and NaN reach just the pixels of
+    # their windows, as in the loops.
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 5, 5))
+    g = rng.standard_normal(conv_reference(x, w, (1, 1), padding).shape)
+    g[0, 1, 0, -1], g[1, 2, -1, 0], g[1, 0, -1, -1] = np.inf, -np.inf, np.nan
+    want = conv_grad_input_reference(g, w, x, (1, 1), padding)
+    with np.errstate(invalid="ignore"):
+        got = image_ops._conv_grad_input_compute(np, g, w, x, padding=padding)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_batch_chunks_cover_the_batch_in_near_equal_chunks_of_the_budget():
     budget = image_ops.CHUNK_BYTES
     for n in range(1, 40):

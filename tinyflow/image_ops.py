@@ -140,13 +140,11 @@ def _tap(x, i, j, oh, ow, stride):
 
 
 def _conv_layout(x_shape, kh, kw, stride, padding):
-    """(pt, pb, pl, pr, oh, ow, row): the padding, the output size, and `row`, the
-    columns per output row in the layout of _col2im: ow in general, but the padded
-    width when the stride is 1 (its "wide rows")."""
+    """(pt, pb, pl, pr, oh, ow): the padding and the output size."""
     (sh, sw), (h, w) = stride, x_shape[2:]
     (pt, pb), (pl, pr) = _pads(h, kh, sh, padding), _pads(w, kw, sw, padding)
     oh, ow = (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
-    return pt, pb, pl, pr, oh, ow, (w + pl + pr if (sh, sw) == (1, 1) else ow)
+    return pt, pb, pl, pr, oh, ow
 
 
 # Every conv kernel below works through the batch in chunks whose matrix (the
@@ -191,9 +189,9 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     and of the result out (a copy out of the GEMM's buffer anyway).
 
     Each tap is one strided view of the padded input, copied whole: kh*kw copies,
-    each over the whole chunk. (_col2im uses "wide rows" instead, where a tap is a
-    contiguous slice; here they would cost GEMM work: +28% for a 5x5 conv on
-    14x14, more than the strided copies save.)
+    each over the whole chunk. (The input gradient uses "wide rows" instead, where
+    a tap is a contiguous slice; here they would cost GEMM work: +28% for a 5x5
+    conv on 14x14, more than the strided copies save.)
 
     `workspace` (the kernel's Scratch, see _bind_scratch) supplies the buffers;
     without it they are allocated here."""
@@ -306,15 +304,13 @@ def _zero_border(image, top, bottom, left, right):
     image[..., width - right:] = 0
 
 
-def _rows(xp, g, row, dtype, workspace=None):
-    """g (N, O, OH, OW) in the GEMM layout (O, N*OH*row), batch inside the rows as
-    in _im2col. In the wide layout of _col2im (row > OW) the extra columns are
-    zeros: they meet the wrapped-around windows, which must get nothing."""
+def _rows(xp, g, dtype, workspace=None):
+    """g (N, O, OH, OW) in the GEMM layout (O, N*OH*OW), batch inside the rows as
+    in _im2col."""
     n, o, oh, ow = g.shape
-    wide = _scratch(xp, workspace, "rows", (o, n, oh, row), dtype)
-    wide[..., :ow] = g.transpose(1, 0, 2, 3)
-    wide[..., ow:] = 0
-    return wide.reshape(o, n * oh * row)
+    rows = _scratch(xp, workspace, "rows", (o, n, oh, ow), dtype)
+    rows[...] = g.transpose(1, 0, 2, 3)
+    return rows.reshape(o, n * oh * ow)
 
 
 def _to_nchw(xp, y, out):
@@ -346,35 +342,18 @@ def _uncrop(xp, buffer, crop, out):
     return buffer[:, :, pt:pt + h, pl:pl + w]
 
 
-def _col2im(xp, dcols, x_shape, stride, padding, out, workspace=None):
-    """Adjoint of _im2col: add each tap's values (C, kh, kw, N, OH*row) back into
-    an image of x_shape; kh*kw adds, each over the whole batch, into a CNHW image
-    that is transposed to NCHW at the end (into `out` when given).
-
-    Stride 1 uses "wide rows" (row = the padded width, see _conv_layout): the
-    gradient is computed for windows at every column of the padded width, so tap
-    (i, j) of every window is ONE contiguous slice of each flattened padded image,
-    starting at i*Wp + j, and the adds move long runs, twice as fast as adds into
-    strided views. The windows that wrap around a row's end get zeros from g
-    (see _rows); an extra zero row at the bottom keeps the last tap's slice inside
-    the array. Other strides add tap by tap into strided views."""
+def _col2im(xp, dcols, x_shape, stride, padding, out):
+    """Adjoint of _im2col: add each tap's values (C, kh, kw, N, OH*OW) back into an
+    image of x_shape; kh*kw adds, each over the whole batch into a strided view of
+    a CNHW image, which is transposed to NCHW at the end (into `out`)."""
     c, kh, kw, n = dcols.shape[:4]
-    pt, pb, pl, pr, oh, ow, row = _conv_layout(x_shape, kh, kw, stride, padding)
+    pt, pb, pl, pr, oh, ow = _conv_layout(x_shape, kh, kw, stride, padding)
     h, w = x_shape[2:]
-    if tuple(stride) == (1, 1):
-        image = _scratch(xp, workspace, "col2im", (c, n, h + pt + pb + 1, row),
-                         dcols.dtype)
-        image[...] = 0
-        flat = image.reshape(c, n, (h + pt + pb + 1) * row)
-        for i in range(kh):
-            for j in range(kw):
-                flat[:, :, i * row + j:i * row + j + oh * row] += dcols[:, i, j]
-    else:
-        image = xp.zeros((c, n, h + pt + pb, w + pl + pr), dtype=dcols.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                view = _tap(image, i, j, oh, ow, stride)
-                view += dcols[:, i, j].reshape(c, n, oh, ow)
+    image = xp.zeros((c, n, h + pt + pb, w + pl + pr), dtype=dcols.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            view = _tap(image, i, j, oh, ow, stride)
+            view += dcols[:, i, j].reshape(c, n, oh, ow)
     return _to_nchw(xp, image[:, :, pt:pt + h, pl:pl + w], out)
 
 
@@ -420,29 +399,90 @@ def _conv_compute(xp, x, w, out=None, stride=(1, 1), padding=0, workspace=None):
 
 def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
                              workspace=None):
-    # The adjoint of the forward, per chunk of the batch: W^T @ g (one GEMM) gives
-    # every window's share of dx in the layout of _col2im, which adds the kh*kw
-    # taps back into the chunk's rows of dx.
-    o, c, kh, kw = w.shape
-    n, dtype = x.shape[0], xp.result_type(g, w)
-    oh, row = g.shape[2], _conv_layout(x.shape, kh, kw, stride, padding)[-1]
+    # The adjoint of the forward: every output pixel's g, times the filters, lands
+    # on the kh*kw input pixels of its window. Stride 1 (almost every conv) has a
+    # fast path; the general one makes a GEMM row per tap and adds them tap by tap.
     if out is None:
-        out = xp.empty(x.shape, dtype=dtype)
+        out = xp.empty(x.shape, dtype=xp.result_type(g, w))
+    if tuple(stride) == (1, 1):
+        if bool(xp.isfinite(w).all()):
+            return _conv_grad_input_by_rows(xp, g, w, x, out, padding, workspace)
+        workspace = None  # (the scratch is the fast path's; this rare case allocates)
+    return _conv_grad_input_by_taps(xp, g, w, x, out, stride, padding, workspace)
+
+
+def _conv_grad_input_by_taps(xp, g, w, x, out, stride, padding, workspace):
+    """Per chunk of the batch, W^T @ g (one GEMM) gives every window's share of dx,
+    a row per tap (the layout of _col2im), and _col2im adds the kh*kw taps back
+    into the chunk's rows of dx."""
+    o, c, kh, kw = w.shape
+    n, dtype = x.shape[0], out.dtype
+    oh, ow = g.shape[2:]
     wmat_t = w.reshape(o, c * kh * kw).T.astype(dtype, copy=False)
-    # The wrapped-around windows of the wide layout meet zeros in g (see _rows), so
-    # they get W^T @ 0 = 0, unless a filter holds inf or NaN (inf * 0 is NaN): then
-    # their columns are zeroed after the product, or the NaN would land in dx.
-    wraps = row != g.shape[3] and not bool(xp.isfinite(w).all())
-    for start, stop in _batch_chunks(xp, n, c * kh * kw * oh * row * dtype.itemsize):
-        g_rows = _rows(xp, g[start:stop], row, dtype, workspace)
+    for start, stop in _batch_chunks(xp, n, c * kh * kw * oh * ow * dtype.itemsize):
+        g_rows = _rows(xp, g[start:stop], dtype, workspace)
         dcols = xp.matmul(wmat_t, g_rows, out=_scratch(
             xp, workspace, "dcols", (c * kh * kw, g_rows.shape[1]), dtype))
-        if wraps:
-            dcols.reshape(c * kh * kw, stop - start, oh, row)[..., g.shape[3]:] = 0
-        _col2im(xp, dcols.reshape(c, kh, kw, stop - start, oh * row),
-                (stop - start,) + tuple(x.shape[1:]), stride, padding, out[start:stop],
-                workspace)
+        _col2im(xp, dcols.reshape(c, kh, kw, stop - start, oh * ow),
+                (stop - start,) + tuple(x.shape[1:]), stride, padding, out[start:stop])
     return out
+
+
+def _conv_grad_input_by_rows(xp, g, w, x, out, padding, workspace):
+    """dx of a stride-1 convolution with kh adds, not kh*kw (finite filters only).
+
+    In the "wide" layout, each row of g as long as a padded row of x (`row`
+    columns, the extra ones zero), tap (i, j) of every window lands i*row + j
+    further along the flattened (padded) image. The taps of one filter row i then
+    differ only by a shift of j along g, so kw shifted copies of g, stacked, let ONE
+    GEMM sum over the filter columns j (and the output channels):
+
+        E[(c, i), p] = sum over (o, j) of W[o, c, i, j] * g[o, p - j]
+
+    and the filter rows are kh adds of E's rows into the image, each a contiguous
+    slice starting i*row further. Measured against one GEMM row per tap and kh*kw
+    adds (_conv_grad_input_by_taps with wide rows): LeNet's second layer (5x5)
+    19.1 -> 13.3 ms, CIFAR's (3x3) 9.4 -> 8.3 ms.
+
+    A shift and the extra columns bring zeros into terms that belong to no window:
+    they add W * 0 = 0, which is exact only while W is finite (inf * 0 is NaN)."""
+    o, c, kh, kw = w.shape
+    n, dtype = x.shape[0], out.dtype
+    pt, pb, pl, pr, oh, ow = _conv_layout(x.shape, kh, kw, (1, 1), padding)
+    h, width = x.shape[2:]
+    row = width + pl + pr
+    span = oh * row                       # one sample's wide g, flattened
+    lhs = w.transpose(1, 2, 0, 3).reshape(c * kh, o * kw).astype(dtype, copy=False)
+    for start, stop in _batch_chunks(xp, n, _by_rows_bytes_per_sample(w.shape, span,
+                                                                      dtype.itemsize)):
+        m = stop - start
+        shifted = _scratch(xp, workspace, "shifted", (o, kw, m, span), dtype)
+        wide = shifted[:, 0].reshape(o, m, oh, row)   # shift 0: g itself, made wide
+        wide[..., :ow] = g[start:stop].transpose(1, 0, 2, 3)
+        wide[..., ow:] = 0
+        for j in range(1, kw):
+            shifted[:, j, :, :j] = 0
+            shifted[:, j, :, j:] = shifted[:, 0, :, :span - j]
+        e = xp.matmul(lhs, shifted.reshape(o * kw, m * span), out=_scratch(
+            xp, workspace, "e", (c * kh, m * span), dtype)).reshape(c, kh, m, span)
+        # filter row i lands i rows further down; the first one sets the image
+        image = _scratch(xp, workspace, "col2im", (c, m, (oh + kh - 1) * row), dtype)
+        image[:, :, :span] = e[:, 0]
+        image[:, :, span:] = 0
+        for i in range(1, kh):
+            image[:, :, i * row:i * row + span] += e[:, i]
+        image = image.reshape(c, m, oh + kh - 1, row)
+        _to_nchw(xp, image[:, :, pt:pt + h, pl:pl + width], out[start:stop])
+    return out
+
+
+def _by_rows_bytes_per_sample(w_shape, span, itemsize):
+    """One sample's share of _conv_grad_input_by_rows's chunk: its shifted g and its
+    E (the GEMM's right matrix and result), counted twice, so that they fill half of
+    CHUNK_BYTES (the image and g take room in the cache too): measured 2-4 ms a step
+    faster in the CNN and LeNet training steps of benchmarks/cnn_bench.py."""
+    o, c, kh, kw = w_shape
+    return 2 * (o * kw + c * kh) * span * itemsize
 
 
 def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
@@ -462,7 +502,7 @@ def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
     for k, (start, stop) in enumerate(_batch_chunks(xp, n, c * kh * kw * oh * ow *
                                                     dtype.itemsize)):
         cols = _im2col(xp, x[start:stop], kh, kw, stride, padding, dtype, workspace)
-        g_rows = _rows(xp, g[start:stop], ow, dtype, workspace)
+        g_rows = _rows(xp, g[start:stop], dtype, workspace)
         if k == 0:
             xp.matmul(cols, g_rows.T, out=dw_t)
         else:
@@ -553,7 +593,7 @@ def _window_sizes(x_shape, kh, kw, attrs, item):
     """The forward's and the filter gradient's windows: the im2col matrix of one
     chunk and, with padding, its padded copy; and the chunk's size."""
     n, c, h, w = x_shape
-    pt, pb, pl, pr, oh, ow, _ = _conv_layout(x_shape, kh, kw, attrs.get("stride", (1, 1)),
+    pt, pb, pl, pr, oh, ow = _conv_layout(x_shape, kh, kw, attrs.get("stride", (1, 1)),
                                              attrs.get("padding", 0))
     chunk = _largest_chunk(n, c * kh * kw * oh * ow * item)
     sizes = {"im2col": c * kh * kw * chunk * oh * ow * item}
@@ -572,13 +612,16 @@ def _conv_grad_input_sizes(shapes, dtypes, attrs):
     g, w, x = shapes
     (o, c, kh, kw), item = w, np.result_type(dtypes[0], dtypes[1]).itemsize
     stride = attrs.get("stride", (1, 1))
-    pt, pb, _, _, oh, _, row = _conv_layout(x, kh, kw, stride, attrs.get("padding", 0))
-    chunk = _largest_chunk(g[0], c * kh * kw * oh * row * item)
-    sizes = {"rows": o * chunk * oh * row * item,
-             "dcols": c * kh * kw * chunk * oh * row * item}
-    if tuple(stride) == (1, 1):
-        sizes["col2im"] = c * chunk * (x[2] + pt + pb + 1) * row * item
-    return sizes
+    _, _, pl, pr, oh, ow = _conv_layout(x, kh, kw, stride, attrs.get("padding", 0))
+    if tuple(stride) == (1, 1):   # _conv_grad_input_by_rows
+        row = x[3] + pl + pr
+        chunk = _largest_chunk(g[0], _by_rows_bytes_per_sample(w, oh * row, item))
+        return {"shifted": o * kw * chunk * oh * row * item,
+                "e": c * kh * chunk * oh * row * item,
+                "col2im": c * chunk * (oh + kh - 1) * row * item}
+    chunk = _largest_chunk(g[0], c * kh * kw * oh * ow * item)
+    return {"rows": o * chunk * oh * ow * item,
+            "dcols": c * kh * kw * chunk * oh * ow * item}
 
 
 def _conv_grad_filter_sizes(shapes, dtypes, attrs):
