@@ -478,11 +478,9 @@ def _conv_grad_input_by_rows(xp, g, w, x, out, padding, workspace):
 
 def _by_rows_bytes_per_sample(w_shape, span, itemsize):
     """One sample's share of _conv_grad_input_by_rows's chunk: its shifted g and its
-    E (the GEMM's right matrix and result), counted twice, so that they fill half of
-    CHUNK_BYTES (the image and g take room in the cache too): measured 2-4 ms a step
-    faster in the CNN and LeNet training steps of benchmarks/cnn_bench.py."""
+    E (the GEMM's right matrix and result)."""
     o, c, kh, kw = w_shape
-    return 2 * (o * kw + c * kh) * span * itemsize
+    return (o * kw + c * kh) * span * itemsize
 
 
 def _conv_grad_filter_compute(xp, g, x, w, out=None, stride=(1, 1), padding=0,
