@@ -24,6 +24,7 @@ Exit status: 0 when every module ran (goals missed or not), 1 when a module erro
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.util
 import inspect
 import json
@@ -231,12 +232,39 @@ def checkout_position(pythonpath: str | None) -> int:
     return 1 + len([entry for entry in (pythonpath or "").split(os.pathsep) if entry])
 
 
+def settle_malloc() -> str:
+    """Fix glibc's malloc in the state a long-running process tends to, so that a
+    figure does not depend on what ran before it in the process; returns what was
+    done, for the table's machine line.
+
+    glibc serves a request above its mmap threshold (128 KiB at start) with fresh
+    pages from mmap, which fault on first touch, and gives the top of the heap back
+    to the system past a trim threshold; both thresholds then move with what the
+    process frees. In a fresh `--only cnn_bench` run PyTorch's CNN step took 3,078
+    page faults (12 MB of fresh pages) and 41.0 ms a step; once the process had
+    made and freed a few large arrays (as the modules before it in a full run do),
+    0 and 37.6 ms. TinyFlow's planned steps allocate nothing (0 faults either way),
+    so cnn_step_vs_torch moved by 10% with what ran before it. Here the mmap
+    threshold is 32 MiB (glibc's own cap for it) and the trim threshold 512 MiB:
+    the libraries' arrays come from a heap that stays paged in, PyTorch's best case,
+    the same in every run. (Elsewhere than glibc: left as it is.)"""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt   # the process's C library
+    except (OSError, AttributeError):
+        return "malloc: the platform's"
+    m_trim_threshold, m_mmap_threshold = -1, -3    # glibc's <malloc.h>
+    if mallopt(m_mmap_threshold, 32 << 20) != 1 or mallopt(m_trim_threshold, 512 << 20) != 1:
+        return "malloc: the platform's (mallopt refused)"
+    return "malloc: mmap threshold 32 MiB, trim threshold 512 MiB (glibc mallopt)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         os.environ["TINYFLOW_BENCH_THREADS"] = str(args.threads)
     # The repository root on sys.path, so modules import `tinyflow` uninstalled too.
     sys.path.insert(checkout_position(os.environ.get("PYTHONPATH")), str(BENCH_DIR.parent))
+    malloc = settle_malloc()
     collected = collect(args)
     if collected is None:
         return 1
@@ -247,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         print_table(rows, "TinyFlow benchmarks" + (" (quick)" if args.quick else ""))
     if args.json_file:
         Path(args.json_file).write_text(json.dumps(
-            {"quick": args.quick, "machine": machine(), "seconds": seconds,
+            {"quick": args.quick, "machine": {**machine(), "malloc": malloc},
+             "seconds": seconds,
              "figures": json_safe(rows)}, indent=1) + "\n")
     return 1 if any(r["met"] == "error" for r in rows) else 0
 
