@@ -1,7 +1,8 @@
 """The fast conv2d / max_pool2d kernels (image_ops.py) against straightforward loops.
 
-* Every kernel, on a sweep of shapes, strides and paddings that reaches both conv
-  layouts (wide rows for stride 1, strided taps otherwise) and both pooling
+* Every kernel, on a sweep of shapes, strides and paddings that reaches every conv
+  path (flat runs for stride-1 windows that keep the width, strided taps
+  otherwise; shifted rows for the stride-1 input gradient) and both pooling
   backward paths (write for disjoint windows, masked add for overlapping ones), is
   compared in float64 with the per-window references of test_ops.py, called both
   with and without planned `out=` memory.
@@ -34,6 +35,8 @@ CONV_CASES = [  # (x shape, w shape, stride, padding)
     ((2, 3, 9, 8), (4, 3, 3, 3), (2, 2), "SAME"),     # strided taps
     ((2, 3, 9, 8), (2, 3, 3, 2), (1, 2), "VALID"),    # stride 1 in H only
     ((1, 1, 5, 5), (1, 1, 1, 1), (1, 1), 0),          # 1x1
+    ((2, 2, 3, 1), (3, 2, 3, 3), (1, 1), "SAME"),     # one column: every side pads
+    ((1, 2, 2, 2), (2, 2, 5, 5), (1, 1), 2),          # padding as wide as the image
 ]
 
 

@@ -188,10 +188,9 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     The price is a transposing copy of x in (done with the padding copy anyway)
     and of the result out (a copy out of the GEMM's buffer anyway).
 
-    Each tap is one strided view of the padded input, copied whole: kh*kw copies,
-    each over the whole chunk. (The input gradient uses "wide rows" instead, where
-    a tap is a contiguous slice; here they would cost GEMM work: +28% for a 5x5
-    conv on 14x14, more than the strided copies save.)
+    The copies are _fill_windows's. (The input gradient computes on "wide rows",
+    the padded width; here they would cost GEMM work: +28% for a 5x5 conv on
+    14x14, more than the copies save.)
 
     `workspace` (the kernel's Scratch, see _bind_scratch) supplies the buffers;
     without it they are allocated here."""
@@ -206,12 +205,9 @@ def _fill_im2col(xp, x, cols, stride, padding, workspace):
     """The copies of _im2col into cols (C, kh, kw, N, OH*OW)."""
     c, kh, kw, n = cols.shape[:4]
     oh, ow = _conv_layout(x.shape, kh, kw, stride, padding)[4:6]
-    # (C, N, H, W): a view, copied into the padding's scratch or into cols below
-    padded = _pad_copy(xp, x.transpose(1, 0, 2, 3), kh, kw, stride, padding, cols.dtype,
-                       workspace)
-    for i in range(kh):
-        for j in range(kw):
-            cols[:, i, j].reshape(c, n, oh, ow)[...] = _tap(padded, i, j, oh, ow, stride)
+    # x as (C, N, H, W), a view: its padded copy is the transposing copy
+    _fill_windows(xp, x.transpose(1, 0, 2, 3), cols.reshape(c, kh, kw, n, oh, ow), 1,
+                  stride, padding, workspace)
 
 
 def _windows_by_sample(xp, x, kh, kw, stride, padding, dtype, workspace=None):
@@ -225,11 +221,69 @@ def _windows_by_sample(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     n, c = x.shape[:2]
     oh, ow = _conv_layout(x.shape, kh, kw, stride, padding)[4:6]
     cols = _scratch(xp, workspace, "im2col", (n, c, kh, kw, oh, ow), dtype)
-    padded = _pad_copy(xp, x, kh, kw, stride, padding, dtype, workspace)
-    for i in range(kh):
-        for j in range(kw):
-            cols[:, :, i, j] = _tap(padded, i, j, oh, ow, stride)
+    _fill_windows(xp, x, cols, 2, stride, padding, workspace)
     return cols.reshape(n, c * kh * kw, oh * ow)
+
+
+def _fill_windows(xp, x, cols, tap_axis, stride, padding, workspace):
+    """Copy tap (i, j) of every window of x (A, B, H, W) into the windows' buffer
+    `cols`: its axes are A, B, OH, OW in that order, with kh and kw inserted at
+    `tap_axis` (cols[:, :, i, j] for tap_axis 2, cols[:, i, j] for 1).
+
+    Each tap is one strided view of the padded input, copied whole: kh*kw numpy
+    copies, each over the whole chunk. For the common stride-1 convolution that
+    keeps the width ("SAME"), tap (i, j) of every window of an image is instead
+    ONE contiguous run of the image flattened with its vertical padding (see
+    _flat_image): numpy copies runs of OH*W values instead of rows of OW, which
+    takes 14-43% less time on the benchmark CNNs' layers (the most for many
+    channels: CIFAR's 32-channel second layer). A run that starts left of the
+    image, or ends right of it, wraps into the neighbouring row, where the window
+    should see padding: those columns are zeroed after (per filter column j, for
+    every i at once)."""
+    kh, kw = cols.shape[tap_axis:tap_axis + 2]
+    a, b, h, w = x.shape
+    before = (slice(None),) * tap_axis
+    pt, pb, pl, pr, oh, ow = _conv_layout(x.shape, kh, kw, stride, padding)
+    if tuple(stride) != (1, 1) or ow != w:
+        padded = _pad_copy(xp, x, kh, kw, stride, padding, cols.dtype, workspace)
+        for i in range(kh):
+            for j in range(kw):
+                cols[before + (i, j)] = _tap(padded, i, j, oh, ow, stride)
+        return
+    flat = _flat_image(xp, x, (pt, pb, pl, pr), cols.dtype, workspace)
+    for i in range(kh):
+        for j in range(kw):   # the run from i*W + j (flat starts pl before the image)
+            run = flat[:, :, i * w + j:i * w + j + oh * w]
+            cols[before + (i, j)] = run.reshape(a, b, oh, w)
+    for j in range(kw):
+        column = cols[before + (slice(None), j)]        # every i: (..., OH, OW)
+        if j < pl:        # the window's left edge hangs over the image by pl - j
+            column[..., :pl - j] = 0
+        elif j > pl:      # its right edge, by j - pl
+            column[..., max(0, w - (j - pl)):] = 0
+
+
+def _flat_image(xp, x, pads, dtype, workspace):
+    """x (A, B, H, W) as (A, B, pl + (pt + H + pb) * W + pr): each image's rows one
+    after the other, pt rows of zeros above and pb below, and pl zeros before and pr
+    after it all, in the scratch buffer "pad" (x itself, reshaped, without padding).
+    Tap (i, j) of every window of a width-keeping convolution is then the run of
+    OH*W values starting at i*W + j."""
+    pt, pb, pl, pr = pads
+    a, b, h, w = x.shape
+    if not (pt or pb or pl or pr):
+        return x.reshape(a, b, h * w)
+    flat = _scratch(xp, workspace, "pad", (a, b, _flat_length(h, w, pads)), dtype)
+    top = pl + pt * w
+    flat[:, :, :top] = 0
+    flat[:, :, top:top + h * w] = x.reshape(a, b, h * w)
+    flat[:, :, top + h * w:] = 0
+    return flat
+
+
+def _flat_length(h, w, pads):
+    pt, pb, pl, pr = pads
+    return pl + (pt + h + pb) * w + pr
 
 
 def _pad_copy(xp, x, kh, kw, stride, padding, dtype, workspace):
@@ -595,7 +649,9 @@ def _window_sizes(x_shape, kh, kw, attrs, item):
                                              attrs.get("padding", 0))
     chunk = _largest_chunk(n, c * kh * kw * oh * ow * item)
     sizes = {"im2col": c * kh * kw * chunk * oh * ow * item}
-    if pt or pb or pl or pr:
+    if (pt or pb or pl or pr) and tuple(attrs.get("stride", (1, 1))) == (1, 1) and ow == w:
+        sizes["pad"] = c * chunk * _flat_length(h, w, (pt, pb, pl, pr)) * item
+    elif pt or pb or pl or pr:
         sizes["pad"] = c * chunk * (h + pt + pb) * (w + pl + pr) * item
     return sizes, chunk, oh * ow
 
