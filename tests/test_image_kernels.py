@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from test_ops import (
     conv_grad_filter_reference,
     conv_grad_input_reference,
@@ -95,6 +97,39 @@ def test_input_gradient_of_an_infinite_g_is_the_loops(padding):
         got = image_ops._conv_grad_input_compute(np, g, w, x, padding=padding)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_conv_kernels_on_random_shapes_in_garbage_scratch_match_loops(monkeypatch, data):
+    """Any shape, window, stride and padding, the batch in chunks of one sample or
+    whole: each kernel, in scratch bytes that hold NaN garbage (as planned memory
+    may), equals the loops."""
+    draw = data.draw
+    n, c, o = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    h, w = draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    kh, kw = draw(st.integers(1, min(h + 4, 5))), draw(st.integers(1, min(w + 4, 5)))
+    stride = draw(st.sampled_from([(1, 1), (1, 1), (2, 1), (2, 2)]))
+    padding = draw(st.sampled_from(["SAME", "VALID", 0, 1, 2]))
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
+    x, filters = rng.standard_normal((n, c, h, w)), rng.standard_normal((o, c, kh, kw))
+    oh, ow = image_ops._conv_layout(x.shape, kh, kw, stride, padding)[4:]
+    assume(oh > 0 and ow > 0)      # (a window larger than the padded image)
+    g = rng.standard_normal((n, o, oh, ow))
+    monkeypatch.setattr(image_ops, "CHUNK_BYTES", draw(st.sampled_from([1, 1 << 20])))
+    attrs = {"stride": stride, "padding": padding}
+    for op, inputs, reference in CONV_OPS:
+        arrays = inputs(x, filters, g)
+        sizes = {"conv2d": image_ops._conv_sizes,
+                 "conv2d_grad_input": image_ops._conv_grad_input_sizes,
+                 "conv2d_grad_filter": image_ops._conv_grad_filter_sizes}[op](
+            [a.shape for a in arrays], [a.dtype for a in arrays], attrs)
+        garbage = np.full(image_ops.scratch_bytes(sizes), 255, np.uint8)   # NaN bits
+        got = REGISTRY[op].compute(np, *arrays, **attrs,
+                                   workspace=image_ops.Scratch(garbage, sizes))
+        np.testing.assert_allclose(got, reference(*arrays, stride, padding),
+                                   rtol=1e-10, atol=1e-10, err_msg=f"{op} {attrs}")
 
 
 def test_batch_chunks_cover_the_batch_in_near_equal_chunks_of_the_budget():
