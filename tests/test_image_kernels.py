@@ -255,6 +255,8 @@ POOL_CASES = [  # (x shape, ksize, stride, padding)
     ((2, 2, 6, 6), (2, 2), (3, 3), 0),       # disjoint with gaps
     ((1, 2, 5, 5), (3, 3), (2, 2), "SAME"),  # overlapping, padded
     ((1, 2, 4, 4), (2, 2), (1, 1), 1),       # overlapping, padding 1
+    ((2, 2, 6, 9), (3, 3), (3, 3), 0),       # tiled 3x3: row maxima, then columns
+    ((1, 2, 4, 6), (1, 2), (1, 2), "VALID"),  # tiled by one row
 ]
 
 
@@ -278,6 +280,22 @@ def test_max_pool_kernels_match_loops(xs, ksize, stride, padding, with_out):
     got = image_ops._max_pool_pick_compute(np, gx, x, out(want.shape), **attrs)
     np.testing.assert_allclose(got, pick_reference(gx, x, ksize, stride, padding),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("xs, ksize, stride, padding", POOL_CASES)
+def test_bound_max_pool_in_garbage_scratch_matches_loops(monkeypatch, xs, ksize, stride,
+                                                         padding):
+    # The tiled pool's row maxima live in its planned scratch (OpDef.scratch), which
+    # holds anything between runs; in chunks of one sample or whole.
+    x = np.round(np.random.default_rng(8).standard_normal(xs), 0)
+    attrs = {"ksize": ksize, "stride": stride, "padding": padding}
+    for chunk_bytes in (1, 1 << 20):
+        monkeypatch.setattr(image_ops, "CHUNK_BYTES", chunk_bytes)
+        sizes = image_ops._max_pool_sizes([xs], [x.dtype], attrs)
+        garbage = np.full(image_ops.scratch_bytes(sizes), 255, np.uint8)   # NaN bits
+        got = image_ops._max_pool_compute(np, x, **attrs,
+                                          workspace=image_ops.Scratch(garbage, sizes))
+        np.testing.assert_array_equal(got, max_pool_reference(x, ksize, stride, padding))
 
 
 def test_max_pool_grad_of_a_nan_window_goes_to_its_first_nan():

@@ -881,11 +881,18 @@ def _lowest(dtype: np.dtype) -> float | int | bool:
     return False
 
 
-def _max_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
+def _max_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0,
+                      workspace=None):
     # A running maximum over the kh*kw taps: kh*kw - 1 ufunc calls, each over the
-    # whole (N, C, OH, OW) output. For the common 2x2 stride-2 pool that is 3 calls
-    # on strided views (the reshape (N,C,OH,2,OW,2).max(axis=(3,5)) reads the same
-    # memory but numpy reduces its two tiny axes ~40x slower).
+    # whole (N, C, OH, OW) output, on strided views (the reshape
+    # (N,C,OH,2,OW,2).max(axis=(3,5)) reads the same memory but numpy reduces its
+    # two tiny axes ~40x slower). Windows that tile the image (the common 2x2
+    # stride-2 pool) take the faster _max_pool_tiled.
+    if _tiles(x.shape, ksize, stride, padding):
+        if out is None:
+            out = xp.empty(x.shape[:2] + (x.shape[2] // ksize[0], x.shape[3] // ksize[1]),
+                           x.dtype)
+        return _max_pool_tiled(xp, x, out, ksize, workspace)
     padded, oh, ow, _ = _padded(xp, x, ksize, stride, padding, fill=_lowest(x.dtype))
     shape = x.shape[:2] + (oh, ow)
     result = out if out is not None else xp.empty(shape, x.dtype)
@@ -895,6 +902,46 @@ def _max_pool_compute(xp, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
             if i or j:
                 xp.maximum(result, _tap(padded, i, j, oh, ow, stride), out=result)
     return result
+
+
+def _tiles(x_shape, ksize, stride, padding) -> bool:
+    """Do the windows tile the image exactly: side by side (stride = window), no
+    gaps, no padding?"""
+    (kh, kw), (sh, sw), (h, w) = ksize, stride, x_shape[2:]
+    unpadded = _pads(h, kh, sh, padding) == (0, 0) == _pads(w, kw, sw, padding)
+    return (sh, sw) == (kh, kw) and h % kh == 0 and w % kw == 0 and unpadded
+
+
+def _max_pool_tiled(xp, x, out, ksize, workspace):
+    """max_pool2d of windows that tile the image, a chunk of samples at a time: the
+    maximum over each window's rows first, kh - 1 maxima of whole image rows (long
+    contiguous runs, which numpy vectorizes), into the scratch buffer "rows"; then
+    over its columns, kw - 1 maxima of strided columns of that kh times smaller
+    array. Against the running maximum over the taps, all strided: 1.72 -> 0.95 ms
+    for CIFAR's first layer (64x32x32x32), 1.24 -> 0.75 ms for LeNet's."""
+    (kh, kw), (n, c, h, w) = ksize, x.shape
+    oh, ow = h // kh, w // kw
+    for start, stop in _batch_chunks(xp, n, c * oh * w * x.dtype.itemsize):
+        window_rows = x[start:stop].reshape(stop - start, c, oh, kh, w)
+        rows = _scratch(xp, workspace, "rows", (stop - start, c, oh, w), x.dtype)
+        rows[...] = window_rows[:, :, :, 0]
+        for i in range(1, kh):
+            xp.maximum(rows, window_rows[:, :, :, i], out=rows)
+        columns = rows.reshape(stop - start, c, oh, ow, kw)
+        peak = out[start:stop]
+        peak[...] = columns[..., 0]
+        for j in range(1, kw):
+            xp.maximum(peak, columns[..., j], out=peak)
+    return out
+
+
+def _max_pool_sizes(shapes, dtypes, attrs):
+    """The tiled max pool's scratch: the row maxima of its largest chunk."""
+    (n, c, h, w), item = shapes[0], np.dtype(dtypes[0]).itemsize
+    if not _tiles(shapes[0], attrs["ksize"], attrs["stride"], attrs.get("padding", 0)):
+        return {}
+    per_sample = c * (h // attrs["ksize"][0]) * w * item
+    return {"rows": _largest_chunk(n, per_sample) * per_sample}
 
 
 def _first_max_masks(xp, x, ksize, stride, padding, peak=None):
@@ -997,7 +1044,8 @@ def _avg_pool_grad_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padd
 # The backward gets the forward's output too (g, x, y): see _first_max_masks.
 register(OpDef("max_pool2d", _max_pool_compute, _pool_infer,
                lambda n, g: [make("max_pool2d_grad", g, n.inputs[0], n, **n.attrs)],
-               doc="max over each window",
+               bind=_bind_scratch(_max_pool_compute, _pool_infer, _max_pool_sizes),
+               scratch=_scratch_of(_max_pool_sizes), doc="max over each window",
                check=_window_check))
 register(OpDef("max_pool2d_grad", _max_pool_grad_compute, _pool_grad_infer,
                lambda n, gg: [make("max_pool2d_pick", gg, n.inputs[1], **n.attrs)]
