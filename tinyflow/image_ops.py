@@ -679,14 +679,14 @@ def _window_sizes(x_shape, kh, kw, attrs, item):
     """The forward's and the filter gradient's windows: the im2col matrix of one
     chunk and, with padding, its padded copy; and the chunk's size."""
     n, c, h, w = x_shape
-    pt, pb, pl, pr, oh, ow = _conv_layout(x_shape, kh, kw, attrs.get("stride", (1, 1)),
-                                             attrs.get("padding", 0))
+    stride = tuple(attrs.get("stride", (1, 1)))
+    pt, pb, pl, pr, oh, ow = _conv_layout(x_shape, kh, kw, stride, attrs.get("padding", 0))
     chunk = _largest_chunk(n, c * kh * kw * oh * ow * item)
     sizes = {"im2col": c * kh * kw * chunk * oh * ow * item}
-    if (pt or pb or pl or pr) and tuple(attrs.get("stride", (1, 1))) == (1, 1) and ow == w:
-        sizes["pad"] = c * chunk * _flat_length(h, w, (pt, pb, pl, pr)) * item
-    elif pt or pb or pl or pr:
-        sizes["pad"] = c * chunk * (h + pt + pb) * (w + pl + pr) * item
+    if pt or pb or pl or pr:    # the padded copy of _fill_windows: flat, or 2-D
+        flat = stride == (1, 1) and ow == w
+        padded = _flat_length(h, w, (pt, pb, pl, pr)) if flat else (h + pt + pb) * (w + pl + pr)
+        sizes["pad"] = c * chunk * padded * item
     return sizes, chunk, oh * ow
 
 
