@@ -8,12 +8,13 @@ original TinyFlow and PyTorch. Convolution is im2col + one matrix multiply (the
 CS231n / Caffe way): every window of the input becomes a column of a matrix, so the
 heavy work is BLAS, on chunks of the batch sized to stay in the CPU's cache (see
 CHUNK_BYTES). The forward multiplies the filters by each sample's windows in one
-batched GEMM that writes the output in place (see _windows_by_sample); the
-gradients put the batch within each matrix row (a "CNHW" layout, see _im2col), so
-each is one large GEMM per chunk. The matrix
-and the other buffers of a conv kernel are its scratch memory (OpDef.scratch),
-which the memory planner places in the arena (see Scratch). Pooling loops over the
-taps of the window (see "Taps").
+batched GEMM that writes the output in place (see _windows_by_sample); the filter
+gradient puts the batch within each matrix row (a "CNHW" layout, see _im2col), so
+it is one large GEMM per chunk; the stride-1 input gradient needs no im2col at all
+(see _conv_grad_input_by_rows). The matrices and the other buffers of a conv kernel
+are its scratch memory (OpDef.scratch), which the memory planner places in the
+arena (see Scratch). Pooling loops over the taps of the window (see "Taps"), or,
+when the windows tile the image, over their rows and then their columns.
 """
 
 from __future__ import annotations
@@ -188,9 +189,7 @@ def _im2col(xp, x, kh, kw, stride, padding, dtype, workspace=None):
     The price is a transposing copy of x in (done with the padding copy anyway)
     and of the result out (a copy out of the GEMM's buffer anyway).
 
-    The copies are _fill_windows's. (The input gradient computes on "wide rows",
-    the padded width; here they would cost GEMM work: +28% for a 5x5 conv on
-    14x14, more than the copies save.)
+    The copies are _fill_windows's.
 
     `workspace` (the kernel's Scratch, see _bind_scratch) supplies the buffers;
     without it they are allocated here."""
@@ -485,11 +484,11 @@ def _conv_grad_input_by_taps(xp, g, w, x, out, stride, padding, workspace):
 def _conv_grad_input_by_rows(xp, g, w, x, out, padding, workspace):
     """dx of a stride-1 convolution with kh adds, not kh*kw (finite filters only).
 
-    Lay g's rows out as the image's (`row` columns each, see _input_gradient_rows)
-    and flatten both: tap (i, j) of every window then lands i*row + j - pl further
-    along the flattened image than the g value it carries (measured from x's
-    columns: from the padded image's when the rows are widened). The taps of one
-    filter row i differ only by that shift of j along g, so kw shifted copies of g,
+    Give g's rows and the image's rows the same length (`row` columns, see
+    _input_gradient_rows) and flatten both. Then g's value at flat position p,
+    times W[o, c, i, j], lands on the image at p + i*row + shift(j), where shift(j)
+    = j - base, `base` being the filter column that lands in g's own column. The
+    taps of one filter row i differ only by shift(j), so kw shifted copies of g,
     stacked, let ONE GEMM sum over the filter columns j (and the output channels):
 
         E[(c, i), p] = sum over (o, j) of W[o, c, i, j] * g[o, p - shift(j)]
