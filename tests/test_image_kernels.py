@@ -30,8 +30,8 @@ from tinyflow import image_ops
 from tinyflow.ops import REGISTRY, make
 
 CONV_CASES = [  # (x shape, w shape, stride, padding)
-    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), 1),          # wide rows, padded
-    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), 0),          # wide rows, no padding
+    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), 1),          # width kept: flat runs, x's rows
+    ((2, 3, 7, 6), (4, 3, 3, 3), (1, 1), 0),          # narrower: strided taps, wide rows
     ((2, 2, 8, 8), (3, 2, 5, 5), (1, 1), "SAME"),     # LeNet-like
     ((1, 2, 6, 7), (2, 2, 2, 2), (1, 1), "SAME"),     # even kernel: odd pad after
     ((2, 3, 9, 8), (4, 3, 3, 3), (2, 2), "SAME"),     # strided taps
@@ -68,10 +68,10 @@ def test_conv_kernels_match_loops(xs, ws, stride, padding, with_out):
 
 @pytest.mark.parametrize("padding", [0, 1, 2])
 def test_input_gradient_of_an_infinite_filter_is_the_loops(padding):
-    # Stride 1 computes the input gradient for windows on the whole padded width
-    # ("wide rows"); the windows wrapped around a row's end meet zeros in g and add
-    # into real columns of dx. With an inf in the filters they gave inf * 0 = NaN
-    # there, where the loops (the adjoint's own terms only) give inf or a number.
+    # The stride-1 input gradient brings zeros of its own into its GEMM (g's rows
+    # widened, or shifted), and those terms add into real columns of dx. With an
+    # inf in the filters they gave inf * 0 = NaN there, where the loops (the
+    # adjoint's own terms only) give inf or a number; such filters now go tap by tap.
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 5, 5))
     g = rng.standard_normal(conv_reference(x, w, (1, 1), padding).shape)
