@@ -235,7 +235,7 @@ def checkout_position(pythonpath: str | None) -> int:
 def settle_malloc() -> str:
     """Fix glibc's malloc in the state a long-running process tends to, so that a
     figure does not depend on what ran before it in the process; returns what was
-    done, for the table's machine line.
+    done, for the JSON's "machine" entry.
 
     glibc serves a request above its mmap threshold (128 KiB at start) with fresh
     pages from mmap, which fault on first touch, and gives the top of the heap back
