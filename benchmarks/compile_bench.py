@@ -74,8 +74,6 @@ def build(family: str, n: int):
 
 def measure_one(family: str, n: int, options: str) -> dict:
     """Build and compile one graph in this process: seconds, nodes, peak RSS."""
-    import resource
-
     import tinyflow as tf
     from tinyflow.graph import reachable
     fetches, feeds = build(family, n)
@@ -83,10 +81,28 @@ def measure_one(family: str, n: int, options: str) -> dict:
     start = time.perf_counter()
     program = tf.compile(fetches, feeds, {}, **OPTION_SETS[options])
     seconds = time.perf_counter() - start
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"family": family, "n": n, "options": options, "nodes": nodes,
             "steps": len(program.steps), "seconds": seconds,
-            "us_per_node": 1e6 * seconds / nodes, "rss_mb": rss_mb}
+            "us_per_node": 1e6 * seconds / nodes, "rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak resident memory, in MiB.
+
+    Linux's VmHWM (/proc/self/status), the high-water mark of this program's own
+    memory: getrusage's ru_maxrss is not, in a subprocess, since Linux carries
+    the parent's peak across the fork and exec into it (a 100-node compile
+    reported 412 MiB, its parent's size; the figure read the benchmark runner's
+    530-660 MiB for a 50k-node compile of 381). ru_maxrss elsewhere."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024      # kB
+    except OSError:
+        pass
+    import resource   # (Unix only, as ru_maxrss)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure(family: str, n: int, options: str) -> dict:

@@ -132,6 +132,18 @@ def test_only_with_a_full_figure_name_runs_that_figure(figure, capsys, monkeypat
 
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux's /proc")
+def test_compile_subprocess_reports_its_own_peak_memory_not_its_parents():
+    # Linux carries a parent's peak RSS across fork and exec into ru_maxrss, so a
+    # 100-node compile reported the runner's size (412 MiB under a 400 MiB parent).
+    compile_bench = run.load_module(BENCH_DIR / "compile_bench.py")
+    ballast = bytearray(300 << 20)
+    ballast[::4096] = b"\1" * len(ballast[::4096])          # touch every page
+    row = compile_bench.measure("chain", 100, "default")
+    assert row["rss_mb"] < 200, row
+    del ballast
+
+
 def test_pythonpath_code_comes_before_the_checkout(tmp_path):
     # Regression: run.py put its checkout first on sys.path, so
     # `PYTHONPATH=other_checkout python benchmarks/run.py` ran this checkout's
