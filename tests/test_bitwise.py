@@ -93,7 +93,9 @@ def run_everywhere(case: rg.Case) -> int:
         # Fused programs over large arrays run a block of rows at a time (fusion.py's
         # BLOCK_BYTES); these graphs are small, so the blocks are made a few rows high.
         with mock.patch.object(fusion, "BLOCK_BYTES", 24):
-            assert_bitwise(rg.run_case(case), expected, case, "fused programs in blocks")
+            for options in ({}, {"streams": 4, "poison": True}, {"memory": None}):
+                assert_bitwise(rg.run_case(case, **options), expected, case,
+                               f"fused programs in blocks, {options}")
         import tinyflow as tf
         program = tf.Session(streams=4).program_for(case.fetches, case.feed_dict)
     return len(set(program.schedule.stream_of))
