@@ -39,6 +39,8 @@ CONV_CASES = [  # (x shape, w shape, stride, padding)
     ((1, 1, 5, 5), (1, 1, 1, 1), (1, 1), 0),          # 1x1
     ((2, 2, 3, 1), (3, 2, 3, 3), (1, 1), "SAME"),     # one column: every side pads
     ((1, 2, 2, 2), (2, 2, 5, 5), (1, 1), 2),          # padding as wide as the image
+    ((1, 1, 2, 1), (1, 1, 7, 7), (1, 1), 3),          # filter rows longer than the image
+    ((4, 8, 1, 2), (16, 8, 1, 7), (1, 1), "SAME"),    # a 1-D conv, filter 3.5x wider
 ]
 
 
@@ -109,9 +111,9 @@ def test_conv_kernels_on_random_shapes_in_garbage_scratch_match_loops(monkeypatc
     draw = data.draw
     n, c, o = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 4))
     h, w = draw(st.integers(1, 8)), draw(st.integers(1, 8))
-    kh, kw = draw(st.integers(1, min(h + 4, 5))), draw(st.integers(1, min(w + 4, 5)))
+    kh, kw = draw(st.integers(1, 7)), draw(st.integers(1, 7))
     stride = draw(st.sampled_from([(1, 1), (1, 1), (2, 1), (2, 2)]))
-    padding = draw(st.sampled_from(["SAME", "VALID", 0, 1, 2]))
+    padding = draw(st.sampled_from(["SAME", "VALID", 0, 1, 2, 3]))
     rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
     x, filters = rng.standard_normal((n, c, h, w)), rng.standard_normal((o, c, kh, kw))
     oh, ow = image_ops._conv_layout(x.shape, kh, kw, stride, padding)[4:]

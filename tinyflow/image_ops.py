@@ -549,6 +549,9 @@ def _shift_rows(dst, src, shift, row, zero_wrapped):
     span = src.shape[-1]
     if shift == 0:
         return            # dst is src
+    if abs(shift) >= span:   # a filter wider than the whole image moves everything out
+        dst[...] = 0
+        return
     if shift > 0:
         dst[..., :shift] = 0
         dst[..., shift:] = src[..., :span - shift]
