@@ -134,6 +134,26 @@ def test_conv_kernels_on_random_shapes_in_garbage_scratch_match_loops(monkeypatc
                                    rtol=1e-10, atol=1e-10, err_msg=f"{op} {attrs}")
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("options", [{}, {"passes": [], "memory": None}])
+def test_input_gradient_of_a_float32_g_through_float64_filters(stride, options):
+    # dx has g's dtype, but the kernel works in g's and w's common type, as its
+    # planned scratch is sized: working in g's float32 asked for more chunks' bytes
+    # than were planned ("scratch buffer 'shifted': 921600 bytes asked, 614400").
+    rng = np.random.default_rng(9)
+    x0, w0 = rng.standard_normal((3, 16, 40, 40)), rng.standard_normal((16, 16, 3, 3))
+    x = tf.placeholder(tf.float64, x0.shape)
+    y = image_ops.conv2d(x, tf.constant(w0), stride=stride, padding="SAME")
+    g0 = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    seed = tf.placeholder(tf.float32, g0.shape)
+    (dx,) = tf.gradients(y, [x], grad_ys=[seed])
+    with tf.Session(**options) as session:
+        got = session.run(dx, {x: x0, seed: g0})
+    want = conv_grad_input_reference(g0.astype(np.float64), w0, x0, (stride, stride), "SAME")
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
 def test_batch_chunks_cover_the_batch_in_near_equal_chunks_of_the_budget():
     budget = image_ops.CHUNK_BYTES
     for n in range(1, 40):

@@ -455,21 +455,24 @@ def _conv_grad_input_compute(xp, g, w, x, out=None, stride=(1, 1), padding=0,
     # The adjoint of the forward: every output pixel's g, times the filters, lands
     # on the kh*kw input pixels of its window. Stride 1 (almost every conv) has a
     # fast path; the general one makes a GEMM row per tap and adds them tap by tap.
+    # The arithmetic is in g's and w's common type (as the scratch sizes say); dx
+    # is stored in `out`'s, g's (the planned memory), or in that type without one.
+    dtype = xp.result_type(g, w)
     if out is None:
-        out = xp.empty(x.shape, dtype=xp.result_type(g, w))
+        out = xp.empty(x.shape, dtype=dtype)
     if tuple(stride) == (1, 1):
         if bool(xp.isfinite(w).all()):
-            return _conv_grad_input_by_rows(xp, g, w, x, out, padding, workspace)
+            return _conv_grad_input_by_rows(xp, g, w, x, out, padding, dtype, workspace)
         workspace = None  # (the scratch is the fast path's; this rare case allocates)
-    return _conv_grad_input_by_taps(xp, g, w, x, out, stride, padding, workspace)
+    return _conv_grad_input_by_taps(xp, g, w, x, out, stride, padding, dtype, workspace)
 
 
-def _conv_grad_input_by_taps(xp, g, w, x, out, stride, padding, workspace):
+def _conv_grad_input_by_taps(xp, g, w, x, out, stride, padding, dtype, workspace):
     """Per chunk of the batch, W^T @ g (one GEMM) gives every window's share of dx,
     a row per tap (the layout of _col2im), and _col2im adds the kh*kw taps back
     into the chunk's rows of dx."""
     o, c, kh, kw = w.shape
-    n, dtype = x.shape[0], out.dtype
+    n = x.shape[0]
     oh, ow = g.shape[2:]
     wmat_t = w.reshape(o, c * kh * kw).T.astype(dtype, copy=False)
     for start, stop in _batch_chunks(xp, n, c * kh * kw * oh * ow * dtype.itemsize):
@@ -481,7 +484,7 @@ def _conv_grad_input_by_taps(xp, g, w, x, out, stride, padding, workspace):
     return out
 
 
-def _conv_grad_input_by_rows(xp, g, w, x, out, padding, workspace):
+def _conv_grad_input_by_rows(xp, g, w, x, out, padding, dtype, workspace):
     """dx of a stride-1 convolution with kh adds, not kh*kw (finite filters only).
 
     Give g's rows and the image's rows the same length (`row` columns, see
@@ -505,7 +508,7 @@ def _conv_grad_input_by_rows(xp, g, w, x, out, padding, workspace):
     Zeros meet W there and in the shifts' ends: W * 0 = 0 is exact only while W is
     finite (inf * 0 is NaN), which the caller checks."""
     o, c, kh, kw = w.shape
-    n, dtype = x.shape[0], out.dtype
+    n = x.shape[0]
     pt, pb, pl, pr, oh, ow = _conv_layout(x.shape, kh, kw, (1, 1), padding)
     h, width = x.shape[2:]
     row, left = _input_gradient_rows(width, ow, pl, pr)
