@@ -619,6 +619,32 @@ def test_fused_programs_in_blocks_give_the_bits_of_one_pass(monkeypatch, memory)
         assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.parametrize("case", ["integer power", "overflow set to raise"])
+def test_a_blocked_update_that_fails_leaves_its_variable_as_it_was(monkeypatch, case):
+    """A fused_assign run in blocks wrote the rows of the blocks before the one that
+    raised: 545 of 600 rows updated by a step that failed. The unfused program
+    computes the value first and never assigns it."""
+    monkeypatch.setattr(fusion, "BLOCK_BYTES", 8 * 30 * 10)    # 10 rows a block, of 60
+    if case == "integer power":       # numpy refuses an integer to a negative power
+        v = tf.Variable(np.zeros((60, 30), np.int64))
+        feed = tf.placeholder(tf.int64, (60, 30))
+        update = tf.assign(v, v + tf.pow(v + 2, feed) * 3)
+        value, errors = np.ones((60, 30), np.int64), {}
+        value[-1, -1] = -1
+    else:
+        v = tf.Variable(np.zeros((60, 30)))
+        feed = tf.placeholder(F64, (60, 30))
+        update = tf.assign(v, v - 0.1 * tf.exp(feed))
+        value, errors = np.zeros((60, 30)), {"over": "raise"}
+        value[-1, -1] = 1000.0        # exp overflows in the last block only
+    for options in ({}, {"memory": None}, {"passes": []}):
+        session = tf.Session(**options)
+        session.run(tf.global_variables_initializer())
+        with np.errstate(**errors), pytest.raises(TinyFlowError):
+            session.run(update, {feed: value})
+        assert not session.run(v).any(), options
+
+
 # ----------------------------------------------------------------------------------
 # infer_shapes, the pipeline, explain
 # ----------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,6 +116,17 @@ def errstate(xp: Any, **settings: str | None) -> contextlib.AbstractContextManag
     nothing to set: CUDA kernels never trap or warn on overflow or 0/0, they write
     Inf and NaN; check mode (executor.py) finds those by looking at the values."""
     return np.errstate(**settings) if xp is np else contextlib.nullcontext()
+
+
+def errors_may_raise() -> bool:
+    """Whether a floating-point error (overflow, invalid) could raise in a numpy ufunc
+    now: numpy set to "raise" or "call", or RuntimeWarnings turned into errors
+    (python -W error). A kernel that writes a result in slices, or over the value it
+    updates, checks it first: raised halfway, it would leave a half-written value."""
+    if any(mode in ("raise", "call") for mode in np.geterr().values()):
+        return True
+    return any(action == "error" and issubclass(RuntimeWarning, category)
+               for action, _, category, _, _ in warnings.filters)
 
 
 def to_host(value: Any) -> np.ndarray:

@@ -45,7 +45,6 @@ import math
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -55,7 +54,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from tinyflow import api, debug, ops, shape_ops
+from tinyflow import api, backend, debug, ops, shape_ops
 from tinyflow.allocator import Block, CachingAllocator
 from tinyflow.eager_record import EagerLog
 from tinyflow.registry import source_kind
@@ -1092,7 +1091,7 @@ def _fusable_update(target: Tensor, op: str, value: Any, alpha: Any) -> tuple | 
             or target.data.nbytes <= SCALED_SLICE_BYTES   # fits in L2 anyway: no gain
             or alpha.__class__ not in _NUMBER_TYPES or not isinstance(value, Tensor)
             or value.node is not None or not target.data.flags.c_contiguous
-            or _errors_may_raise()):
+            or backend.errors_may_raise()):   # (halfway, a half-updated Tensor)
         return None
     _, arrays = _with_literals("mul", (alpha, value))
     layout, _, scale, _ = _kernel("mul", arrays, {})
@@ -1105,17 +1104,6 @@ def _fusable_update(target: Tensor, op: str, value: Any, alpha: Any) -> tuple | 
     if update is None or update_layout != here or any(a is None for a in operands):
         return None
     return operands, scale, update
-
-
-def _errors_may_raise() -> bool:
-    """Whether a floating-point error (overflow, invalid) could raise in a ufunc
-    now: numpy set to "raise" or "call", or RuntimeWarnings turned into errors
-    (python -W error). A slice-by-slice update that raised halfway would leave the
-    Tensor half updated, so then the update is not sliced."""
-    if any(mode in ("raise", "call") for mode in np.geterr().values()):
-        return True
-    return any(action == "error" and issubclass(RuntimeWarning, category)
-               for action, _, category, _, _ in warnings.filters)
 
 
 def _flat_operand(array: np.ndarray, shape: tuple) -> np.ndarray | None:

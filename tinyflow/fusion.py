@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyflow import backend
 from tinyflow.ops import (
     REGISTRY,
     OpDef,
@@ -529,10 +530,12 @@ def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
         def gpu_update(xp, var, *arrays, out=None, program=()):
             return gpu.fused_compute(xp, *arrays, out=var, program=program)
         return gpu_update
-    blocks = _block_runs(workspace, attrs["program"], shapes[1:], dtypes[1:],
-                         out_is_input=True)
+    blocks = None
+    if _may_update_in_blocks(attrs["program"], shapes[1:], dtypes[1:]):
+        blocks = _block_runs(workspace, attrs["program"], shapes[1:], dtypes[1:],
+                             out_is_input=True)
     if blocks is not None:
-        return _bind_block_update(blocks)
+        return _bind_block_update(blocks, attrs["program"])
     plan = _stream_plan(workspace, attrs["program"], shapes[1:], dtypes[1:],
                         out_is_input=True)
     temporaries = _workspace_buffers(plan, workspace)
@@ -544,17 +547,33 @@ def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
     return bound_update
 
 
-def _bind_block_update(blocks: tuple) -> Any:
+def _bind_block_update(blocks: tuple, program: Program) -> Any:
     """A fused_assign's update run block by block into the variable. A block reads
     its rows of every input before it writes its rows of the variable, so an input
     may be the variable itself; no input is another view of the variable's memory
     (a transpose, whose rows a later block would read written), as the executor
-    copies a variable's view that a step returns (executor.Step.copy_views)."""
+    copies a variable's view that a step returns (executor.Step.copy_views).
+
+    An error raised in a later block would leave the rows of the blocks before it
+    updated, and a failed step must leave its variables as they were (as the
+    unfused program does: its assign never runs). So when numpy may raise on a
+    floating-point error now, the value is computed whole first, then written."""
     cut, runs = blocks
 
     def bound_block_update(xp, var, *arrays, out=None, **attrs):
+        if backend.errors_may_raise():
+            return _fused_assign_compute(np, var, *arrays, program=program)
         return _run_blocks(cut, runs, arrays, var)
     return bound_block_update
+
+
+def _may_update_in_blocks(program: Program, shapes: Sequence[tuple],
+                          dtypes: Sequence[Any]) -> bool:
+    """Whether a variable's update may run block by block: not when it computes on
+    integers, where an op can raise whatever numpy's error settings say (numpy
+    refuses an integer to a negative integer power), halfway through the blocks."""
+    _, reg_dtypes = _infer_registers(program, shapes, dtypes)
+    return all(d is None or np.dtype(d).kind not in "iu" for d in reg_dtypes)
 
 
 # The executor binds a fused_assign to the Session's variable store, as it does an
