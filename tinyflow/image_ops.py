@@ -923,7 +923,11 @@ def _max_pool_tiled(xp, x, out, ksize, workspace):
     contiguous runs, which numpy vectorizes), into the scratch buffer "rows"; then
     over its columns, kw - 1 maxima of strided columns of that kh times smaller
     array. Against the running maximum over the taps, all strided: 1.72 -> 0.95 ms
-    for CIFAR's first layer (64x32x32x32), 1.24 -> 0.75 ms for LeNet's."""
+    for CIFAR's first layer (64x32x32x32), 1.24 -> 0.75 ms for LeNet's. (The one
+    value the order can change: a window whose maximum is 0 held as both +0 and -0
+    gives whichever zero numpy's maximum, which keeps the second of equals, ends on:
+    here [[-1, +0], [-0, -1]] gives +0, as PyTorch does, where the taps' order gave
+    -0. Every run of a program uses this kernel, so options still agree bit for bit.)"""
     (kh, kw), (n, c, h, w) = ksize, x.shape
     oh, ow = h // kh, w // kw
     for start, stop in _batch_chunks(xp, n, c * oh * w * x.dtype.itemsize):
