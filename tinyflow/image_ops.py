@@ -155,7 +155,11 @@ def _conv_layout(x_shape, kh, kw, stride, padding):
 # Measured on the benchmark CNNs with a cold cache: forward -25% (CIFAR conv2,
 # 64x32x16x16, 3x3) and -30% (LeNet conv2, 100x20x14x14, 5x5) against one GEMM
 # over the whole batch; the GEMMs stay large (thousands of columns) for BLAS.
-CHUNK_BYTES = 2 << 20
+# 1.25 MiB leaves room in a 2 MiB L2 for what a chunk touches besides its matrix
+# (the input it is copied from, the output the GEMM writes): the training steps of
+# benchmarks/cnn_bench.py, the sizes in rotating order, 24 rounds: CNN 40.4 ms at
+# 2 MiB, 37.2 at 1.5, 35.7 at 1.25, 36.6 at 1; LeNet 59.1, 55.0, 54.6, 55.6.
+CHUNK_BYTES = 1280 << 10
 
 
 def _batch_chunks(xp, n, bytes_per_sample):
