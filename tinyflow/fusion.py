@@ -530,10 +530,10 @@ def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
         def gpu_update(xp, var, *arrays, out=None, program=()):
             return gpu.fused_compute(xp, *arrays, out=var, program=program)
         return gpu_update
-    blocks = None
-    if _may_update_in_blocks(attrs["program"], shapes[1:], dtypes[1:]):
-        blocks = _block_runs(workspace, attrs["program"], shapes[1:], dtypes[1:],
-                             out_is_input=True)
+    if not _may_update_in_place(attrs["program"], shapes[1:], dtypes[1:]):
+        return None      # the generic compute: the value whole first, then the write
+    blocks = _block_runs(workspace, attrs["program"], shapes[1:], dtypes[1:],
+                         out_is_input=True)
     if blocks is not None:
         return _bind_block_update(blocks, attrs["program"])
     plan = _stream_plan(workspace, attrs["program"], shapes[1:], dtypes[1:],
@@ -567,11 +567,13 @@ def _bind_block_update(blocks: tuple, program: Program) -> Any:
     return bound_block_update
 
 
-def _may_update_in_blocks(program: Program, shapes: Sequence[tuple],
-                          dtypes: Sequence[Any]) -> bool:
-    """Whether a variable's update may run block by block: not when it computes on
-    integers, where an op can raise whatever numpy's error settings say (numpy
-    refuses an integer to a negative integer power), halfway through the blocks."""
+def _may_update_in_place(program: Program, shapes: Sequence[tuple],
+                         dtypes: Sequence[Any]) -> bool:
+    """Whether a variable's update may be written into the variable as it is
+    computed: not when it computes on integers, where an op can raise whatever
+    numpy's error settings say, halfway through its output (numpy refuses an
+    integer to a negative integer power after writing the elements before it).
+    A failed step must leave the variable as it was."""
     _, reg_dtypes = _infer_registers(program, shapes, dtypes)
     return all(d is None or np.dtype(d).kind not in "iu" for d in reg_dtypes)
 
