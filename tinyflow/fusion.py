@@ -531,7 +531,7 @@ def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
             return gpu.fused_compute(xp, *arrays, out=var, program=program)
         return gpu_update
     if not _may_update_in_place(attrs["program"], shapes[1:], dtypes[1:]):
-        return None      # the generic compute: the value whole first, then the write
+        return _bind_value_first(workspace, attrs["program"], shapes[1:], dtypes[1:])
     blocks = _block_runs(workspace, attrs["program"], shapes[1:], dtypes[1:],
                          out_is_input=True)
     if blocks is not None:
@@ -565,6 +565,22 @@ def _bind_block_update(blocks: tuple, program: Program) -> Any:
             return _fused_assign_compute(np, var, *arrays, program=program)
         return _run_blocks(cut, runs, arrays, var)
     return bound_block_update
+
+
+def _bind_value_first(workspace: dict, program: Program, shapes: Sequence[tuple],
+                      dtypes: Sequence[Any]) -> Any:
+    """A variable's update computed whole into an array of its own, then copied into
+    the variable, in the unfused program's order: for an update that may raise
+    halfway (see _may_update_in_place). The plan is the fused_elementwise one."""
+    plan = _stream_plan(workspace, program, shapes, dtypes)
+    temporaries = _workspace_buffers(plan, workspace)
+    value_shape, value_dtype = plan.buffers[OUT]
+    kernel = plan.kernel
+
+    def bound_value_first(xp, var, *arrays, out=None, **attrs):
+        var[...] = kernel(xp, *arrays, np.empty(value_shape, dtype=value_dtype), *temporaries)
+        return var
+    return bound_value_first
 
 
 def _may_update_in_place(program: Program, shapes: Sequence[tuple],
