@@ -531,11 +531,12 @@ def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
             return gpu.fused_compute(xp, *arrays, out=var, program=program)
         return gpu_update
     if not _may_update_in_place(attrs["program"], shapes[1:], dtypes[1:]):
-        return _bind_value_first(workspace, attrs["program"], shapes[1:], dtypes[1:])
+        return _bind_value_first(xp, shapes[1:], dtypes[1:], attrs, workspace)
     blocks = _block_runs(workspace, attrs["program"], shapes[1:], dtypes[1:],
                          out_is_input=True)
     if blocks is not None:
-        return _bind_block_update(blocks, attrs["program"])
+        return _bind_block_update(blocks, _bind_value_first(xp, shapes[1:], dtypes[1:],
+                                                            attrs, workspace))
     plan = _stream_plan(workspace, attrs["program"], shapes[1:], dtypes[1:],
                         out_is_input=True)
     temporaries = _workspace_buffers(plan, workspace)
@@ -547,7 +548,7 @@ def _fused_assign_bind(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
     return bound_update
 
 
-def _bind_block_update(blocks: tuple, program: Program) -> Any:
+def _bind_block_update(blocks: tuple, value_first: Any) -> Any:
     """A fused_assign's update run block by block into the variable. A block reads
     its rows of every input before it writes its rows of the variable, so an input
     may be the variable itself; no input is another view of the variable's memory
@@ -557,28 +558,26 @@ def _bind_block_update(blocks: tuple, program: Program) -> Any:
     An error raised in a later block would leave the rows of the blocks before it
     updated, and a failed step must leave its variables as they were (as the
     unfused program does: its assign never runs). So when numpy may raise on a
-    floating-point error now, the value is computed whole first, then written."""
+    floating-point error now, the update runs `value_first` instead."""
     cut, runs = blocks
 
     def bound_block_update(xp, var, *arrays, out=None, **attrs):
         if backend.errors_may_raise():
-            return _fused_assign_compute(np, var, *arrays, program=program)
+            return value_first(xp, var, *arrays)
         return _run_blocks(cut, runs, arrays, var)
     return bound_block_update
 
 
-def _bind_value_first(workspace: dict, program: Program, shapes: Sequence[tuple],
-                      dtypes: Sequence[Any]) -> Any:
-    """A variable's update computed whole into an array of its own, then copied into
-    the variable, in the unfused program's order: for an update that may raise
-    halfway (see _may_update_in_place). The plan is the fused_elementwise one."""
-    plan = _stream_plan(workspace, program, shapes, dtypes)
-    temporaries = _workspace_buffers(plan, workspace)
-    value_shape, value_dtype = plan.buffers[OUT]
-    kernel = plan.kernel
+def _bind_value_first(xp: Any, shapes: Sequence[tuple], dtypes: Sequence[Any],
+                      attrs: dict, workspace: dict) -> Any:
+    """A variable's update computed whole into an array of its own by the bound
+    fused_elementwise kernel (`shapes`, `dtypes`: the program's inputs), then
+    copied into the variable, in the unfused program's order: for an update that
+    may raise halfway (see _may_update_in_place)."""
+    value_of = _fused_elementwise_bind(xp, shapes, dtypes, attrs, workspace)
 
     def bound_value_first(xp, var, *arrays, out=None, **attrs):
-        var[...] = kernel(xp, *arrays, np.empty(value_shape, dtype=value_dtype), *temporaries)
+        var[...] = value_of(xp, *arrays)
         return var
     return bound_value_first
 
