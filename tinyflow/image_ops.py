@@ -1005,14 +1005,12 @@ def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 
     # element of dx is in one window at most, so g * hit can be *written* (4x faster
     # than a masked add, and with exact tiling dx needs no zeroing first); windows
     # that overlap add into the same elements, so there the adds accumulate.
-    n, c, h, w = x.shape
     oh, ow = g.shape[2:]
     (kh, kw), (sh, sw) = ksize, stride
     disjoint = sh >= kh and sw >= kw
-    # Exact tiling: windows side by side, no gaps and no padding (with padding 1,
-    # 3x3 windows of stride 3 also cover a 6x6 input, shifted by the padding)
-    unpadded = _pads(h, kh, sh, padding) == (0, 0) == _pads(w, kw, sw, padding)
-    tiled = (sh, sw) == (kh, kw) and (oh * kh, ow * kw) == (h, w) and unpadded
+    # Exact tiling (with padding 1, 3x3 windows of stride 3 also cover a 6x6 input,
+    # but shifted by the padding: not tiled)
+    tiled = _tiles(x.shape, ksize, stride, padding)
     if tiled and out is not None and out.flags.c_contiguous:
         dx, crop = out, None
     elif tiled:
