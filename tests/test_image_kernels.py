@@ -320,6 +320,34 @@ def test_bound_max_pool_in_garbage_scratch_matches_loops(monkeypatch, xs, ksize,
         np.testing.assert_array_equal(got, max_pool_reference(x, ksize, stride, padding))
 
 
+@pytest.mark.parametrize("ksize, stride, padding", [
+    ((2, 2), (2, 2), 0),        # tiled
+    ((3, 3), (3, 3), 1),        # disjoint windows shifted by the padding: not tiled
+    ((2, 2), (1, 1), 0),        # overlapping windows
+])
+def test_max_pool_grad_of_inf_and_nan_g_is_zero_off_the_max(ksize, stride, padding):
+    # The gradient goes to each window's max and nowhere else: an inf or NaN of g
+    # lands on the max, and the window's other elements get 0, as in PyTorch and
+    # TF1's MaxPoolGrad. (g * mask gave inf * 0 = NaN over the whole window.)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 6, 6))
+    attrs = {"ksize": ksize, "stride": stride, "padding": padding}
+    y = image_ops._max_pool_compute(np, x, **attrs)
+    g = rng.standard_normal(y.shape)
+    g.flat[::3] = np.inf
+    g.flat[1::5] = np.nan
+    g.flat[2::7] = -np.inf
+    with np.errstate(all="ignore"):
+        want = max_pool_grad_reference(g, x, ksize, stride, padding)
+    # Disjoint windows need no arithmetic, so not even a warning; overlapping
+    # windows add, and inf + -inf is NaN there as in the reference.
+    disjoint = stride[0] >= ksize[0] and stride[1] >= ksize[1]
+    for peak in (None, y):
+        with np.errstate(all="raise" if disjoint else "ignore"):
+            got = image_ops._max_pool_grad_compute(np, g, x, peak, **attrs)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_max_pool_grad_of_a_nan_window_goes_to_its_first_nan():
     x = np.array([[[[1.0, np.nan], [np.nan, 5.0]]]])
     g = np.array([[[[2.0]]]])

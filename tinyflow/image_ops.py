@@ -1002,28 +1002,52 @@ def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 
     # The gradient goes to the first max of each window (as cuDNN and PyTorch do).
     # Per tap, g lands where that tap is the max, in a strided view of dx. When the
     # windows do not overlap (stride >= ksize, the common 2x2 stride-2 pool) each
-    # element of dx is in one window at most, so g * hit can be *written* (4x faster
-    # than a masked add, and with exact tiling dx needs no zeroing first); windows
-    # that overlap add into the same elements, so there the adds accumulate.
+    # element of dx is in one window at most, so g where hit (else 0) can be
+    # *written* (4x faster than a masked add); windows that overlap add into the
+    # same elements, so there the adds accumulate.
+    if _tiles(x.shape, ksize, stride, padding):
+        return _max_pool_grad_tiled(xp, g, x, y, out, ksize)
     oh, ow = g.shape[2:]
     (kh, kw), (sh, sw) = ksize, stride
     disjoint = sh >= kh and sw >= kw
-    # Exact tiling (with padding 1, 3x3 windows of stride 3 also cover a 6x6 input,
-    # but shifted by the padding: not tiled)
-    tiled = _tiles(x.shape, ksize, stride, padding)
-    if tiled and out is not None and out.flags.c_contiguous:
-        dx, crop = out, None
-    elif tiled:
-        dx, crop = xp.empty(x.shape, dtype=g.dtype), None
-    else:
-        dx, crop = _zeroed_padded(xp, x.shape, g.dtype, ksize, stride, padding, out)
+    dx, crop = _zeroed_padded(xp, x.shape, g.dtype, ksize, stride, padding, out)
     for i, j, hit in _first_max_masks(xp, x, ksize, stride, padding, y):
         view = _tap(dx, i, j, oh, ow, stride)
         if disjoint:
-            xp.multiply(g, hit, out=view)
+            _where_hit(xp, g, hit, view)
         else:
             xp.add(view, g, out=view, where=hit)
     return _uncrop(xp, dx, crop, out)
+
+
+def _max_pool_grad_tiled(xp, g, x, y, out, ksize):
+    """max_pool2d_grad of windows that tile x: every element of dx is in exactly one
+    window, so each tap's g-where-hit is written, and dx needs no zeroing first. A
+    chunk of samples at a time, so that its x, dx, g and masks stay in the L2 cache
+    over the kh*kw passes: CIFAR's first layer (64x32x32x32) 3.5 -> 2.9 ms."""
+    n, oh, ow = x.shape[0], g.shape[2], g.shape[3]
+    contiguous_out = out is not None and out.flags.c_contiguous
+    dx = out if contiguous_out else xp.empty(x.shape, dtype=g.dtype)
+    # a chunk reads x and writes dx (g, y and the masks are kh*kw times smaller)
+    for start, stop in _batch_chunks(xp, n, 2 * x[:1].nbytes):
+        peak = None if y is None else y[start:stop]
+        chunk = dx[start:stop]
+        for i, j, hit in _first_max_masks(xp, x[start:stop], ksize, ksize, 0, peak):
+            _where_hit(xp, g[start:stop], hit, _tap(chunk, i, j, oh, ow, ksize))
+    return dx
+
+
+def _where_hit(xp, g, hit, out):
+    """out = g where hit, else 0, bit for bit for every g: the multiply of g's bit
+    patterns (read as unsigned ints of its width) by hit's 0 or 1. A float
+    g * hit would leave NaN, not 0, beside the max wherever g is inf or NaN
+    (inf * 0); np.copyto(where=hit) is exact too but 7x slower into a strided view."""
+    if g.dtype.itemsize not in (1, 2, 4, 8) or g.dtype != out.dtype:
+        out[...] = 0
+        xp.copyto(out, g, where=hit)
+        return
+    bits = np.dtype(f"u{g.dtype.itemsize}")
+    xp.multiply(g.view(bits), hit, out=out.view(bits))
 
 
 def _max_pool_pick_compute(xp, g, x, out=None, ksize=(2, 2), stride=(2, 2), padding=0):
