@@ -43,6 +43,17 @@ def _values(dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([np.array(special, dtype), np.asarray(rest).astype(dtype)])[:N]
 
 
+def _masked_pool_gradient(x, y):
+    """A ReLU's gradient mask after a 2x2 max pool's gradient, as autodiff builds it
+    (x as 4 images of 4x4; y's first 16 values as the pooled gradient): +-0, inf and
+    NaN among the values, and ties in the booleans."""
+    images = ops.reshape(x, (4, 1, 4, 4))
+    peak = tf.nn.max_pool(images, ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1])
+    grad = ops.make("max_pool2d_grad", ops.reshape(y[:16], (4, 1, 2, 2)), images, peak,
+                    ksize=(2, 2), stride=(2, 2), padding=0)
+    return grad * tf.greater(images, 0)
+
+
 # pattern -> builder(x, y) of a graph in which that rule fires; x and y are fed
 # placeholders of shape (N,) of the case's dtype (y holds x's values reversed).
 CASES: dict[str, Callable] = {
@@ -89,6 +100,8 @@ CASES: dict[str, Callable] = {
     "ones_like(x) -> ones(shape of x)": lambda x, y: tf.ones_like(x),
     "count_ratio(y, x) -> constant size(y) / size(x)":
         lambda x, y: ops.count_ratio(x[:5], y),
+    "mul(max_pool2d_grad(g, y, p), cmp(y, c)) -> "
+    "max_pool2d_grad(mul(g, cmp(p, c)), y, p), disjoint windows": _masked_pool_gradient,
 }
 
 # The narrow types too: numpy computes float16 in float32 and rounds, through other
@@ -246,3 +259,30 @@ def test_folded_transpose_is_summed_in_the_order_the_run_sums_it():
     feeds = {x: rng.standard_normal((50, 5)).astype(np.float32)}
     _every_option_agrees(tf.reduce_sum(tf.transpose(c), 1), feeds)
     _every_option_agrees(tf.matmul(tf.transpose(c), x), feeds)
+
+
+@pytest.mark.parametrize("stride, fires", [(2, True), (1, False)])
+def test_relu_mask_before_the_pool_gradient_is_exact_in_a_conv_net(stride, fires):
+    # conv -> relu -> 2x2 max pool, and the gradient of x and of the filters: the
+    # relu's mask moves before the pool's gradient (a quarter of the elements) only
+    # for disjoint windows. Rounded values make ties at 0 (whole windows of relu
+    # zeros) and elsewhere; inf, NaN and -0 reach the pool too.
+    rng = np.random.default_rng(3)
+    x = tf.placeholder(tf.float32, (2, 3, 8, 8))
+    w = tf.placeholder(tf.float32, (4, 3, 3, 3))
+    h = tf.nn.relu(tf.nn.conv2d(x, w, strides=[1, 1, 1, 1], padding="SAME"))
+    pooled = tf.nn.max_pool(h, ksize=[1, 2, 2, 1], strides=[1, stride, stride, 1])
+    loss = tf.reduce_sum(pooled * tf.constant(np.round(rng.standard_normal(
+        pooled.shape)).astype(np.float32)))
+    fetch = tf.stack([tf.reduce_sum(g * g) for g in tf.gradients(loss, [x, w])] +
+                     [tf.reduce_sum(tf.gradients(loss, [h])[0])])
+    xv = np.round(rng.standard_normal(x.shape)).astype(np.float32)
+    xv.flat[:6] = [np.inf, -np.inf, np.nan, -0.0, 1e30, -1e30]
+    wv = np.round(rng.standard_normal(w.shape)).astype(np.float32)
+    single = np.dtype(np.float32)
+    graph, _ = passes.specialize([fetch], {x: (x.shape, single), w: (w.shape, single)})
+    ctx = passes.PassContext()
+    passes.run_pipeline(graph, ctx, passes=["simplify"])
+    assert any(r.reason.startswith("mul(max_pool2d_grad") for r in ctx.records) == fires
+    for feeds in ({x: xv, w: wv}, {x: np.abs(xv[::-1].copy()), w: -wv}):
+        _every_option_agrees(fetch, feeds, ({}, {"passes": ["simplify"]}))

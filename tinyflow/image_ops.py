@@ -1008,8 +1008,7 @@ def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 
     if _tiles(x.shape, ksize, stride, padding):
         return _max_pool_grad_tiled(xp, g, x, y, out, ksize)
     oh, ow = g.shape[2:]
-    (kh, kw), (sh, sw) = ksize, stride
-    disjoint = sh >= kh and sw >= kw
+    disjoint = windows_disjoint({"ksize": ksize, "stride": stride})
     dx, crop = _zeroed_padded(xp, x.shape, g.dtype, ksize, stride, padding, out)
     for i, j, hit in _first_max_masks(xp, x, ksize, stride, padding, y):
         view = _tap(dx, i, j, oh, ow, stride)
@@ -1018,6 +1017,12 @@ def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 
         else:
             xp.add(view, g, out=view, where=hit)
     return _uncrop(xp, dx, crop, out)
+
+
+def windows_disjoint(attrs: dict) -> bool:
+    """Whether no two windows of a pooling op (its attrs) share an element."""
+    (kh, kw), (sh, sw) = attrs["ksize"], attrs["stride"]
+    return sh >= kh and sw >= kw
 
 
 def _max_pool_grad_tiled(xp, g, x, y, out, ksize):
@@ -1122,4 +1127,4 @@ def avg_pool2d(x: Operand, ksize: int | Sequence[int] = 2,
 
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "pair_attr", "padding_attr", "conv_cost",
-           "CHUNK_BYTES", "Scratch", "scratch_bytes"]
+           "CHUNK_BYTES", "Scratch", "scratch_bytes", "windows_disjoint"]

@@ -675,7 +675,8 @@ def _compare(name, ufunc_name):
     def compute(xp, a, b, out=None):
         return getattr(xp, ufunc_name)(a, b, out=out)
     register(OpDef(name, compute, _infer_compare, None, elementwise=True,
-                   differentiable=False, commutative=name in ("equal", "not_equal"),
+                   differentiable=False, comparison=True,
+                   commutative=name in ("equal", "not_equal"),
                    doc=f"{ufunc_name}(a, b) as booleans", ufunc=ufunc_name))
 
 

@@ -37,6 +37,9 @@ class OpDef:
     pure: bool = True           # deterministic and side-effect free
     commutative: bool = False   # f(a, b) == f(b, a)
     differentiable: bool = True  # False: has no gradient (comparisons, argmax, ...)
+    # A boolean of how its inputs compare (less, equal, ...): inputs that are equal
+    # as numbers (+0 and -0), or both NaN, give equal results.
+    comparison: bool = False
     random: bool = False        # draws random numbers: compute takes `generators`
     doc: str = ""
     # Optional: bind(xp, shapes, dtypes, attrs, workspace, scratch) -> a compute

@@ -299,6 +299,34 @@ def _rule_full_slice(node: Node) -> Node | None:
     return _keep(node, node.inputs[0]) if full else None
 
 
+def _rule_mask_before_pool_grad(node: Node) -> Node | None:
+    """mul(max_pool2d_grad(g, y, p), cmp(y, c)) -> max_pool2d_grad(mul(g, cmp(p, c)), y, p)
+    for a scalar c and windows that do not overlap: a ReLU's gradient mask applied
+    to the pooled gradient, a quarter of the elements under 2x2 pooling, instead of
+    the full-size one. Exact: the full-size gradient is g at each window's first
+    max, where y equals p (or both are NaN), so a comparison (OpDef.comparison)
+    cmp(y, c) there is cmp(p, c); and +0 elsewhere, which times a 0-or-1 mask stays
+    +0 either way. (Overlapping windows add several g into one element, and mask *
+    sum is not the sum of masked terms for inf or -0.)"""
+    grad, mask = node.inputs
+    if grad.op != "max_pool2d_grad":
+        grad, mask = mask, grad
+    if grad.op != "max_pool2d_grad" or len(grad.inputs) != 3 \
+            or not REGISTRY[mask.op].comparison:
+        return None
+    g, y, peak = grad.inputs
+    value, c = mask.inputs
+    if value is not y or c.shape is None or math.prod(c.shape) != 1 \
+            or not image_ops.windows_disjoint(grad.attrs):
+        return None
+    small_mask = new_node(mask.op, [peak, c], {}, mask)
+    operands = [g, small_mask] if node.inputs[0] is grad else [small_mask, g]
+    masked = new_node("mul", operands, {}, node)
+    replacement = new_node("max_pool2d_grad", [masked, y, peak], dict(grad.attrs), node,
+                           (grad, mask))
+    return replacement if same_type(node, replacement) else None
+
+
 @dataclass(frozen=True)
 class Rule:
     """One simplification: `pattern` (also the record's reason), the op it starts at,
@@ -351,6 +379,9 @@ RULES: list[Rule] = [
     Rule("zeros_like(x) -> zeros(shape of x)", "zeros_like", _rule_fill_like("zeros")),
     Rule("ones_like(x) -> ones(shape of x)", "ones_like", _rule_fill_like("ones")),
     Rule("count_ratio(y, x) -> constant size(y) / size(x)", "count_ratio", _rule_count_ratio),
+    Rule("mul(max_pool2d_grad(g, y, p), cmp(y, c)) -> "
+         "max_pool2d_grad(mul(g, cmp(p, c)), y, p), disjoint windows", "mul",
+         _rule_mask_before_pool_grad),
 ]
 RULES_BY_OP: dict[str, list[Rule]] = {}  # the table indexed by op, as simplify reads it
 for _rule in RULES:
