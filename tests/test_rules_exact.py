@@ -286,3 +286,23 @@ def test_relu_mask_before_the_pool_gradient_is_exact_in_a_conv_net(stride, fires
     assert any(r.reason.startswith("mul(max_pool2d_grad") for r in ctx.records) == fires
     for feeds in ({x: xv, w: wv}, {x: np.abs(xv[::-1].copy()), w: -wv}):
         _every_option_agrees(fetch, feeds, ({}, {"passes": ["simplify"]}))
+
+
+def test_mask_before_the_pool_gradient_needs_the_pools_own_max_and_a_same_shape_mask():
+    # Review: the rule fired (1) for a scalar-sized c of higher rank, which broadcast
+    # the mask to 5-D (the default Session then raised a ShapeError building the
+    # rewrite), and (2) for a fed peak that is not max_pool2d(x): where no tap
+    # equals it the gradient goes to the last tap, masked there by x, not by p.
+    attrs = {"ksize": (2, 2), "stride": (2, 2), "padding": 0}
+    x = tf.placeholder(tf.float32, (1, 1, 2, 2))
+    g = tf.placeholder(tf.float32, (1, 1, 1, 1))
+    fed_peak = tf.placeholder(tf.float32, (1, 1, 1, 1))
+    pooled = ops.make("max_pool2d", x, **attrs)
+    five_d = ops.make("max_pool2d_grad", g, x, pooled, **attrs) * tf.greater(
+        x, tf.constant(np.zeros((1, 1, 1, 1, 1), np.float32)))
+    wrong_peak = ops.make("max_pool2d_grad", g, x, fed_peak, **attrs) * tf.greater(x, 0.0)
+    feeds = {x: np.array([[[[1, -2], [3, -4]]]], np.float32),
+             g: np.ones((1, 1, 1, 1), np.float32), fed_peak: np.full((1, 1, 1, 1), 0.5,
+                                                                     np.float32)}
+    for fetch in (five_d, wrong_peak):
+        _every_option_agrees(fetch, feeds, ({}, {"passes": ["simplify"]}))

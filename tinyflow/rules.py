@@ -307,7 +307,8 @@ def _rule_mask_before_pool_grad(node: Node) -> Node | None:
     max, where y equals p (or both are NaN), so a comparison (OpDef.comparison)
     cmp(y, c) there is cmp(p, c); and +0 elsewhere, which times a 0-or-1 mask stays
     +0 either way. (Overlapping windows add several g into one element, and mask *
-    sum is not the sum of masked terms for inf or -0.)"""
+    sum is not the sum of masked terms for inf or -0.) A rule sees no consumers: if
+    the full-size gradient has another (a fetch of it), both are computed."""
     grad, mask = node.inputs
     if grad.op != "max_pool2d_grad":
         grad, mask = mask, grad
@@ -316,8 +317,13 @@ def _rule_mask_before_pool_grad(node: Node) -> Node | None:
         return None
     g, y, peak = grad.inputs
     value, c = mask.inputs
-    if value is not y or c.shape is None or math.prod(c.shape) != 1 \
-            or not image_ops.windows_disjoint(grad.attrs):
+    # The mask is y's shape (c of one element, of no higher rank), and p is the
+    # pool's own max of y: a fed p that no tap equals sends g to a window's last
+    # tap, where y and p may compare otherwise.
+    if value is not y or mask.shape != y.shape or c.shape is None \
+            or math.prod(c.shape) != 1 or not image_ops.windows_disjoint(grad.attrs) \
+            or peak.op != "max_pool2d" or peak.inputs[0] is not y \
+            or peak.attrs != grad.attrs:
         return None
     small_mask = new_node(mask.op, [peak, c], {}, mask)
     operands = [g, small_mask] if node.inputs[0] is grad else [small_mask, g]
