@@ -6,7 +6,9 @@ checkpointing (same gradients, fewer stored activations)."""
 from __future__ import annotations
 
 import gc
+import mmap
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -814,3 +816,43 @@ def test_range_min_is_the_minimum_of_each_slice(n):
     hi = np.minimum(n - 1, lo + rng.integers(0, n, 200))
     assert arena._range_min(values, lo, hi).tolist() == [
         int(values[a:b + 1].min()) for a, b in zip(lo, hi)]
+
+
+def _thp_eligible(address: int) -> bool | None:
+    """Whether the mapping holding `address` may get transparent huge pages (the
+    kernel's THPeligible in /proc/self/smaps); None where it does not say."""
+    smaps = Path("/proc/self/smaps")
+    if not smaps.exists():
+        return None
+    inside = False
+    for line in smaps.read_text().splitlines():
+        head = line.split()[0] if line.split() else ""
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            start, stop = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < stop
+        elif inside and line.startswith("THPeligible:"):
+            return line.split()[1] == "1"
+    return None
+
+
+def test_large_host_buffers_are_zeroed_aligned_and_advised_for_huge_pages():
+    # The arena and the caching allocator's segments (backend.host_bytes): zeros,
+    # 2 MiB-aligned from 2 MiB up where huge pages can be advised, so one TLB entry
+    # covers 2 MiB of a GEMM's operand; small ones are numpy's own.
+    from tinyflow import backend
+    small = backend.host_bytes(1000)
+    assert small.shape == (1000,) and small.dtype == np.uint8 and not small.any()
+    size = 3 * backend.HUGE_PAGE + 123
+    big = backend.host_bytes(size)
+    assert big.shape == (size,) and big.dtype == np.uint8 and not big.any()
+    big[:] = 7                     # every byte is writable, and its own
+    assert big.sum() == 7 * size
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no madvise(MADV_HUGEPAGE) on this platform")
+    assert big.ctypes.data % backend.HUGE_PAGE == 0
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert _thp_eligible(big.ctypes.data) in (True, None)
+    x = tf.placeholder(tf.float32, (512, 1024))
+    program = tf.compile([tf.tanh(tf.tanh(x) * 2.0)], {x: ((512, 1024), np.float32)})
+    assert program.arena.ctypes.data % backend.HUGE_PAGE == 0

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from tinyflow.backend import host_bytes
 from tinyflow.graph import TinyFlowError
 
 
@@ -433,7 +434,7 @@ class CachingAllocator:
             seg_size = LARGE_SEGMENT
         else:
             seg_size = -(-size // ROUND_LARGE) * ROUND_LARGE
-        buffer = np.empty(seg_size, np.uint8)
+        buffer = host_bytes(seg_size)   # (2 MiB-aligned, in huge pages where Linux has them)
         seg = Segment(len(self.segments), buffer, small, address=buffer.ctypes.data)
         self.segments.append(seg)
         self.reserved += seg_size

@@ -865,7 +865,7 @@ def _stream_scratch(program: Program) -> None:
     largest: dict[int, int] = {}
     for step in program.steps:
         largest[step.stream] = max(largest.get(step.stream, 0), wanted[step.index])
-    buffers = {stream: program.xp.empty(size, dtype=np.uint8)
+    buffers = {stream: backend.zeros_bytes(program.xp, size)
                for stream, size in largest.items() if size}
     for step in program.steps:
         if wanted[step.index]:
@@ -893,7 +893,7 @@ def _plan_memory(program: Program, planned: tuple[list[memory.PlanStep], dict[st
         if tensor.name in outside:
             tensor.offset = None
             tensor.reason = "the variable's own buffer, written in place: not in the arena"
-    arena = program.xp.zeros(max(plan.arena_bytes, 1), dtype=np.uint8)
+    arena = backend.zeros_bytes(program.xp, max(plan.arena_bytes, 1))
     placed = {t.name: t for t in plan.tensors}
     for step in steps:
         tensor = placed.get(step.node.name)
