@@ -312,25 +312,30 @@ def _rule_mask_before_pool_grad(node: Node) -> Node | None:
     grad, mask = node.inputs
     if grad.op != "max_pool2d_grad":
         grad, mask = mask, grad
-    if grad.op != "max_pool2d_grad" or len(grad.inputs) != 3 \
-            or not REGISTRY[mask.op].comparison:
+    if not _masks_pooled_input(grad, mask):
         return None
     g, y, peak = grad.inputs
-    value, c = mask.inputs
-    # The mask is y's shape (c of one element, of no higher rank), and p is the
-    # pool's own max of y: a fed p that no tap equals sends g to a window's last
-    # tap, where y and p may compare otherwise.
-    if value is not y or mask.shape != y.shape or c.shape is None \
-            or math.prod(c.shape) != 1 or not image_ops.windows_disjoint(grad.attrs) \
-            or peak.op != "max_pool2d" or peak.inputs[0] is not y \
-            or peak.attrs != grad.attrs:
-        return None
-    small_mask = new_node(mask.op, [peak, c], {}, mask)
+    small_mask = new_node(mask.op, [peak, mask.inputs[1]], {}, mask)
     operands = [g, small_mask] if node.inputs[0] is grad else [small_mask, g]
     masked = new_node("mul", operands, {}, node)
     replacement = new_node("max_pool2d_grad", [masked, y, peak], dict(grad.attrs), node,
                            (grad, mask))
     return replacement if same_type(node, replacement) else None
+
+
+def _masks_pooled_input(grad: Node, mask: Node) -> bool:
+    """Whether `grad` is max_pool2d_grad(g, y, p) of disjoint windows, with p the
+    pool's own max of y, and `mask` is cmp(y, c) of y's own shape (c of one element,
+    of no higher rank). (A fed p that no tap equals sends g to a window's last tap,
+    where y and p may compare otherwise.)"""
+    if grad.op != "max_pool2d_grad" or len(grad.inputs) != 3 \
+            or not REGISTRY[mask.op].comparison:
+        return False
+    _, y, peak = grad.inputs
+    value, c = mask.inputs
+    own_max = peak.op == "max_pool2d" and peak.inputs[0] is y and peak.attrs == grad.attrs
+    scalar = c.shape is not None and math.prod(c.shape) == 1 and mask.shape == y.shape
+    return value is y and own_max and scalar and image_ops.windows_disjoint(grad.attrs)
 
 
 @dataclass(frozen=True)
