@@ -132,16 +132,22 @@ def errors_may_raise() -> bool:
                for action, _, category, _, _ in warnings.filters)
 
 
-# Large host buffers (the static plan's arena, the caching allocator's segments) get
-# 2 MiB pages where Linux's transparent huge pages allow it (THP "madvise" or
-# "always"): a TLB entry then covers 2 MiB instead of 4 KiB, and a GEMM streaming
-# through a 4 MiB weight or activation misses the TLB far less. Measured, without
-# and with alternated (benchmarks/run.py --only mlp_step, 3x): mlp_step_vs_torch
-# 1.02-1.05 -> 0.99-1.01, eager_mlp_step_vs_torch 1.05-1.13 -> 1.04-1.06 (its worst
-# after other figures' work had left the process a heap of 4 KiB pages);
-# cnn_step_vs_torch 1.01-1.08 -> 0.94-0.98 (2x). The cost: a buffer's last huge
-# page is resident whole once touched (at most 2 MiB more per buffer). PyTorch's
-# CPU allocator has the same switch, off by default (C10_THP_MEM_ALLOC_ENABLE=1).
+# Large host buffers (the static plan's arena, the caching allocator's segments) are
+# maps of their own, aligned to 2 MiB and advised for huge pages where Linux's
+# transparent huge pages allow it (THP "madvise" or "always"): a TLB entry then
+# covers 2 MiB instead of 4 KiB, so a GEMM streaming through an activation (or, in
+# eager mode, a weight) misses the TLB far less. numpy advises huge pages for its
+# own buffers from 4 MiB up, but those come from malloc: unaligned, and in a
+# long-running process from a heap already faulted in 4 KiB pages; buffers of 2-4
+# MiB (the allocator's small segments) it does not advise at all. Graph-mode
+# variables keep their own arrays. Measured, without and with alternated
+# (benchmarks/run.py --only mlp_step, 3x): mlp_step_vs_torch 1.02-1.05 ->
+# 0.99-1.01, eager_mlp_step_vs_torch 1.05-1.13 -> 1.04-1.06 (its worst after other
+# figures' work had left the process a heap of 4 KiB pages); cnn_step_vs_torch
+# 1.01-1.08 -> 0.94-0.98 (2x). The cost: a buffer's last huge page is resident whole
+# once touched (at most 2 MiB more per buffer). PyTorch's CPU allocator has the same
+# switch, off by default (THP_MEM_ALLOC_ENABLE=1). (2 MiB is x86-64's huge page and
+# arm64's with 4 KiB pages; on other page sizes the alignment is merely harmless.)
 HUGE_PAGE = 2 << 20
 
 
@@ -150,15 +156,19 @@ def host_bytes(nbytes: int) -> np.ndarray:
     platform can advise huge pages, it is a mapping of its own (anonymous memory,
     zero-filled by the OS, pages faulted in on first touch), aligned to HUGE_PAGE and
     advised for huge pages; it is unmapped when the last array viewing it goes. Else
-    numpy's zeros."""
+    numpy's zeros. Raises MemoryError, as numpy does, when the memory is not there."""
     if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return np.zeros(nbytes, np.uint8)
     # private anonymous memory (mmap's default, a shared map of /dev/zero, is shmem,
     # which THP's "madvise" mode leaves in 4 KiB pages); + the slack to align the start
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region = mmap.mmap(-1, nbytes + HUGE_PAGE,
+                           flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as err:   # (ENOMEM: say it as np.zeros would, with the size)
+        raise MemoryError(f"cannot map {nbytes} bytes of host memory: {err}") from err
     try:
         region.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:   # (THP "never", or a kernel without it: ordinary pages)
+    except OSError:   # (a kernel built without THP: ordinary pages)
         pass
     whole = np.frombuffer(region, np.uint8)   # (holds `region` open while viewed)
     start = -whole.ctypes.data % HUGE_PAGE
