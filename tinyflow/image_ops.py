@@ -1008,7 +1008,7 @@ def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 
     if _tiles(x.shape, ksize, stride, padding):
         return _max_pool_grad_tiled(xp, g, x, y, out, ksize)
     oh, ow = g.shape[2:]
-    disjoint = windows_disjoint({"ksize": ksize, "stride": stride})
+    disjoint = windows_disjoint(ksize, stride)
     dx, crop = _zeroed_padded(xp, x.shape, g.dtype, ksize, stride, padding, out)
     for i, j, hit in _first_max_masks(xp, x, ksize, stride, padding, y):
         view = _tap(dx, i, j, oh, ow, stride)
@@ -1019,9 +1019,9 @@ def _max_pool_grad_compute(xp, g, x, y=None, out=None, ksize=(2, 2), stride=(2, 
     return _uncrop(xp, dx, crop, out)
 
 
-def windows_disjoint(attrs: dict) -> bool:
-    """Whether no two windows of a pooling op (its attrs) share an element."""
-    (kh, kw), (sh, sw) = attrs["ksize"], attrs["stride"]
+def windows_disjoint(ksize: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether no two pooling windows of `ksize` at `stride` share an element."""
+    (kh, kw), (sh, sw) = ksize, stride
     return sh >= kh and sw >= kw
 
 
@@ -1029,7 +1029,8 @@ def _max_pool_grad_tiled(xp, g, x, y, out, ksize):
     """max_pool2d_grad of windows that tile x: every element of dx is in exactly one
     window, so each tap's g-where-hit is written, and dx needs no zeroing first. A
     chunk of samples at a time, so that its x, dx, g and masks stay in the L2 cache
-    over the kh*kw passes: CIFAR's first layer (64x32x32x32) 3.5 -> 2.9 ms."""
+    over the kh*kw passes: CIFAR's first layer (64x32x32x32) 3.57 -> 2.77 ms,
+    LeNet's (100x20x28x28) 2.71 -> 2.17 ms (alternated with the whole batch)."""
     n, oh, ow = x.shape[0], g.shape[2], g.shape[3]
     contiguous_out = out is not None and out.flags.c_contiguous
     dx = out if contiguous_out else xp.empty(x.shape, dtype=g.dtype)

@@ -335,7 +335,8 @@ def _masks_pooled_input(grad: Node, mask: Node) -> bool:
     value, c = mask.inputs
     own_max = peak.op == "max_pool2d" and peak.inputs[0] is y and peak.attrs == grad.attrs
     scalar = c.shape is not None and math.prod(c.shape) == 1 and mask.shape == y.shape
-    return value is y and own_max and scalar and image_ops.windows_disjoint(grad.attrs)
+    disjoint = image_ops.windows_disjoint(grad.attrs["ksize"], grad.attrs["stride"])
+    return value is y and own_max and scalar and disjoint
 
 
 @dataclass(frozen=True)
